@@ -1,0 +1,3 @@
+from envhub.cli import main
+
+main()

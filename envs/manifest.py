@@ -1,0 +1,102 @@
+"""`envhub.toml`: the environment package manifest, validated with pydantic."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+SEMVER_RE = re.compile(r"^\d+\.\d+\.\d+(?:-[0-9A-Za-z.-]+)?(?:\+[0-9A-Za-z.-]+)?$")
+
+
+class ManifestError(ValueError):
+    """A bad `envhub.toml`; the message names the field and the fix."""
+
+
+class SandboxSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    image: str | None = Field(None, description="docker image tag to run tasks in")
+    dockerfile: str | None = Field(None, description="Dockerfile path, relative to the package")
+    cpus: float = Field(1.0, gt=0, le=64)
+    memory_mb: int = Field(2048, ge=64, le=1 << 20)
+    network: bool = Field(False, description="sandboxes have no network unless this is true")
+    exec_timeout_s: float = Field(120.0, gt=0)
+    setup_timeout_s: float = Field(600.0, gt=0)
+
+
+class AgentLimits(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    max_turns: int = Field(30, ge=1)
+    max_tokens: int = Field(32768, ge=1, description="total completion tokens per rollout")
+    time_limit_s: float = Field(600.0, gt=0)
+    context_budget: int = Field(8192, ge=256, description="prompt tokens before context management")
+
+
+class TasksSource(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    path: str | None = Field(None, description="JSONL/Parquet file in the package")
+    dataset: str | None = Field(None, description="a `datasets` hub id (needs network)")
+    split: str = "train"
+
+
+class Manifest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    version: str
+    description: str = ""
+    entrypoint: str = Field(..., description="'module:Class' (module relative to the package)")
+    tasks: TasksSource = Field(default_factory=TasksSource)
+    sandbox: SandboxSpec = Field(default_factory=SandboxSpec)
+    tools: list[str] = Field(default_factory=lambda: ["bash", "str_replace_editor", "submit"])
+    rewards: dict[str, float] = Field(default_factory=lambda: {"outcome": 1.0})
+    agent: AgentLimits = Field(default_factory=AgentLimits)
+    dependencies: list[str] = Field(default_factory=list, description="pip requirement strings")
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not NAME_RE.match(v):
+            raise ValueError("use lowercase letters, digits, '.', '_' or '-', at most 64 chars")
+        return v
+
+    @field_validator("version")
+    @classmethod
+    def _version(cls, v: str) -> str:
+        if not SEMVER_RE.match(v):
+            raise ValueError("use a semantic version such as 1.0.0")
+        return v
+
+    @field_validator("entrypoint")
+    @classmethod
+    def _entrypoint(cls, v: str) -> str:
+        if ":" not in v:
+            raise ValueError("use 'module:Class', e.g. 'env:MyEnv'")
+        return v
+
+
+def parse_manifest(text: str, source: str = "envhub.toml") -> Manifest:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ManifestError(f"{source}: not valid TOML: {e}") from None
+    try:
+        return Manifest.model_validate(data)
+    except ValidationError as e:
+        problems = "; ".join(
+            f"field '{'.'.join(str(p) for p in err['loc']) or '(root)'}': {err['msg']}"
+            for err in e.errors()
+        )
+        raise ManifestError(f"{source}: {problems}") from None
+
+
+def load_manifest(folder: str | Path) -> Manifest:
+    path = Path(folder) / "envhub.toml"
+    if not path.is_file():
+        raise ManifestError(f"{path}: missing; an environment folder needs an envhub.toml "
+                            "(create one with `envhub init NAME`)")
+    return parse_manifest(path.read_text(encoding="utf-8"), str(path))

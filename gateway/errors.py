@@ -1,0 +1,53 @@
+"""Gateway errors; rendered in the OpenAI error shape by the HTTP layer."""
+
+from __future__ import annotations
+
+
+class GatewayError(Exception):
+    status_code = 400
+    type = "invalid_request_error"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+
+
+class BadRequest(GatewayError):
+    pass
+
+
+class Unauthorized(GatewayError):
+    status_code = 401
+    type = "authentication_error"
+
+
+class NotFound(GatewayError):
+    status_code = 404
+    type = "not_found_error"
+
+
+class Conflict(GatewayError):
+    status_code = 409
+
+
+class Overloaded(GatewayError):
+    """Engines paused (weight update) or saturated; the client should retry later."""
+
+    status_code = 429
+    type = "rate_limit_error"
+
+    def __init__(self, message: str, retry_after: float = 1.0):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class BackendUnavailable(GatewayError):
+    status_code = 503
+    type = "server_error"
+
+
+class MissingExtra(ImportError):
+    def __init__(self, what: str, extra: str):
+        super().__init__(f"{what} needs an optional dependency: pip install 'envhub[{extra}]'")

@@ -1,0 +1,1 @@
+"""Fixtures shared by every test folder; helpers live in tests/support.py."""

@@ -1,0 +1,9 @@
+"""`envhub` commands owned by the trainer component."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add this component's commands to the top-level app."""
