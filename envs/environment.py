@@ -1,0 +1,84 @@
+"""The environment contract: what an environment package's entrypoint implements.
+
+An entrypoint class (named in `envhub.toml` as 'module:Class') is constructed with its package
+folder and manifest, and does not inherit anything: it only has to have these methods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from envhub.envs.manifest import Manifest, SandboxSpec
+from envhub.envs.sandbox.base import Sandbox
+from envhub.envs.tools.result import ToolResult  # what environment-defined tools return too
+
+
+@dataclass
+class Task:
+    id: str
+    instruction: str  # what the agent is told (the first user message)
+    data: dict[str, Any] = field(default_factory=dict)  # the raw task row
+
+
+@dataclass
+class Verdict:
+    """The verifier's answer. `env_failure` set means grading could not complete: the rollout
+    is excluded from training, never scored 0."""
+
+    outcome: float  # in [0, 1]
+    resolved: bool
+    info: dict[str, Any] = field(default_factory=dict)
+    env_failure: str | None = None
+
+
+class EnvFailure(Exception):
+    """Infrastructure failed (sandbox crash, image build, infra timeout): not the agent's fault."""
+
+
+@dataclass
+class RunContext:
+    """What the runner hands an environment: how to get sandboxes, where to put scratch files."""
+
+    run_id: str
+    sandbox_kind: str  # docker | local | e2b
+    open_sandbox: Callable[[SandboxSpec], Awaitable[Sandbox]]
+    scratch: Path
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Environment(Protocol):
+    manifest: Manifest
+
+    def load_tasks(self) -> list[Task]: ...
+
+    async def setup(self, task: Task, ctx: RunContext) -> Sandbox:
+        """A sandbox prepared for the task (repo checked out, files in place)."""
+        ...
+
+    def tools(self, task: Task) -> list[str]: ...
+
+    async def solve(self, task: Task, sandbox: Sandbox, ctx: RunContext) -> None:
+        """Apply the gold solution (the `oracle` agent)."""
+        ...
+
+    async def verify(self, task: Task, sandbox: Sandbox, ctx: RunContext) -> Verdict: ...
+
+
+@runtime_checkable
+class ToolProvider(Protocol):
+    """Optional second face of an environment: tools of its own. The agent offers these schemas
+    (OpenAI function-tool format) for the names they cover and routes those calls here; every
+    other name in `tools(task)` goes to the shared tools of `envhub.envs.tools`."""
+
+    def tool_schemas(self, task: Task) -> list[dict[str, Any]]: ...
+
+    async def call_tool(
+        self, task: Task, name: str, arguments: str, sandbox: Sandbox, state: dict[str, Any]
+    ) -> ToolResult:
+        """Run one call; bad `arguments` (JSON text as the model wrote it) is an error result,
+        never an exception."""
+        ...

@@ -1,0 +1,43 @@
+"""Gateway configuration. CLI flags of `envhub gateway` map 1:1 onto these fields."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+BUNDLED_MODEL = Path(__file__).parent / "engine" / "tiny"
+
+
+class GatewayConfig(BaseModel):
+    host: str = Field("127.0.0.1", description="address to listen on")
+    port: int = Field(8400, ge=0, le=65535, description="port; 0 picks a free one")
+    model: str | None = Field(None, description="HF model folder for the local engine and the "
+                                                "tokenizer; default: the bundled tiny model")
+    model_name: str | None = Field(None, description="name served on /v1/models (default: "
+                                                     "the model folder's name)")
+    tokenizer: str | None = Field(None, description="tokenizer folder when it differs from model")
+    chat_template: str | None = Field(None, description="jinja file or built-in name "
+                                                        "('deepseek_v3') overriding the model's")
+    backend: str = Field("local", description="local | vllm | sglang | zero | openai")
+    upstreams: list[str] = Field(default_factory=list,
+                                 description="engine URLs for vllm/sglang backends")
+    db: str = Field("sqlite:///envhub-pool.db", description="pool URL: sqlite:///FILE or "
+                                                           "postgresql://...")
+    admin_key: str | None = Field(None, description="when set, sessions must be created with "
+                                                    "it and unknown keys get 401")
+    max_body_bytes: int = Field(64 << 20, ge=1024, description="request body limit")
+    default_max_tokens: int = Field(256, ge=1, description="completion budget when a request "
+                                                          "sets none")
+    max_model_len: int = Field(32768, ge=16, description="prompt + completion token limit")
+    device: str | None = Field(None, description="torch device for the local engine")
+    engine_max_batch: int = Field(32, ge=1, description="local engine: rows per decode batch")
+
+    def model_path(self) -> Path:
+        return Path(self.model) if self.model else BUNDLED_MODEL
+
+    def tokenizer_path(self) -> Path:
+        return Path(self.tokenizer) if self.tokenizer else self.model_path()
+
+    def served_name(self) -> str:
+        return self.model_name or self.model_path().name

@@ -1,0 +1,175 @@
+"""A session's token history as a tree of turns, and how a new request relates to it.
+
+Every turn leaves a *state*: the full token history after it (prompt + sampled completion) and
+the identity of the message list that produced it (request messages + the assistant response).
+A new request is matched against these states by rolling message hashes:
+
+- it extends the state at the tip of a segment → same segment; prompt = that state's ids +
+  ids of the appended messages only (previous ids kept verbatim, as sampled);
+- it extends a state that was already extended, or repeats an earlier request → `fork`
+  (retry / branch), a new segment that starts from those exact ids;
+- it extends nothing → `truncate` / `summarize` / `rewrite` / `reset` (classified against the
+  latest turn), a new segment whose prompt is rendered in full.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Any
+
+from envhub.gateway.render.messages import chain, message_hash, tools_hash
+from envhub.sdk.types import CMAction
+
+
+@dataclass
+class TurnState:
+    seq: int
+    segment: int
+    parent: "TurnState | None"  # state this turn's prompt extends (None: rendered in full)
+    delta_ids: list[int]  # the turn's prompt_delta_ids
+    completion_ids: list[int]
+    appended_hashes: list[bytes]  # request messages after the parent's response
+    response_hash: bytes
+    tools_key: bytes
+    req_key: bytes = b""  # rolling hash of (tools, request messages)
+    key: bytes = b""  # rolling hash of (tools, request messages, response)
+    n_messages: int = 0  # request messages
+    extended: bool = False  # a later turn of the same segment continued from here
+    _ids: list[int] | None = None  # cached full history; kept only on segment tips
+
+    def prompt_ids(self) -> list[int]:
+        if self.parent is None or self.parent.segment != self.segment:
+            return list(self.delta_ids)
+        return self.parent.full_ids() + self.delta_ids
+
+    def full_ids(self) -> list[int]:
+        if self._ids is not None:
+            return self._ids
+        return self.prompt_ids() + self.completion_ids
+
+    def request_hashes(self) -> list[bytes]:
+        """The request's message hashes (walks parents: only for rare CM classification)."""
+        chunks: list[list[bytes]] = []
+        node: TurnState | None = self
+        while node is not None:
+            chunks.append(node.appended_hashes)
+            if node.parent is not None:
+                chunks.append([node.parent.response_hash])
+            node = node.parent
+        return [h for chunk in reversed(chunks) for h in chunk]
+
+
+@dataclass
+class Plan:
+    """How to build the prompt for a new request."""
+
+    kind: str  # "extend" | "fork" | "retry" | "new" (rendered in full)
+    parent: TurnState | None
+    appended: list[dict[str, Any]]  # messages to render incrementally (extend / fork)
+    appended_hashes: list[bytes]
+    new_segment: bool
+    action: CMAction | None = None
+
+
+@dataclass
+class History:
+    states: dict[int, TurnState] = field(default_factory=dict)
+    by_key: dict[bytes, TurnState] = field(default_factory=dict)
+    by_req: dict[bytes, TurnState] = field(default_factory=dict)
+    next_seq: int = 0
+    next_segment: int = 0
+    latest: TurnState | None = None
+    declared: CMAction | None = None  # declared by the agent, applies to the next request
+
+    def plan(self, messages: list[dict], tools: list[dict] | None) -> Plan:
+        hashes = [message_hash(m) for m in messages]
+        tkey = tools_hash(tools)
+        rolling = [tkey]
+        for h in hashes:
+            rolling.append(chain(rolling[-1], h))
+        plan = self._match(messages, hashes, rolling)
+        declared, self.declared = self.declared, None
+        if declared is not None:
+            detected = plan.action.kind if plan.action else None
+            declared.info = {**declared.info, "detected": detected}
+            if plan.action is not None or plan.new_segment:
+                plan.action = declared
+            else:  # the history still extends: record the declaration, keep the segment
+                declared.info["history_extended"] = True
+                plan.action = declared
+        return plan
+
+    def _match(self, messages: list[dict], hashes: list[bytes], rolling: list[bytes]) -> Plan:
+        m = len(messages)
+        # Retry: the exact request of an earlier turn → same prompt ids, new segment.
+        earlier = self.by_req.get(rolling[m])
+        if earlier is not None:
+            return Plan("retry", earlier, [], earlier.appended_hashes, True,
+                        CMAction(kind="fork", from_seq=earlier.seq,
+                                 info={"reason": "retry of an earlier request"}))
+        for i in range(m - 1, 0, -1):  # deepest state whose messages + response prefix these
+            state = self.by_key.get(rolling[i])
+            if state is None:
+                continue
+            appended, app_hashes = messages[i:], hashes[i:]
+            if not state.extended:
+                return Plan("extend", state, appended, app_hashes, False)
+            return Plan("fork", state, appended, app_hashes, True,
+                        CMAction(kind="fork", from_seq=state.seq,
+                                 info={"reason": "continues an earlier turn"}))
+        if self.latest is None:
+            return Plan("new", None, messages, hashes, True)
+        return Plan("new", None, messages, hashes, True, self._classify(hashes))
+
+    def _classify(self, new: list[bytes]) -> CMAction:
+        ref = self.latest
+        assert ref is not None
+        old = ref.request_hashes() + [ref.response_hash]
+        ops = difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes()
+        equal = [(i1, i2) for tag, i1, i2, _, _ in ops if tag == "equal"]
+        removed = [[i1, i2] for tag, i1, i2, _, _ in ops if tag in ("delete", "replace")]
+        added = [[j1, j2] for tag, i1, _, j1, j2 in ops
+                 if tag == "replace" or (tag == "insert" and i1 < len(old))]
+        kept = sum(i2 - i1 for i1, i2 in equal if i1 > 0)  # a shared system prompt alone
+        n_removed = sum(b - a for a, b in removed)
+        n_added = sum(b - a for a, b in added)
+        if kept == 0:
+            kind = "reset"
+        elif n_added == 0:
+            kind = "truncate"
+        elif n_removed > n_added:
+            kind = "summarize"
+        else:
+            kind = "rewrite"
+        return CMAction(kind=kind, from_seq=ref.seq, removed=removed, added=added,
+                        tokens_before=len(ref.full_ids()))
+
+    def add(self, state: TurnState, request_key: bytes, n_messages: int) -> None:
+        """Register a finished turn so later requests can extend it."""
+        state.req_key = request_key
+        state.key = chain(request_key, state.response_hash)
+        state.n_messages = n_messages
+        self.states[state.seq] = state
+        self.by_key[state.key] = state
+        self.by_req.setdefault(request_key, state)
+        parent = state.parent
+        if parent is not None and parent.segment == state.segment:
+            parent._ids = None  # only segment tips keep their full history cached
+        state._ids = state.prompt_ids() + state.completion_ids
+        if self.latest is None or state.seq > self.latest.seq:
+            self.latest = state
+
+    def request_key(self, parent: TurnState | None, tools_key: bytes,
+                    appended_hashes: list[bytes]) -> bytes:
+        key = parent.key if parent is not None else tools_key
+        for h in appended_hashes:
+            key = chain(key, h)
+        return key
+
+
+def request_keys(messages: list[dict], tools: list[dict] | None) -> bytes:
+    key = tools_hash(tools)
+    for msg in messages:
+        key = chain(key, message_hash(msg))
+    return key

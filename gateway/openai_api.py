@@ -1,0 +1,254 @@
+"""OpenAI-compatible routes: /v1/chat/completions (+SSE), /v1/completions, /v1/models.
+
+Upstream calls are never streamed: the engine answers whole, the turn is committed, then a
+stream is synthesised for clients that asked for one (token-exact ids stay ours; see vLLM
+PR #29074 for why streaming through a tool parser is risky).
+"""
+
+from __future__ import annotations
+
+from typing import Any, AsyncIterator
+
+import orjson
+from fastapi import APIRouter, Request
+from fastapi.responses import Response, StreamingResponse
+
+from envhub.gateway.backends.base import SamplingParams
+from envhub.gateway.errors import BadRequest, NotFound
+from envhub.gateway.render.messages import normalize_messages, validate_tools
+from envhub.gateway.service import ChatAnswer, ChatCall
+
+router = APIRouter()
+
+
+def json_response(data: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(data), status_code=status, media_type="application/json")
+
+
+async def read_json(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise BadRequest(f"the request body is not valid JSON ({e}); send a JSON object") \
+            from None
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    return body
+
+
+def _number(body: dict, name: str, default: float, lo: float, hi: float) -> float:
+    v = body.get(name)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
+        raise BadRequest(f"'{name}' must be a number in [{lo}, {hi}]", param=name)
+    return float(v)
+
+
+def _int(body: dict, name: str, lo: int, hi: int) -> int | None:
+    v = body.get(name)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise BadRequest(f"'{name}' must be an integer in [{lo}, {hi}]", param=name)
+    return v
+
+
+def sampling_params(body: dict, default_max_tokens: int, stop_token_ids: list[int]
+                    ) -> tuple[SamplingParams, int]:
+    max_tokens = _int(body, "max_completion_tokens", 1, 1 << 20)
+    if max_tokens is None:
+        max_tokens = _int(body, "max_tokens", 1, 1 << 20)
+    stop = body.get("stop")
+    if stop is None:
+        stop = []
+    elif isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) \
+            or len(stop) > 16:
+        raise BadRequest("'stop' must be a non-empty string or a list of up to 16 of them",
+                         param="stop")
+    seed = _int(body, "seed", -(1 << 63), (1 << 63) - 1)
+    n = _int(body, "n", 1, 16) or 1
+    top_logprobs = _int(body, "top_logprobs", 0, 20) or 0
+    if body.get("logprobs") not in (None, True, False):
+        if isinstance(body["logprobs"], int):  # completions API: logprobs=k
+            top_logprobs = _int(body, "logprobs", 0, 20) or 0
+        else:
+            raise BadRequest("'logprobs' must be a boolean", param="logprobs")
+    params = SamplingParams(
+        max_tokens=max_tokens or default_max_tokens,
+        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+        top_p=_number(body, "top_p", 1.0, 1e-9, 1.0),
+        stop=stop, stop_token_ids=stop_token_ids, seed=seed, top_logprobs=top_logprobs)
+    return params, n
+
+
+def check_model(request: Request, body: dict) -> str:
+    state = request.app.state.gw
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadRequest("'model' is required; GET /v1/models lists the served models",
+                         param="model")
+    if model not in state.model_names:
+        raise NotFound(f"the model '{model}' does not exist here; served: "
+                       f"{', '.join(sorted(state.model_names))}", param="model",
+                       code="model_not_found")
+    return model
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> Response:
+    gw = request.app.state.gw
+    return json_response({"object": "list", "data": [
+        {"id": name, "object": "model", "created": 0, "owned_by": "envhub"}
+        for name in sorted(gw.model_names)]})
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    gw = request.app.state.gw
+    body = await read_json(request)
+    model = check_model(request, body)
+    messages = normalize_messages(body.get("messages"))
+    tools = validate_tools(body.get("tools"))
+    tool_choice = body.get("tool_choice")
+    if tool_choice not in (None, "none", "auto", "required") and not (
+            isinstance(tool_choice, dict) and tool_choice.get("type") == "function"):
+        raise BadRequest("'tool_choice' must be 'none', 'auto', 'required' or "
+                         "{'type': 'function', 'function': {'name': ...}}", param="tool_choice")
+    if tool_choice == "none":
+        tools = None
+    params, n = sampling_params(body, gw.config.default_max_tokens,
+                                gw.renderer.stop_token_ids)
+    live = await gw.sessions.authenticate(request.state.api_key)
+    gw.metrics.in_flight.inc()
+    try:
+        answer = await gw.service.chat(live, gw.sessions.history,
+                                       ChatCall(messages, tools, params, n))
+    finally:
+        gw.metrics.in_flight.dec()
+    want_lp = bool(body.get("logprobs"))
+    if body.get("stream"):
+        usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        return StreamingResponse(_chat_stream(gw, answer, model, want_lp, usage),
+                                 media_type="text/event-stream")
+    return json_response(_chat_body(gw, answer, model, want_lp, body.get("return_token_ids")))
+
+
+def _usage(answer: ChatAnswer) -> dict[str, int]:
+    completion = sum(len(c.result.completion_ids) for c in answer.choices)
+    return {"prompt_tokens": answer.prompt_tokens, "completion_tokens": completion,
+            "total_tokens": answer.prompt_tokens + completion}
+
+
+def _logprobs(gw: Any, choice: Any) -> dict[str, Any]:
+    dec = gw.renderer.decode
+    res = choice.result
+    tops = res.top_logprobs or [[] for _ in res.completion_ids]
+    content = []
+    for tid, lp, alts in zip(res.completion_ids, res.logprobs, tops):
+        tok = dec([tid])
+        content.append({"token": tok, "logprob": lp, "bytes": list(tok.encode()),
+                        "top_logprobs": [{"token": dec([a]), "logprob": alp,
+                                          "bytes": list(dec([a]).encode())}
+                                         for a, alp in alts]})
+    return {"content": content}
+
+
+def _message(choice: Any) -> dict[str, Any]:
+    msg: dict[str, Any] = {"role": "assistant", "content": choice.parsed.content}
+    if choice.tool_calls:
+        msg["tool_calls"] = choice.tool_calls
+    elif msg["content"] is None:
+        msg["content"] = ""
+    return msg
+
+
+def _chat_body(gw: Any, answer: ChatAnswer, model: str, want_lp: bool,
+               token_ids: Any) -> dict[str, Any]:
+    choices = []
+    for i, c in enumerate(answer.choices):
+        item = {"index": i, "message": _message(c), "finish_reason": c.finish_reason,
+                "logprobs": _logprobs(gw, c) if want_lp else None}
+        if token_ids:
+            item["token_ids"] = c.result.completion_ids
+        choices.append(item)
+    out = {"id": answer.id, "object": "chat.completion", "created": answer.created,
+           "model": model, "choices": choices, "usage": _usage(answer),
+           "envhub": {"seqs": [c.seq for c in answer.choices],
+                      "weight_versions": [c.result.weight_version for c in answer.choices]}}
+    return out
+
+
+def _sse(obj: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+async def _chat_stream(gw: Any, answer: ChatAnswer, model: str, want_lp: bool,
+                       include_usage: bool) -> AsyncIterator[bytes]:
+    base = {"id": answer.id, "object": "chat.completion.chunk", "created": answer.created,
+            "model": model}
+    for i, c in enumerate(answer.choices):
+        yield _sse({**base, "choices": [{"index": i, "delta": {"role": "assistant",
+                                                                "content": ""},
+                                         "logprobs": None, "finish_reason": None}]})
+        if c.parsed.content:
+            yield _sse({**base, "choices": [{
+                "index": i, "delta": {"content": c.parsed.content},
+                "logprobs": _logprobs(gw, c) if want_lp else None, "finish_reason": None}]})
+        for j, call in enumerate(c.tool_calls):
+            yield _sse({**base, "choices": [{"index": i, "delta": {"tool_calls": [{
+                "index": j, "id": call["id"], "type": "function",
+                "function": {"name": call["function"]["name"],
+                             "arguments": call["function"]["arguments"]}}]},
+                "logprobs": None, "finish_reason": None}]})
+        yield _sse({**base, "choices": [{"index": i, "delta": {}, "logprobs": None,
+                                         "finish_reason": c.finish_reason}]})
+    if include_usage:
+        yield _sse({**base, "choices": [], "usage": _usage(answer)})
+    yield b"data: [DONE]\n\n"
+
+
+@router.post("/v1/completions")
+async def completions(request: Request) -> Response:
+    gw = request.app.state.gw
+    body = await read_json(request)
+    model = check_model(request, body)
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        ids = gw.renderer.encode(prompt)
+    elif isinstance(prompt, list) and prompt and all(
+            isinstance(x, int) and not isinstance(x, bool) for x in prompt):
+        vocab = gw.renderer.tokenizer.__len__()
+        if any(x < 0 or x >= vocab for x in prompt):
+            raise BadRequest(f"prompt token ids must be in [0, {vocab})", param="prompt")
+        ids = list(prompt)
+    else:
+        raise BadRequest("'prompt' must be a string or a non-empty list of token ids (one "
+                         "prompt per request)", param="prompt")
+    params, n = sampling_params(body, 16, [])
+    if body.get("stream"):
+        raise BadRequest("streaming is supported on /v1/chat/completions only", param="stream")
+    live = await gw.sessions.authenticate(request.state.api_key)
+    answer = await gw.service.complete(live, gw.sessions.history, ids, params, n)
+    choices = []
+    for i, c in enumerate(answer.choices):
+        res = c.result
+        lp = None
+        if params.top_logprobs or body.get("logprobs") is not None:
+            lp = {"tokens": [gw.renderer.decode([x]) for x in res.completion_ids],
+                  "token_logprobs": res.logprobs,
+                  "top_logprobs": [{gw.renderer.decode([a]): v for a, v in alts}
+                                   for alts in (res.top_logprobs or [])] or None,
+                  "text_offset": []}
+        item = {"index": i, "text": gw.renderer.decode(res.completion_ids, skip_special=True),
+                "logprobs": lp, "finish_reason": res.finish_reason}
+        if body.get("return_token_ids"):
+            item["token_ids"] = res.completion_ids
+            item["prompt_token_ids"] = ids
+        choices.append(item)
+    return json_response({"id": answer.id.replace("chatcmpl", "cmpl"), "object":
+                          "text_completion", "created": answer.created, "model": model,
+                          "choices": choices, "usage": _usage(answer)})

@@ -1,0 +1,94 @@
+"""Pool tables (SQLAlchemy Core). Token arrays are stored as packed little-endian blobs:
+int32 ids (4 bytes/token) and float32 logprobs (4 bytes/sampled token); turns store deltas, so
+stored bytes grow with unique tokens, not with turns²."""
+
+from __future__ import annotations
+
+from array import array
+
+from sqlalchemy import (
+    Boolean, Column, Float, Index, Integer, LargeBinary, MetaData, String, Table, Text,
+)
+
+metadata = MetaData()
+
+sessions = Table(
+    "sessions", metadata,
+    Column("id", String(128), primary_key=True),
+    Column("key_hash", String(64), nullable=False, unique=True),
+    Column("group_id", String(256), index=True),
+    Column("task_id", String(256)),
+    Column("env", String(256)),
+    Column("sample_index", Integer, nullable=False, default=0),
+    Column("status", String(16), nullable=False, default="open", index=True),
+    Column("reason", Text),
+    Column("created_at", Float, nullable=False),
+    Column("closed_at", Float),
+    Column("metadata", Text, nullable=False, default="{}"),
+)
+
+turns = Table(
+    "turns", metadata,
+    Column("session_id", String(128), primary_key=True),
+    Column("seq", Integer, primary_key=True),
+    Column("segment", Integer, nullable=False),
+    Column("parent_seq", Integer),  # the turn whose history this prompt extends
+    Column("prompt_delta", LargeBinary, nullable=False),  # int32[]
+    Column("completion", LargeBinary, nullable=False),  # int32[]
+    Column("logprobs", LargeBinary, nullable=False),  # float32[]
+    Column("weight_version", Integer, nullable=False),
+    Column("finish_reason", String(16), nullable=False),
+    Column("tool_calls", Text),  # JSON or NULL
+    Column("msg_hashes", LargeBinary, nullable=False),  # 8 bytes per appended message
+    Column("response_hash", LargeBinary, nullable=False),
+    Column("tools_hash", LargeBinary, nullable=False),
+    Column("latency_ms", Float, nullable=False),
+    Column("instance", String(256), nullable=False, default=""),
+    Column("trainable", Boolean, nullable=False, default=True),
+    Column("completion_text", Text),  # text-only backends
+    Column("created_at", Float, nullable=False),
+)
+
+cm_actions = Table(
+    "cm_actions", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("session_id", String(128), nullable=False),
+    Column("body", Text, nullable=False),  # CMAction JSON
+    Index("ix_cm_session", "session_id"),
+)
+
+rewards = Table(
+    "rewards", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("session_id", String(128), nullable=False),
+    Column("body", Text, nullable=False),  # RewardEvent JSON
+    Index("ix_rewards_session", "session_id"),
+)
+
+signals = Table(
+    "signals", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("session_id", String(128), nullable=False),
+    Column("body", Text, nullable=False),  # Signal JSON
+    Index("ix_signals_session", "session_id"),
+)
+
+
+def pack_ids(ids: list[int]) -> bytes:
+    return array("i", ids).tobytes()
+
+
+def unpack_ids(blob: bytes) -> list[int]:
+    a = array("i")
+    a.frombytes(blob)
+    return a.tolist()
+
+
+def pack_floats(xs: list[float]) -> bytes:
+    return array("f", xs).tobytes()
+
+
+def unpack_floats(blob: bytes) -> list[float]:
+    a = array("f")
+    a.frombytes(blob)
+    return a.tolist()

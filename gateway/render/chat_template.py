@@ -1,0 +1,145 @@
+"""Messages → prompt token ids through a model family's chat template (TITO rendering).
+
+Two entry points:
+- `render_prompt`: the whole conversation (a segment's first turn).
+- `render_continuation`: only the messages appended after an assistant turn whose sampled ids we
+  already hold. The previous ids are kept verbatim; this returns the ids to append, so the cost
+  is proportional to the new messages, never to the history.
+
+How the continuation is found without re-rendering history: the template is rendered for
+`[anchor user, assistant(SENTINEL)] + new messages`; the text after SENTINEL is the assistant
+turn's closing (e.g. `<|im_end|>\\n`) followed by the new messages and the generation prompt. The
+part of the closing the model already sampled (its stop token) is dropped.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from envhub.gateway.errors import BadRequest
+from envhub.gateway.render.toolcalls import PARSERS, ParsedCompletion, detect_format
+
+SENTINEL = "\x00ENVHUB-SENTINEL\x00"
+_ANCHOR_USER = {"role": "user", "content": "."}
+TEMPLATES = Path(__file__).parent / "templates"
+
+
+@dataclass
+class RenderedPrompt:
+    ids: list[int]
+    text: str
+
+
+class ChatRenderer:
+    """Renders with a HF tokenizer (`tokenizer.json`) and a jinja chat template."""
+
+    def __init__(self, tokenizer: Any, chat_template: str | None = None,
+                 tool_format: str | None = None, stop_token_ids: list[int] | None = None):
+        self.tokenizer = tokenizer
+        template = chat_template or getattr(tokenizer, "chat_template", None)
+        if not template:
+            raise ValueError("the tokenizer has no chat_template; pass --chat-template FILE "
+                             "(a jinja template) or use a model folder whose "
+                             "tokenizer_config.json carries one")
+        self.chat_template = template
+        self.tool_format = tool_format or detect_format(template)
+        self._parse = PARSERS[self.tool_format]
+        self._fast = tokenizer.backend_tokenizer  # the Rust tokenizer: no Python overhead
+        self.stop_token_ids = stop_token_ids if stop_token_ids is not None else \
+            _default_stops(tokenizer)
+        self._special_ids = set(tokenizer.all_special_ids) | set(self.stop_token_ids)
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, chat_template: str | Path | None = None,
+                        tool_format: str | None = None) -> "ChatRenderer":
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(path))
+        template = None
+        if chat_template is not None:
+            p = Path(chat_template)
+            if not p.exists() and (TEMPLATES / f"{chat_template}.jinja").exists():
+                p = TEMPLATES / f"{chat_template}.jinja"
+            template = p.read_text(encoding="utf-8")
+        return cls(tok, template, tool_format)
+
+    # -- rendering -----------------------------------------------------------------------------
+
+    def _template(self, messages: list[dict], tools: list[dict] | None, gen: bool) -> str:
+        try:
+            return self.tokenizer.apply_chat_template(
+                messages, tools=tools, chat_template=self.chat_template,
+                add_generation_prompt=gen, tokenize=False)
+        except Exception as e:  # template errors are the request's fault (e.g. role order)
+            raise BadRequest(f"the chat template rejected these messages: {e}",
+                             param="messages") from None
+
+    def encode(self, text: str) -> list[int]:
+        return self._fast.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int], skip_special: bool = False) -> str:
+        return self._fast.decode(ids, skip_special_tokens=skip_special)
+
+    def render_prompt(self, messages: list[dict], tools: list[dict] | None) -> RenderedPrompt:
+        text = self._template(messages, tools, gen=True)
+        return RenderedPrompt(self.encode(text), text)
+
+    def render_continuation(self, completion_ids: list[int], new_messages: list[dict],
+                            tools: list[dict] | None) -> RenderedPrompt:
+        """Ids to append after a sampled assistant turn for `new_messages` (+ generation prompt).
+
+        `tools` is passed so templates that branch on it render the tail as they would in full.
+        """
+        anchor = [_ANCHOR_USER, {"role": "assistant", "content": SENTINEL}]
+        text = self._template(anchor + new_messages, tools, gen=True)
+        cut = text.find(SENTINEL)
+        if cut < 0:
+            raise BadRequest("the chat template dropped the assistant message's content; "
+                             "incremental rendering needs a template that renders it",
+                             param="messages")
+        tail = text[cut + len(SENTINEL):]
+        # Drop the part of the closing the model sampled itself (its stop token), if it did.
+        if completion_ids and completion_ids[-1] in self._special_ids:
+            sampled_end = self.decode(completion_ids[-1:])
+            if tail.startswith(sampled_end):
+                tail = tail[len(sampled_end):]
+        return RenderedPrompt(self.encode(tail), tail)
+
+    # -- parsing -------------------------------------------------------------------------------
+
+    def parse_completion(self, completion_ids: list[int]) -> ParsedCompletion:
+        ids = completion_ids
+        if ids and ids[-1] in self.stop_token_ids:
+            ids = ids[:-1]
+        # Keep tool-call markup (some families make it special tokens) but not other specials.
+        text = self.decode(ids)
+        for tok in self._strip_tokens:
+            text = text.replace(tok, "")
+        return self._parse(text)
+
+    def parse_text(self, text: str) -> ParsedCompletion:
+        """Tool calls from text-only backends (hosted models)."""
+        return self._parse(text)
+
+    @cached_property
+    def _strip_tokens(self) -> list[str]:
+        keep = ("tool", "think")
+        return [t for t in self.tokenizer.all_special_tokens if not any(k in t for k in keep)]
+
+
+def _default_stops(tokenizer: Any) -> list[int]:
+    """EOS ids: the tokenizer's eos plus generation_config.json's eos_token_id list, if any."""
+    ids: list[int] = []
+    if tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    path = Path(getattr(tokenizer, "name_or_path", "") or "") / "generation_config.json"
+    if path.is_file():
+        eos = json.loads(path.read_text()).get("eos_token_id")
+        for i in eos if isinstance(eos, list) else [eos] if eos is not None else []:
+            if i not in ids:
+                ids.append(i)
+    return ids

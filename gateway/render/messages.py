@@ -1,0 +1,153 @@
+"""Chat messages as the gateway sees them: validated, normalised, hashed.
+
+Agents send OpenAI-shaped messages. Before rendering we normalise them to the plain dicts that
+chat templates expect (`content` as a string, `tool_calls` with parsed `arguments`), and we hash
+each normalised message so that "does this request extend what we sampled?" is a cheap list
+comparison instead of a re-render.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import orjson
+
+from envhub.gateway.errors import BadRequest
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+HASH_BYTES = 8
+
+
+def _text_of(content: Any, where: str) -> str:
+    """OpenAI content may be a string or a list of parts; templates want one string."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        out = []
+        for j, part in enumerate(content):
+            if isinstance(part, str):
+                out.append(part)
+            elif isinstance(part, dict) and part.get("type") in ("text", "input_text"):
+                text = part.get("text")
+                if not isinstance(text, str):
+                    raise BadRequest(f"{where}.content[{j}].text must be a string", param=where)
+                out.append(text)
+            else:
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise BadRequest(
+                    f"{where}.content[{j}]: unsupported content part type {kind!r}; "
+                    "this gateway serves text models: send text parts only",
+                    param=where,
+                )
+        return "".join(out)
+    raise BadRequest(f"{where}.content must be a string or a list of text parts", param=where)
+
+
+def _tool_calls_of(raw: Any, where: str) -> list[dict[str, Any]]:
+    if not isinstance(raw, list):
+        raise BadRequest(f"{where}.tool_calls must be a list", param=where)
+    calls = []
+    for j, call in enumerate(raw):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise BadRequest(
+                f"{where}.tool_calls[{j}] needs {{'type': 'function', 'function': "
+                "{'name': str, 'arguments': str}}",
+                param=where,
+            )
+        args = fn.get("arguments", "{}")
+        if isinstance(args, str):
+            try:
+                parsed = orjson.loads(args) if args.strip() else {}
+            except orjson.JSONDecodeError:
+                parsed = args  # keep what the agent sent; templates render strings as-is
+        else:
+            parsed = args
+        calls.append({
+            "id": call.get("id") or f"call_{j}",
+            "type": "function",
+            "function": {"name": fn["name"], "arguments": parsed},
+        })
+    return calls
+
+
+def normalize_messages(raw: Any) -> list[dict[str, Any]]:
+    """Validate OpenAI chat messages and return template-ready dicts. Raises BadRequest."""
+    if not isinstance(raw, list) or not raw:
+        raise BadRequest("'messages' must be a non-empty list", param="messages")
+    out: list[dict[str, Any]] = []
+    for i, m in enumerate(raw):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise BadRequest(f"{where} must be an object", param=where)
+        role = m.get("role")
+        if role not in ROLES:
+            raise BadRequest(
+                f"{where}.role is {role!r}; use one of {', '.join(ROLES)}", param=f"{where}.role"
+            )
+        msg: dict[str, Any] = {"role": "system" if role == "developer" else role,
+                               "content": _text_of(m.get("content"), where)}
+        if role == "assistant" and m.get("tool_calls"):
+            msg["tool_calls"] = _tool_calls_of(m["tool_calls"], where)
+        if role == "tool":
+            if "tool_call_id" in m and not isinstance(m["tool_call_id"], str):
+                raise BadRequest(f"{where}.tool_call_id must be a string", param=where)
+            msg["tool_call_id"] = m.get("tool_call_id") or ""
+            if isinstance(m.get("name"), str):
+                msg["name"] = m["name"]
+        if role == "assistant" and isinstance(m.get("reasoning_content"), str):
+            msg["reasoning_content"] = m["reasoning_content"]
+        out.append(msg)
+    return out
+
+
+def validate_tools(raw: Any) -> list[dict[str, Any]] | None:
+    """OpenAI `tools`: a list of {'type': 'function', 'function': {name, parameters}}."""
+    if raw is None:
+        return None
+    if not isinstance(raw, list):
+        raise BadRequest("'tools' must be a list of function tools", param="tools")
+    for i, tool in enumerate(raw):
+        where = f"tools[{i}]"
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict) or tool.get("type", "function") != "function" \
+                or not isinstance(fn, dict):
+            raise BadRequest(f"{where} must be {{'type': 'function', 'function': {{...}}}}",
+                             param=where)
+        name = fn.get("name")
+        if not isinstance(name, str) or not name or len(name) > 64 or not all(
+                c.isalnum() or c in "_-" for c in name):
+            raise BadRequest(f"{where}.function.name must be 1-64 chars of a-z, A-Z, 0-9, _ "
+                             "or -", param=where)
+        params = fn.get("parameters", {})
+        if not isinstance(params, dict) or (params and params.get("type", "object") != "object"):
+            raise BadRequest(f"{where}.function.parameters must be a JSON Schema object "
+                             "({'type': 'object', 'properties': {...}})", param=where)
+    return raw
+
+
+def _digest(data: bytes) -> bytes:
+    return hashlib.blake2b(data, digest_size=HASH_BYTES).digest()
+
+
+def message_hash(msg: dict[str, Any]) -> bytes:
+    """Identity of a message for prefix matching: role, text, tool calls (ids ignored: agents
+    echo them but templates do not render them)."""
+    key: list[Any] = [msg["role"], msg.get("content") or ""]
+    if msg.get("tool_calls"):
+        key.append([[c["function"]["name"], c["function"]["arguments"]] for c in msg["tool_calls"]])
+    if msg.get("name"):
+        key.append(msg["name"])
+    return _digest(orjson.dumps(key, option=orjson.OPT_SORT_KEYS))
+
+
+def tools_hash(tools: list[dict[str, Any]] | None) -> bytes:
+    return _digest(orjson.dumps(tools or [], option=orjson.OPT_SORT_KEYS))
+
+
+def chain(prev: bytes, item: bytes) -> bytes:
+    """Rolling hash: chain(h(prefix), h(next)) identifies the whole prefix."""
+    return _digest(prev + item)

@@ -1,0 +1,234 @@
+"""The gateway process: app factory, ASGI plumbing, in-thread and CLI serving."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import threading
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+import orjson
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from envhub.gateway import admin_api, openai_api
+from envhub.gateway.backends.base import Backend
+from envhub.gateway.config import GatewayConfig
+from envhub.gateway.errors import GatewayError, Overloaded
+from envhub.gateway.metrics import Metrics
+from envhub.gateway.pool.store import Store
+from envhub.gateway.render.chat_template import ChatRenderer
+from envhub.gateway.service import ChatService
+from envhub.gateway.sessions import Sessions
+
+log = logging.getLogger("envhub.gateway")
+
+__all__ = ["GatewayConfig", "GatewayHandle", "create_app", "run_in_thread", "serve"]
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def _error_body(message: str, type_: str, param: str | None = None,
+                code: str | None = None) -> bytes:
+    return orjson.dumps({"error": {"message": message, "type": type_, "param": param,
+                                   "code": code}})
+
+
+class _Edge:
+    """ASGI middleware: session key from headers or `/s/{key}/...`, and the body size limit."""
+
+    def __init__(self, app: Any, max_body: int):
+        self.app = app
+        self.max_body = max_body
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        key = None
+        path: str = scope["path"]
+        if path.startswith("/s/"):
+            _, _, rest = path.partition("/s/")
+            key, _, tail = rest.partition("/")
+            scope = dict(scope, path="/" + tail, raw_path=("/" + tail).encode())
+        declared = None
+        for name, value in scope["headers"]:
+            if name == b"authorization" and key is None:
+                v = value.decode("latin-1")
+                key = v[7:].strip() if v[:7].lower() == "bearer " else v.strip()
+            elif name == b"x-api-key" and key is None:
+                key = value.decode("latin-1").strip()
+            elif name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    declared = None
+        scope.setdefault("state", {})["api_key"] = key or None
+        if declared is not None and declared > self.max_body:
+            return await self._reject(send, declared)
+        seen = 0
+        started = False
+
+        async def limited_receive() -> dict:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_body:
+                    raise _TooLarge()
+            return message
+
+        async def tracking_send(message: dict) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except _TooLarge:
+            if not started:
+                await self._reject(send, seen)
+
+    async def _reject(self, send: Any, size: int) -> None:
+        body = _error_body(f"request body of {size} bytes exceeds the limit of {self.max_body}"
+                           " bytes; send less or raise --max-body-bytes", "invalid_request_error",
+                           code="request_too_large")
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+
+@dataclass
+class GatewayState:
+    config: GatewayConfig
+    renderer: ChatRenderer
+    backend: Backend
+    store: Store
+    sessions: Sessions
+    service: ChatService
+    metrics: Metrics
+    model_names: set[str]
+    url: str | None = None
+
+    def public_url(self, request: Request) -> str:
+        if self.url:
+            return self.url
+        return str(request.base_url).rstrip("/")
+
+
+def create_app(config: GatewayConfig, backend: Backend | None = None) -> FastAPI:
+    renderer = ChatRenderer.from_pretrained(config.tokenizer_path(), config.chat_template)
+    if backend is None:
+        from envhub.gateway.backends import make_backend
+
+        backend = make_backend(config)
+    store = Store(config.db)
+    metrics = Metrics()
+    sessions = Sessions(store, config.admin_key)
+    state = GatewayState(
+        config=config, renderer=renderer, backend=backend, store=store, sessions=sessions,
+        service=ChatService(renderer, backend, store, metrics, config.max_model_len),
+        metrics=metrics, model_names={config.served_name(), "default"})
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        await backend.aclose()
+        await asyncio.to_thread(store.close)
+
+    app = FastAPI(title="envhub gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.gw = state
+    app.include_router(openai_api.router)
+    app.include_router(admin_api.router)
+
+    @app.exception_handler(GatewayError)
+    async def _gateway_error(request: Request, exc: GatewayError) -> Response:
+        headers = {}
+        if isinstance(exc, Overloaded):
+            headers["retry-after"] = str(max(1, round(exc.retry_after)))
+        metrics.requests.labels(request.url.path, str(exc.status_code)).inc()
+        return Response(_error_body(exc.message, exc.type, exc.param, exc.code),
+                        status_code=exc.status_code, media_type="application/json",
+                        headers=headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        return Response(_error_body(str(exc.detail), "invalid_request_error"),
+                        status_code=exc.status_code, media_type="application/json")
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> Response:
+        log.exception("unexpected error on %s", request.url.path)
+        return Response(_error_body(f"internal error: {type(exc).__name__}: {exc}",
+                                    "server_error"), status_code=500,
+                        media_type="application/json")
+
+    app.add_middleware(_Edge, max_body=config.max_body_bytes)  # type: ignore[arg-type]
+    return app
+
+
+@dataclass
+class GatewayHandle:
+    url: str
+    admin_key: str | None
+    app: FastAPI
+    _server: uvicorn.Server
+    _thread: threading.Thread
+
+    def close(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=30)
+
+    def __enter__(self) -> "GatewayHandle":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    return sock
+
+
+def run_in_thread(config: GatewayConfig, backend: Backend | None = None) -> GatewayHandle:
+    """Start a gateway on a background thread (port 0 → a free port); returns once serving."""
+    app = create_app(config, backend)
+    sock = _bind(config.host, config.port)
+    port = sock.getsockname()[1]
+    url = f"http://{config.host}:{port}"
+    app.state.gw.url = url
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on",
+                                           timeout_graceful_shutdown=5))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
+                              name="envhub-gateway", daemon=True)
+    thread.start()
+    deadline = time.time() + 60
+    while not server.started:
+        if not thread.is_alive() or time.time() > deadline:
+            raise RuntimeError("the gateway did not start; see the log above")
+        time.sleep(0.02)
+    return GatewayHandle(url, config.admin_key, app, server, thread)
+
+
+def serve(config: GatewayConfig) -> None:
+    """Run in the foreground (the `envhub gateway` command)."""
+    app = create_app(config)
+    sock = _bind(config.host, config.port)
+    port = sock.getsockname()[1]
+    app.state.gw.url = f"http://{config.host}:{port}"
+    print(f"envhub gateway on http://{config.host}:{port}  model={config.served_name()}  "
+          f"backend={config.backend}  pool={config.db}", flush=True)
+    uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on",
+                                  timeout_graceful_shutdown=5)).run(sockets=[sock])

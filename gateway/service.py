@@ -1,0 +1,284 @@
+"""One model call of a session, independent of the wire API (OpenAI, Anthropic).
+
+plan (extend / fork / new) → prompt ids → engine → parse tool calls → record → answer.
+The turn is committed to the pool before the caller gets the answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import orjson
+
+from envhub.gateway.backends.base import Backend, GenerateRequest, GenerateResult, SamplingParams
+from envhub.gateway.errors import BackendUnavailable, BadRequest, Conflict, GatewayError
+from envhub.gateway.history import TurnState
+from envhub.gateway.metrics import Metrics
+from envhub.gateway.pool import schema as t
+from envhub.gateway.pool.store import Store, op_event, op_insert
+from envhub.gateway.render.chat_template import ChatRenderer
+from envhub.gateway.render.messages import message_hash, tools_hash
+from envhub.gateway.render.toolcalls import ParsedCompletion
+from envhub.gateway.sessions import LiveSession
+from envhub.sdk.types import CMAction, Signal
+
+
+@dataclass
+class ChatCall:
+    messages: list[dict[str, Any]]  # normalised (render/messages.py)
+    tools: list[dict[str, Any]] | None
+    params: SamplingParams
+    n: int = 1
+
+
+@dataclass
+class Choice:
+    seq: int
+    result: GenerateResult
+    parsed: ParsedCompletion
+    tool_calls: list[dict[str, Any]]  # OpenAI shape, with ids
+    finish_reason: str  # OpenAI's: stop | length | tool_calls
+
+
+@dataclass
+class ChatAnswer:
+    choices: list[Choice]
+    prompt_tokens: int
+    id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex[:24]}")
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+class ChatService:
+    def __init__(self, renderer: ChatRenderer, backend: Backend, store: Store, metrics: Metrics,
+                 max_model_len: int):
+        self.renderer = renderer
+        self.backend = backend
+        self.store = store
+        self.metrics = metrics
+        self.max_model_len = max_model_len
+
+    async def chat(self, live: LiveSession, history_loader: Any, call: ChatCall) -> ChatAnswer:
+        if live.status != "open":
+            raise Conflict(f"session {live.id!r} is {live.status}; open a new session")
+        history = await history_loader(live)
+        t0 = time.perf_counter()
+        async with live.lock:
+            plan = history.plan(call.messages, call.tools)
+            tools_key = tools_hash(call.tools)
+            if plan.kind in ("extend", "fork"):
+                assert plan.parent is not None
+                cont = self.renderer.render_continuation(
+                    plan.parent.completion_ids, plan.appended, call.tools).ids
+                prompt = plan.parent.full_ids() + cont
+                delta = cont if plan.kind == "extend" else prompt
+            elif plan.kind == "retry":
+                assert plan.parent is not None
+                prompt = plan.parent.prompt_ids()
+                delta = prompt
+            else:
+                prompt = self.renderer.render_prompt(call.messages, call.tools).ids
+                delta = prompt
+            budget = self.max_model_len - len(prompt)
+            if budget < 1:
+                raise BadRequest(f"the prompt is {len(prompt)} tokens; this model's limit is "
+                                 f"{self.max_model_len}: shorten the conversation",
+                                 code="context_length_exceeded")
+            params = replace(call.params, max_tokens=min(call.params.max_tokens, budget))
+            # A retry reuses the earlier turn's parent and messages.
+            parent = plan.parent.parent if plan.kind == "retry" else plan.parent
+            appended_hashes = plan.appended_hashes
+            request_key = history.request_key(parent, tools_key, appended_hashes)
+            seqs = list(range(history.next_seq, history.next_seq + call.n))
+            history.next_seq += call.n
+            segments = []
+            for i in range(call.n):
+                if i == 0 and not plan.new_segment:
+                    segments.append(plan.parent.segment)  # type: ignore[union-attr]
+                else:
+                    segments.append(history.next_segment)
+                    history.next_segment += 1
+            if plan.kind == "extend":
+                plan.parent.extended = True  # type: ignore[union-attr]
+        self.metrics.render_ms.observe((time.perf_counter() - t0) * 1000)
+        return await self._execute(live, history, _Prepared(
+            prompt=prompt, delta=delta, parent=parent, seqs=seqs, segments=segments,
+            appended_hashes=appended_hashes, tools_key=tools_key, request_key=request_key,
+            action=plan.action, new_segment=plan.new_segment, params=params,
+            n_messages=len(call.messages),
+            tool_names={tool["function"]["name"] for tool in call.tools or []},
+            undo=plan.parent if plan.kind == "extend" else None), t0)
+
+    async def complete(self, live: LiveSession, history_loader: Any, prompt: list[int],
+                       params: SamplingParams, n: int) -> ChatAnswer:
+        """A raw token/text completion: extends the latest turn when its ids prefix the prompt,
+        else starts a new segment (no chat messages, so no context-action classification)."""
+        if live.status != "open":
+            raise Conflict(f"session {live.id!r} is {live.status}; open a new session")
+        history = await history_loader(live)
+        t0 = time.perf_counter()
+        async with live.lock:
+            tip, parent = history.latest, None
+            if tip is not None and not tip.extended:
+                full = tip.full_ids()
+                if len(prompt) > len(full) and prompt[:len(full)] == full:
+                    parent = tip
+            budget = self.max_model_len - len(prompt)
+            if budget < 1:
+                raise BadRequest(f"the prompt is {len(prompt)} tokens; this model's limit is "
+                                 f"{self.max_model_len}", code="context_length_exceeded")
+            seqs = list(range(history.next_seq, history.next_seq + n))
+            history.next_seq += n
+            segments = []
+            for i in range(n):
+                if i == 0 and parent is not None:
+                    segments.append(parent.segment)
+                else:
+                    segments.append(history.next_segment)
+                    history.next_segment += 1
+            if parent is not None:
+                parent.extended = True
+        delta = prompt[len(parent.full_ids()):] if parent is not None else prompt
+        return await self._execute(live, history, _Prepared(
+            prompt=prompt, delta=delta, parent=parent, seqs=seqs, segments=segments,
+            appended_hashes=[], tools_key=_RAW, request_key=_raw_key(prompt), action=None,
+            new_segment=parent is None, params=replace(params, max_tokens=min(
+                params.max_tokens, budget)), n_messages=0, tool_names=set(), undo=parent,
+            raw=True), t0)
+
+    async def _execute(self, live: LiveSession, history: Any, p: "_Prepared",
+                       t0: float) -> ChatAnswer:
+        try:
+            results = await asyncio.gather(*(
+                self.backend.generate(GenerateRequest(
+                    prompt_ids=p.prompt,
+                    params=p.params if p.params.seed is None or i == 0 else replace(
+                        p.params, seed=p.params.seed + i),
+                    request_id=f"{live.id}-{seq}", session_id=live.id))
+                for i, seq in enumerate(p.seqs)))
+        except GatewayError:
+            p.release()
+            raise
+        except Exception as e:
+            p.release()
+            self.metrics.backend_errors.inc()
+            raise BackendUnavailable(f"the inference engine failed: {e}") from e
+
+        choices, ops, states = [], [], []
+        latency_ms = (time.perf_counter() - t0) * 1000
+        self.metrics.latency_ms.observe(latency_ms)
+        for i, (seq, seg, res) in enumerate(zip(p.seqs, p.segments, results)):
+            choice, signals = self._choice(seq, res, p.tool_names, p.raw)
+            choices.append(choice)
+            state = TurnState(seq=seq, segment=seg, parent=p.parent,
+                              delta_ids=p.delta if i == 0 else p.prompt,
+                              completion_ids=res.completion_ids,
+                              appended_hashes=p.appended_hashes,
+                              response_hash=_RAW if p.raw else _response_hash(choice),
+                              tools_key=p.tools_key)
+            states.append(state)
+            ops.append(op_insert("turns", {
+                "session_id": live.id, "seq": seq, "segment": seg,
+                "parent_seq": p.parent.seq if p.parent is not None else None,
+                "prompt_delta": t.pack_ids(state.delta_ids),
+                "completion": t.pack_ids(res.completion_ids),
+                "logprobs": t.pack_floats(res.logprobs),
+                "weight_version": res.weight_version, "finish_reason": res.finish_reason,
+                "tool_calls": orjson.dumps([{"id": c["id"], "name": c["function"]["name"],
+                                             "arguments": c["function"]["arguments"]}
+                                            for c in choice.tool_calls]).decode()
+                if choice.tool_calls else None,
+                "msg_hashes": b"".join(p.appended_hashes),
+                "response_hash": state.response_hash, "tools_hash": p.tools_key,
+                "latency_ms": latency_ms, "instance": res.instance,
+                "trainable": res.trainable, "completion_text": res.text,
+                "created_at": time.time(),
+            }))
+            action = p.action if i == 0 else CMAction(
+                kind="fork", from_seq=p.seqs[0], info={"reason": f"choice {i} of n={len(p.seqs)}"})
+            if action is not None:
+                action = action.model_copy(update={
+                    "seq": seq, "segment": seg if (i > 0 or p.new_segment) else None,
+                    "tokens_after": len(p.prompt)})
+                ops.append(op_event("cm_actions", live.id, action.model_dump()))
+                self.metrics.cm_actions.labels(action.kind).inc()
+            for sig in signals:
+                ops.append(op_event("signals", live.id, sig.model_dump()))
+        try:
+            await self.store.write(*ops)
+        except Exception:
+            p.release()
+            raise
+        async with live.lock:
+            for state in states:
+                history.add(state, p.request_key, p.n_messages)
+        self.metrics.turns.inc(len(states))
+        self.metrics.completion_tokens.inc(sum(len(r.completion_ids) for r in results))
+        self.metrics.prompt_tokens.inc(len(p.prompt) * len(results))
+        return ChatAnswer(choices=choices, prompt_tokens=len(p.prompt))
+
+    def _choice(self, seq: int, res: GenerateResult, tool_names: set[str],
+                raw: bool = False) -> tuple[Choice, list[Signal]]:
+        if raw:
+            parsed = ParsedCompletion(content=self.renderer.decode(res.completion_ids, True))
+        elif res.text is not None and not res.completion_ids:  # text-only backend
+            parsed = self.renderer.parse_text(res.text)
+        else:
+            parsed = self.renderer.parse_completion(res.completion_ids)
+        signals = []
+        if parsed.malformed:
+            signals.append(Signal(name="malformed_tool_call", seq=seq,
+                                  info={"error": parsed.malformed}))
+        calls = []
+        for j, c in enumerate(parsed.tool_calls):
+            if tool_names and c["name"] not in tool_names:
+                signals.append(Signal(name="unknown_tool", seq=seq, info={"tool": c["name"]}))
+            calls.append({"id": f"call_{uuid.uuid4().hex[:20]}", "type": "function",
+                          "function": {"name": c["name"], "arguments": c["arguments"]}})
+        finish = "tool_calls" if calls else res.finish_reason
+        return Choice(seq, res, parsed, calls, finish), signals
+
+
+_RAW = b"\0" * 8  # raw completions have no messages or tools to hash
+
+
+def _raw_key(prompt: list[int]) -> bytes:
+    return hashlib.blake2b(t.pack_ids(prompt), digest_size=8).digest()
+
+
+def _response_hash(choice: Choice) -> bytes:
+    """Hash of the assistant message as the agent will echo it back (see messages.py)."""
+    response: dict[str, Any] = {"role": "assistant", "content": choice.parsed.content or ""}
+    if choice.tool_calls:
+        response["tool_calls"] = [
+            {"function": {"name": c["function"]["name"],
+                          "arguments": orjson.loads(c["function"]["arguments"])}}
+            for c in choice.tool_calls]
+    return message_hash(response)
+
+
+@dataclass
+class _Prepared:
+    prompt: list[int]
+    delta: list[int]
+    parent: TurnState | None
+    seqs: list[int]
+    segments: list[int]
+    appended_hashes: list[bytes]
+    tools_key: bytes
+    request_key: bytes
+    action: CMAction | None
+    new_segment: bool
+    params: SamplingParams
+    n_messages: int
+    tool_names: set[str]
+    undo: TurnState | None  # a parent marked extended for this call; released on failure
+    raw: bool = False
+
+    def release(self) -> None:
+        if self.undo is not None:
+            self.undo.extended = False

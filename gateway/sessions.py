@@ -1,0 +1,125 @@
+"""Live sessions: authentication by per-session key, lazy history loading, creation.
+
+Keys are stored hashed. Without an admin key (local use) an unknown bearer token opens a
+session whose id and key are that token, so `OPENAI_API_KEY=run-42` is all an agent needs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import secrets
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import orjson
+
+from envhub.gateway.errors import BadRequest, Conflict, NotFound, Unauthorized
+from envhub.gateway.history import History
+from envhub.gateway.pool.store import IntegrityError, Store, op_insert
+from envhub.gateway.pool.trajectory import history_from_rows
+
+_MAX_ID = 128
+
+
+def key_hash(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+@dataclass
+class LiveSession:
+    id: str
+    key_hash: str
+    status: str = "open"
+    history: History | None = None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class Sessions:
+    def __init__(self, store: Store, admin_key: str | None):
+        self.store = store
+        self.admin_key = admin_key
+        self._by_key: dict[str, LiveSession] = {}
+        self._by_id: dict[str, LiveSession] = {}
+        self._opening: dict[str, asyncio.Lock] = {}
+
+    def is_admin(self, token: str | None) -> bool:
+        return self.admin_key is not None and token is not None and secrets.compare_digest(
+            token, self.admin_key)
+
+    async def create(self, *, session_id: str | None = None, api_key: str | None = None,
+                     group_id: str | None = None, task_id: str | None = None,
+                     env: str | None = None, sample_index: int = 0,
+                     metadata: dict | None = None) -> tuple[LiveSession, str]:
+        sid = session_id or uuid.uuid4().hex
+        if not 0 < len(sid) <= _MAX_ID or any(c.isspace() or c == "/" for c in sid):
+            raise BadRequest(f"session id must be 1-{_MAX_ID} characters without spaces or '/'",
+                             param="session_id")
+        key = api_key or f"sk-envhub-{secrets.token_urlsafe(24)}"
+        live = LiveSession(sid, key_hash(key), history=History())
+        row = {"id": sid, "key_hash": live.key_hash, "group_id": group_id, "task_id": task_id,
+               "env": env, "sample_index": sample_index, "status": "open",
+               "created_at": time.time(),
+               "metadata": orjson.dumps(metadata or {}).decode()}
+        try:
+            await self.store.write(op_insert("sessions", row))
+        except IntegrityError:
+            raise Conflict(f"session {sid!r} already exists; choose another id") from None
+        self._remember(live)
+        return live, key
+
+    def _remember(self, live: LiveSession) -> None:
+        self._by_key[live.key_hash] = live
+        self._by_id[live.id] = live
+
+    def _live_from_row(self, row: dict) -> LiveSession:
+        live = self._by_id.get(row["id"])
+        if live is None:
+            live = LiveSession(row["id"], row["key_hash"], row["status"])
+            self._remember(live)
+        return live
+
+    async def authenticate(self, token: str | None) -> LiveSession:
+        """The session a bearer token belongs to; opens one in local mode."""
+        if not token:
+            if self.admin_key is not None:
+                raise Unauthorized("missing API key: send the session's key as a bearer token "
+                                   "(or x-api-key); create sessions with POST /sessions")
+            token = "default"
+        kh = key_hash(token)
+        live = self._by_key.get(kh)
+        if live is not None:
+            return live
+        row = await asyncio.to_thread(self.store.session_by_key, kh)
+        if row is not None:
+            return self._live_from_row(row)
+        if self.admin_key is not None:
+            raise Unauthorized("unknown API key: create a session with POST /sessions (admin "
+                               "key) and use the api_key it returns")
+        lock = self._opening.setdefault(kh, asyncio.Lock())
+        async with lock:  # two first requests with one new token open one session
+            if kh in self._by_key:
+                return self._by_key[kh]
+            try:
+                live, _ = await self.create(session_id=token[:_MAX_ID].replace("/", "_"),
+                                            api_key=token)
+            except Conflict:
+                raise Unauthorized("this token names an existing session with another key")
+            return live
+
+    async def get(self, session_id: str) -> LiveSession:
+        live = self._by_id.get(session_id)
+        if live is not None:
+            return live
+        row = await asyncio.to_thread(self.store.session_row, session_id)
+        if row is None:
+            raise NotFound(f"no session {session_id!r}")
+        return self._live_from_row(row)
+
+    async def history(self, live: LiveSession) -> History:
+        if live.history is None:
+            rows = await asyncio.to_thread(self.store.turn_rows, live.id)
+            if live.history is None:
+                live.history = history_from_rows(rows)
+        return live.history
