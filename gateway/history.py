@@ -120,18 +120,21 @@ class History:
                                  info={"reason": "continues an earlier turn"}))
         if self.latest is None:
             return Plan("new", None, messages, hashes, True)
-        return Plan("new", None, messages, hashes, True, self._classify(hashes))
+        return Plan("new", None, messages, hashes, True,
+                    self._classify(hashes, messages[0]["role"] == "system"))
 
-    def _classify(self, new: list[bytes]) -> CMAction:
+    def _classify(self, new: list[bytes], starts_with_system: bool) -> CMAction:
         ref = self.latest
         assert ref is not None
         old = ref.request_hashes() + [ref.response_hash]
         ops = difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes()
-        equal = [(i1, i2) for tag, i1, i2, _, _ in ops if tag == "equal"]
+        equal = [(i1, i2, j1) for tag, i1, i2, j1, _ in ops if tag == "equal"]
         removed = [[i1, i2] for tag, i1, i2, _, _ in ops if tag in ("delete", "replace")]
         added = [[j1, j2] for tag, i1, _, j1, j2 in ops
                  if tag == "replace" or (tag == "insert" and i1 < len(old))]
-        kept = sum(i2 - i1 for i1, i2 in equal if i1 > 0)  # a shared system prompt alone
+        kept = sum(i2 - i1 for i1, i2, _ in equal)
+        if starts_with_system and any(i1 == 0 and j1 == 0 for i1, _, j1 in equal):
+            kept -= 1  # a shared system prompt alone does not make a continuation
         n_removed = sum(b - a for a, b in removed)
         n_added = sum(b - a for a, b in added)
         if kept == 0:
