@@ -32,6 +32,23 @@ class GatewayConfig(BaseModel):
     max_model_len: int = Field(32768, ge=16, description="prompt + completion token limit")
     device: str | None = Field(None, description="torch device for the local engine")
     engine_max_batch: int = Field(32, ge=1, description="local engine: rows per decode batch")
+    # Fleet (vllm / sglang / openai upstreams): gateway/router.py.
+    fleet_config: str | None = Field(None, description="TOML or YAML file listing upstreams "
+                                                       "([[upstream]] kind, url, name, model)")
+    heartbeat_interval: float = Field(1.0, gt=0, le=3600, description="seconds between health "
+                                                                     "probes of each instance")
+    heartbeat_timeout: float = Field(2.0, gt=0, le=600, description="a probe slower than this "
+                                                                   "counts as a missed beat")
+    heartbeat_misses: int = Field(2, ge=1, description="missed beats (or failed calls in a row) "
+                                                       "that take an instance out of rotation")
+    fleet_retries: int = Field(2, ge=0, le=10, description="extra attempts of a failed call, "
+                                                          "each on another instance")
+    pause_wait: float = Field(60.0, ge=0, description="seconds a call waits while the fleet is "
+                                                      "paused before it gets 429 + Retry-After")
+    upstream_timeout: float = Field(600.0, gt=0, description="seconds one engine call may take")
+    sticky_load_factor: float = Field(1.5, ge=1.0, description="a session leaves its instance "
+                                                               "when that one carries more than "
+                                                               "this x the mean load")
 
     def model_path(self) -> Path:
         return Path(self.model) if self.model else BUNDLED_MODEL

@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field
-from typing import Any
 
-from envhub.gateway.render.messages import chain, message_hash, tools_hash
+from envhub.gateway.render.messages import chain
 from envhub.sdk.types import CMAction
 
 
@@ -66,7 +65,7 @@ class Plan:
 
     kind: str  # "extend" | "fork" | "retry" | "new" (rendered in full)
     parent: TurnState | None
-    appended: list[dict[str, Any]]  # messages to render incrementally (extend / fork)
+    appended_from: int  # request messages [appended_from:] are rendered (all, for "new")
     appended_hashes: list[bytes]
     new_segment: bool
     action: CMAction | None = None
@@ -81,14 +80,25 @@ class History:
     next_segment: int = 0
     latest: TurnState | None = None
     declared: CMAction | None = None  # declared by the agent, applies to the next request
+    # the previous request's hashes and rolling hashes: agents resend the same prefix, so the
+    # rolling hashes of that prefix are reused instead of recomputed (cost ∝ new messages)
+    _last: tuple[list[bytes], list[bytes]] = (([], []))
 
-    def plan(self, messages: list[dict], tools: list[dict] | None) -> Plan:
-        hashes = [message_hash(m) for m in messages]
-        tkey = tools_hash(tools)
-        rolling = [tkey]
-        for h in hashes:
+    def _rolling(self, hashes: list[bytes], tools_key: bytes) -> list[bytes]:
+        last_hashes, last_rolling = self._last
+        n = len(last_hashes)
+        if n and last_rolling[0] == tools_key and len(hashes) >= n and hashes[:n] == last_hashes:
+            rolling = last_rolling[:]
+        else:
+            rolling, n = [tools_key], 0
+        for h in hashes[n:]:
             rolling.append(chain(rolling[-1], h))
-        plan = self._match(messages, hashes, rolling)
+        self._last = (hashes, rolling)
+        return rolling
+
+    def plan(self, hashes: list[bytes], tools_key: bytes, first_is_system: bool) -> Plan:
+        rolling = self._rolling(hashes, tools_key)
+        plan = self._match(hashes, rolling, first_is_system)
         declared, self.declared = self.declared, None
         if declared is not None:
             detected = plan.action.kind if plan.action else None
@@ -100,28 +110,26 @@ class History:
                 plan.action = declared
         return plan
 
-    def _match(self, messages: list[dict], hashes: list[bytes], rolling: list[bytes]) -> Plan:
-        m = len(messages)
+    def _match(self, hashes: list[bytes], rolling: list[bytes], first_is_system: bool) -> Plan:
+        m = len(hashes)
         # Retry: the exact request of an earlier turn → same prompt ids, new segment.
         earlier = self.by_req.get(rolling[m])
         if earlier is not None:
-            return Plan("retry", earlier, [], earlier.appended_hashes, True,
+            return Plan("retry", earlier, m, earlier.appended_hashes, True,
                         CMAction(kind="fork", from_seq=earlier.seq,
                                  info={"reason": "retry of an earlier request"}))
         for i in range(m - 1, 0, -1):  # deepest state whose messages + response prefix these
             state = self.by_key.get(rolling[i])
             if state is None:
                 continue
-            appended, app_hashes = messages[i:], hashes[i:]
             if not state.extended:
-                return Plan("extend", state, appended, app_hashes, False)
-            return Plan("fork", state, appended, app_hashes, True,
+                return Plan("extend", state, i, hashes[i:], False)
+            return Plan("fork", state, i, hashes[i:], True,
                         CMAction(kind="fork", from_seq=state.seq,
                                  info={"reason": "continues an earlier turn"}))
         if self.latest is None:
-            return Plan("new", None, messages, hashes, True)
-        return Plan("new", None, messages, hashes, True,
-                    self._classify(hashes, messages[0]["role"] == "system"))
+            return Plan("new", None, 0, hashes, True)
+        return Plan("new", None, 0, hashes, True, self._classify(hashes, first_is_system))
 
     def _classify(self, new: list[bytes], starts_with_system: bool) -> CMAction:
         ref = self.latest
@@ -156,10 +164,10 @@ class History:
         self.states[state.seq] = state
         self.by_key[state.key] = state
         self.by_req.setdefault(request_key, state)
+        state._ids = state.prompt_ids() + state.completion_ids  # uses the parent's cache
         parent = state.parent
         if parent is not None and parent.segment == state.segment:
             parent._ids = None  # only segment tips keep their full history cached
-        state._ids = state.prompt_ids() + state.completion_ids
         if self.latest is None or state.seq > self.latest.seq:
             self.latest = state
 
@@ -170,9 +178,3 @@ class History:
             key = chain(key, h)
         return key
 
-
-def request_keys(messages: list[dict], tools: list[dict] | None) -> bytes:
-    key = tools_hash(tools)
-    for msg in messages:
-        key = chain(key, message_hash(msg))
-    return key

@@ -7,6 +7,7 @@ PR #29074 for why streaming through a tool parser is risky).
 
 from __future__ import annotations
 
+import time
 from typing import Any, AsyncIterator
 
 import orjson
@@ -15,7 +16,9 @@ from fastapi.responses import Response, StreamingResponse
 
 from envhub.gateway.backends.base import SamplingParams
 from envhub.gateway.errors import BadRequest, NotFound
-from envhub.gateway.render.messages import normalize_messages, validate_tools
+from envhub.gateway.render.messages import (
+    check_message_list, normalize_message, validate_tools,
+)
 from envhub.gateway.service import ChatAnswer, ChatCall
 
 router = APIRouter()
@@ -108,10 +111,11 @@ async def list_models(request: Request) -> Response:
 
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request) -> Response:
+    t0 = time.perf_counter()
     gw = request.app.state.gw
     body = await read_json(request)
     model = check_model(request, body)
-    messages = normalize_messages(body.get("messages"))
+    messages = check_message_list(body.get("messages"))
     tools = validate_tools(body.get("tools"))
     tool_choice = body.get("tool_choice")
     if tool_choice not in (None, "none", "auto", "required") and not (
@@ -126,7 +130,7 @@ async def chat_completions(request: Request) -> Response:
     gw.metrics.in_flight.inc()
     try:
         answer = await gw.service.chat(live, gw.sessions.history,
-                                       ChatCall(messages, tools, params, n))
+                                       ChatCall(messages, tools, params, n, normalize_message))
     finally:
         gw.metrics.in_flight.dec()
     want_lp = bool(body.get("logprobs"))
@@ -134,7 +138,10 @@ async def chat_completions(request: Request) -> Response:
         usage = bool((body.get("stream_options") or {}).get("include_usage"))
         return StreamingResponse(_chat_stream(gw, answer, model, want_lp, usage),
                                  media_type="text/event-stream")
-    return json_response(_chat_body(gw, answer, model, want_lp, body.get("return_token_ids")))
+    out = _chat_body(gw, answer, model, want_lp, body.get("return_token_ids"))
+    # time the gateway itself spent (parse, render, record), without the engine's time
+    out["envhub"]["gateway_ms"] = round((time.perf_counter() - t0) * 1000 - answer.backend_ms, 3)
+    return json_response(out)
 
 
 def _usage(answer: ChatAnswer) -> dict[str, int]:

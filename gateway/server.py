@@ -17,7 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from envhub.gateway import admin_api, openai_api
+from envhub.gateway import admin_api, admin_fleet, anthropic_api, openai_api
 from envhub.gateway.backends.base import Backend
 from envhub.gateway.config import GatewayConfig
 from envhub.gateway.errors import GatewayError, Overloaded
@@ -141,14 +141,18 @@ def create_app(config: GatewayConfig, backend: Backend | None = None) -> FastAPI
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await admin_fleet.start(state)  # fleet heartbeats + per-instance metrics
         yield
+        await admin_fleet.stop(state)
         await backend.aclose()
         await asyncio.to_thread(store.close)
 
     app = FastAPI(title="envhub gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.gw = state
     app.include_router(openai_api.router)
+    app.include_router(anthropic_api.router)
     app.include_router(admin_api.router)
+    app.include_router(admin_fleet.router)
 
     @app.exception_handler(GatewayError)
     async def _gateway_error(request: Request, exc: GatewayError) -> Response:

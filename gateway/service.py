@@ -11,7 +11,7 @@ import hashlib
 import time
 import uuid
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Callable
 
 import orjson
 
@@ -30,10 +30,28 @@ from envhub.sdk.types import CMAction, Signal
 
 @dataclass
 class ChatCall:
-    messages: list[dict[str, Any]]  # normalised (render/messages.py)
+    """`messages` are normalised dicts (render/messages.py), or — when `normalize` is given —
+    the raw request messages, normalised lazily (only those not seen before in the session)."""
+
+    messages: list[Any]
     tools: list[dict[str, Any]] | None
     params: SamplingParams
     n: int = 1
+    normalize: Callable[[Any, int], dict[str, Any]] | None = None
+
+    def prepared(self, live: LiveSession) -> tuple[list[bytes], Callable[[int], dict]]:
+        """Message hashes, and an accessor for the normalised message i."""
+        if self.normalize is None:
+            return [message_hash(m) for m in self.messages], self.messages.__getitem__
+        hashes, fresh = live.memo.hashes(self.messages)
+        norm = self.normalize
+
+        def get(i: int) -> dict[str, Any]:
+            if i not in fresh:
+                fresh[i] = norm(self.messages[i], i)
+            return fresh[i]
+
+        return hashes, get
 
 
 @dataclass
@@ -49,6 +67,7 @@ class Choice:
 class ChatAnswer:
     choices: list[Choice]
     prompt_tokens: int
+    backend_ms: float = 0.0  # time spent waiting for the engine
     id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex[:24]}")
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -68,12 +87,15 @@ class ChatService:
         history = await history_loader(live)
         t0 = time.perf_counter()
         async with live.lock:
-            plan = history.plan(call.messages, call.tools)
+            hashes, message = call.prepared(live)
             tools_key = tools_hash(call.tools)
+            plan = history.plan(hashes, tools_key, message(0)["role"] == "system")
+            n_messages = len(hashes)
             if plan.kind in ("extend", "fork"):
                 assert plan.parent is not None
+                appended = [message(i) for i in range(plan.appended_from, n_messages)]
                 cont = self.renderer.render_continuation(
-                    plan.parent.completion_ids, plan.appended, call.tools).ids
+                    plan.parent.completion_ids, appended, call.tools).ids
                 prompt = plan.parent.full_ids() + cont
                 delta = cont if plan.kind == "extend" else prompt
             elif plan.kind == "retry":
@@ -81,7 +103,8 @@ class ChatService:
                 prompt = plan.parent.prompt_ids()
                 delta = prompt
             else:
-                prompt = self.renderer.render_prompt(call.messages, call.tools).ids
+                prompt = self.renderer.render_prompt(
+                    [message(i) for i in range(n_messages)], call.tools).ids
                 delta = prompt
             budget = self.max_model_len - len(prompt)
             if budget < 1:
@@ -109,7 +132,7 @@ class ChatService:
             prompt=prompt, delta=delta, parent=parent, seqs=seqs, segments=segments,
             appended_hashes=appended_hashes, tools_key=tools_key, request_key=request_key,
             action=plan.action, new_segment=plan.new_segment, params=params,
-            n_messages=len(call.messages),
+            n_messages=n_messages,
             tool_names={tool["function"]["name"] for tool in call.tools or []},
             undo=plan.parent if plan.kind == "extend" else None), t0)
 
@@ -152,6 +175,7 @@ class ChatService:
 
     async def _execute(self, live: LiveSession, history: Any, p: "_Prepared",
                        t0: float) -> ChatAnswer:
+        tb = time.perf_counter()
         try:
             results = await asyncio.gather(*(
                 self.backend.generate(GenerateRequest(
@@ -168,6 +192,7 @@ class ChatService:
             self.metrics.backend_errors.inc()
             raise BackendUnavailable(f"the inference engine failed: {e}") from e
 
+        backend_ms = (time.perf_counter() - tb) * 1000
         choices, ops, states = [], [], []
         latency_ms = (time.perf_counter() - t0) * 1000
         self.metrics.latency_ms.observe(latency_ms)
@@ -219,7 +244,7 @@ class ChatService:
         self.metrics.turns.inc(len(states))
         self.metrics.completion_tokens.inc(sum(len(r.completion_ids) for r in results))
         self.metrics.prompt_tokens.inc(len(p.prompt) * len(results))
-        return ChatAnswer(choices=choices, prompt_tokens=len(p.prompt))
+        return ChatAnswer(choices=choices, prompt_tokens=len(p.prompt), backend_ms=backend_ms)
 
     def _choice(self, seq: int, res: GenerateResult, tool_names: set[str],
                 raw: bool = False) -> tuple[Choice, list[Signal]]:

@@ -19,6 +19,7 @@ from envhub.gateway.errors import BadRequest, Conflict, NotFound, Unauthorized
 from envhub.gateway.history import History
 from envhub.gateway.pool.store import IntegrityError, Store, op_insert
 from envhub.gateway.pool.trajectory import history_from_rows
+from envhub.gateway.render.messages import MessageMemo
 
 _MAX_ID = 128
 
@@ -34,6 +35,7 @@ class LiveSession:
     status: str = "open"
     history: History | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    memo: MessageMemo = field(default_factory=MessageMemo)
 
 
 class Sessions:

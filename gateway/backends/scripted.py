@@ -18,7 +18,8 @@ class ScriptedBackend:
     name = "scripted"
 
     def __init__(self, encode: Callable[[str], list[int]], script: list[str],
-                 stop_token_id: int, weight_version: int = 0, cycle: bool = True):
+                 stop_token_id: int, weight_version: int = 0, cycle: bool = True,
+                 record_prompts: bool = True):
         if not script:
             raise ValueError("the script needs at least one completion text")
         self._encode = encode
@@ -27,6 +28,7 @@ class ScriptedBackend:
         self._next = 0
         self._cycle = cycle
         self.weight_version = weight_version
+        self.record_prompts = record_prompts
         self.received: list[tuple[str, list[int]]] = []  # (request_id, prompt ids)
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
@@ -35,7 +37,8 @@ class ScriptedBackend:
             raise RuntimeError("the script is exhausted")
         text = self._script[self._next % len(self._script)]
         self._next += 1
-        self.received.append((request.request_id, list(request.prompt_ids)))
+        if self.record_prompts:
+            self.received.append((request.request_id, list(request.prompt_ids)))
         ids = self._encode(text) + [self._stop]
         finish = "stop"
         if len(ids) > request.params.max_tokens:

@@ -74,34 +74,65 @@ def _tool_calls_of(raw: Any, where: str) -> list[dict[str, Any]]:
     return calls
 
 
-def normalize_messages(raw: Any) -> list[dict[str, Any]]:
-    """Validate OpenAI chat messages and return template-ready dicts. Raises BadRequest."""
+def normalize_message(m: Any, i: int) -> dict[str, Any]:
+    """Validate one OpenAI chat message; return the template-ready dict. Raises BadRequest."""
+    where = f"messages[{i}]"
+    if not isinstance(m, dict):
+        raise BadRequest(f"{where} must be an object", param=where)
+    role = m.get("role")
+    if role not in ROLES:
+        raise BadRequest(
+            f"{where}.role is {role!r}; use one of {', '.join(ROLES)}", param=f"{where}.role"
+        )
+    msg: dict[str, Any] = {"role": "system" if role == "developer" else role,
+                           "content": _text_of(m.get("content"), where)}
+    if role == "assistant" and m.get("tool_calls"):
+        msg["tool_calls"] = _tool_calls_of(m["tool_calls"], where)
+    if role == "tool":
+        if "tool_call_id" in m and not isinstance(m["tool_call_id"], str):
+            raise BadRequest(f"{where}.tool_call_id must be a string", param=where)
+        msg["tool_call_id"] = m.get("tool_call_id") or ""
+        if isinstance(m.get("name"), str):
+            msg["name"] = m["name"]
+    if role == "assistant" and isinstance(m.get("reasoning_content"), str):
+        msg["reasoning_content"] = m["reasoning_content"]
+    return msg
+
+
+def check_message_list(raw: Any) -> list[Any]:
     if not isinstance(raw, list) or not raw:
         raise BadRequest("'messages' must be a non-empty list", param="messages")
-    out: list[dict[str, Any]] = []
-    for i, m in enumerate(raw):
-        where = f"messages[{i}]"
-        if not isinstance(m, dict):
-            raise BadRequest(f"{where} must be an object", param=where)
-        role = m.get("role")
-        if role not in ROLES:
-            raise BadRequest(
-                f"{where}.role is {role!r}; use one of {', '.join(ROLES)}", param=f"{where}.role"
-            )
-        msg: dict[str, Any] = {"role": "system" if role == "developer" else role,
-                               "content": _text_of(m.get("content"), where)}
-        if role == "assistant" and m.get("tool_calls"):
-            msg["tool_calls"] = _tool_calls_of(m["tool_calls"], where)
-        if role == "tool":
-            if "tool_call_id" in m and not isinstance(m["tool_call_id"], str):
-                raise BadRequest(f"{where}.tool_call_id must be a string", param=where)
-            msg["tool_call_id"] = m.get("tool_call_id") or ""
-            if isinstance(m.get("name"), str):
-                msg["name"] = m["name"]
-        if role == "assistant" and isinstance(m.get("reasoning_content"), str):
-            msg["reasoning_content"] = m["reasoning_content"]
-        out.append(msg)
-    return out
+    return raw
+
+
+def normalize_messages(raw: Any) -> list[dict[str, Any]]:
+    """Validate OpenAI chat messages and return template-ready dicts. Raises BadRequest."""
+    return [normalize_message(m, i) for i, m in enumerate(check_message_list(raw))]
+
+
+class MessageMemo:
+    """Per session: raw message JSON → message hash, so that the history an agent resends every
+    turn is neither re-validated nor re-normalised; only unseen messages are (cost ∝ new)."""
+
+    def __init__(self, limit: int = 200_000):
+        self._seen: dict[bytes, bytes] = {}
+        self._limit = limit
+
+    def hashes(self, raw: list[Any]) -> tuple[list[bytes], dict[int, dict[str, Any]]]:
+        """(hash per message, normalised form of the messages not seen before)."""
+        if len(self._seen) > self._limit:
+            self._seen.clear()
+        seen = self._seen
+        out: list[bytes] = []
+        fresh: dict[int, dict[str, Any]] = {}
+        for i, m in enumerate(raw):
+            key = orjson.dumps(m)
+            h = seen.get(key)
+            if h is None:
+                fresh[i] = normalize_message(m, i)
+                h = seen[key] = message_hash(fresh[i])
+            out.append(h)
+        return out, fresh
 
 
 def validate_tools(raw: Any) -> list[dict[str, Any]] | None:
