@@ -1,1 +1,126 @@
+"""Sandboxes: isolated machines for task attempts (docker, local bubblewrap, e2b).
 
+Public API (everything else in this package is internal):
+
+    sandbox = await open_sandbox("auto", spec, run_id="run-1",
+                                 workdir_files={"main.py": b"print(1)"})
+    try:
+        result = await sandbox.exec("python main.py", timeout=30)   # ExecResult
+    finally:
+        await sandbox.close()
+
+* `open_sandbox(kind, spec, ...)` -> `Sandbox` (see base.py for the protocol).
+  kind: "docker" | "local" | "e2b" | "auto" (docker when reachable, else local).
+* `best_available()` -> the kind "auto" resolves to.
+* `reap(run_id=None, stale_only=False)` -> ids removed: docker containers, e2b sandboxes
+  and local workdirs of a run (or all envhub ones; or only those whose owner process died).
+
+Every sandbox is labelled `envhub.sandbox=1`, `envhub.run=<run_id>`,
+`envhub.owner=<host>:<pid>` and removed on `close()`, at interpreter exit, on SIGTERM/SIGHUP,
+or by `reap` (`envhub sandbox reap` from the shell). Infrastructure failures raise
+`SandboxError` subclasses (map them to `env_failure`); a failing command is not an error,
+it is an `ExecResult` with a non-zero exit code.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal
+
+from envhub.envs.manifest import SandboxSpec
+from envhub.envs.sandbox.base import ExecResult, Sandbox
+from envhub.envs.sandbox.errors import (
+    ImageBuildError,
+    SandboxClosed,
+    SandboxError,
+    SandboxFileError,
+    SandboxUnavailable,
+)
+
+Kind = Literal["docker", "local", "e2b", "auto"]
+KINDS: tuple[str, ...] = ("docker", "local", "e2b", "auto")
+
+__all__ = [
+    "ExecResult", "ImageBuildError", "Kind", "Sandbox", "SandboxClosed", "SandboxError",
+    "SandboxFileError", "SandboxSpec", "SandboxUnavailable", "best_available", "open_sandbox",
+    "reap",
+]
+
+
+def best_available() -> Literal["docker", "local"]:
+    """"docker" when the SDK is installed and the engine answers, else "local"."""
+    from envhub.envs.sandbox.engine import docker_reachable
+
+    return "docker" if docker_reachable() else "local"
+
+
+async def open_sandbox(
+    kind: Kind,
+    spec: SandboxSpec | None = None,
+    *,
+    run_id: str | None = None,
+    workdir_files: Mapping[str, bytes | str] | None = None,
+    labels: Mapping[str, str] | None = None,
+    env: Mapping[str, str] | None = None,
+    package_root: str | Path = ".",
+) -> Sandbox:
+    """Start a sandbox of `kind` for `spec` and seed its workdir with `workdir_files`
+    (relative path -> content). `package_root` resolves the spec's `dockerfile`.
+
+    docker: the image is the spec's `dockerfile` built on the envhub base, else its `image`,
+    else the base image (built with debootstrap on first use, then cached).
+    e2b: the spec's `image` names the E2B template (default "base"); needs E2B_API_KEY.
+    Raises SandboxUnavailable (with the fix) when the backend cannot run here; the sandbox
+    is closed again if seeding the files fails, so nothing leaks.
+    """
+    if kind not in KINDS:
+        raise SandboxUnavailable(f"unknown sandbox kind {kind!r}; use one of {', '.join(KINDS)}")
+    spec = spec or SandboxSpec()
+    run_id = run_id or f"adhoc-{uuid.uuid4().hex[:8]}"
+    if kind == "auto":
+        kind = best_available()
+    sandbox: Sandbox
+    if kind == "docker":
+        from envhub.envs.images import aimage_for_spec
+        from envhub.envs.sandbox.docker import DockerSandbox
+
+        image = await aimage_for_spec(spec.image, spec.dockerfile, package_root)
+        sandbox = await DockerSandbox.create(spec, image, run_id, dict(labels or {}),
+                                             dict(env or {}))
+    elif kind == "local":
+        from envhub.envs.sandbox.local import LocalSandbox
+
+        sandbox = await LocalSandbox.create(spec, run_id)
+    else:
+        from envhub.envs.sandbox.e2b import E2BSandbox
+
+        sandbox = await E2BSandbox.create(spec, run_id, dict(labels or {}), dict(env or {}))
+    try:
+        for path, content in (workdir_files or {}).items():
+            data = content.encode() if isinstance(content, str) else content
+            await sandbox.write_file(path, data)
+    except BaseException:
+        await sandbox.close()
+        raise
+    return sandbox
+
+
+def reap(run_id: str | None = None, stale_only: bool = False) -> list[str]:
+    """Remove envhub sandboxes (blocking): of `run_id`, or all of them, or with `stale_only`
+    those whose owner process is gone. Backends that are not reachable are skipped."""
+    removed: list[str] = []
+    from envhub.envs.sandbox.engine import docker_reachable
+
+    if docker_reachable():
+        from envhub.envs.sandbox.docker import reap_docker
+
+        removed += reap_docker(run_id, stale_only)
+    from envhub.envs.sandbox.e2b import reap_e2b
+
+    removed += reap_e2b(run_id, stale_only)
+    from envhub.envs.sandbox.local import reap_local
+
+    removed += reap_local(run_id, stale_only)
+    return removed

@@ -1,0 +1,225 @@
+"""Docker sandbox: one container per task attempt, driven through the `docker` SDK.
+
+Defaults are closed: no network (`network_mode="none"`) unless the spec allows it, CPU,
+memory and pids limits, no host mounts, an init process that reaps zombies. Every container
+carries the labels of `reaper.py` and is removed on close, at exit, or by `reap()`.
+The SDK is blocking, so every call runs on the docker thread pool (engine.in_thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import posixpath
+import tarfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from envhub.envs.manifest import SandboxSpec
+from envhub.envs.sandbox.archive import extract_as, tar_path
+from envhub.envs.sandbox.base import ExecResult
+from envhub.envs.sandbox.engine import docker_client, import_docker, in_thread
+from envhub.envs.sandbox.errors import SandboxClosed, SandboxError, SandboxFileError
+from envhub.envs.sandbox.reaper import (
+    LABEL_OWNER,
+    LABEL_RUN,
+    LABEL_SANDBOX,
+    install,
+    owner_alive,
+    sandbox_labels,
+    track,
+    untrack,
+)
+from envhub.envs.sandbox.shell import EXEC_ID_VAR, sweep_argv, timed_out, wrapper_argv
+
+WORKDIR = "/workspace"
+PIDS_LIMIT = 1024  # stops fork bombs from taking the host down
+BACKSTOP_S = 30.0  # extra wait beyond the in-container timeout before we sweep from outside
+
+
+def _remove(container_id: str) -> None:
+    docker = import_docker()
+    try:
+        docker_client().api.remove_container(container_id, force=True, v=True)
+    except docker.errors.NotFound:
+        pass
+
+
+class DockerSandbox:
+    """A running container. Create with `await DockerSandbox.create(...)`; always `close()`."""
+
+    kind = "docker"
+
+    def __init__(self, container: Any, spec: SandboxSpec, workdir: str = WORKDIR) -> None:
+        self.id: str = container.id
+        self.container = container
+        self.spec = spec
+        self.workdir = workdir
+        self._closed = False
+
+    @classmethod
+    async def create(cls, spec: SandboxSpec, image: str, run_id: str,
+                     labels: dict[str, str] | None = None,
+                     env: dict[str, str] | None = None) -> DockerSandbox:
+        """Start a container from `image` (which must exist locally: nothing is pulled)."""
+        install()  # here, in the caller's (usually the main) thread: signal handlers need it
+        return await in_thread(cls._create_blocking, spec, image, run_id, labels, env)
+
+    @classmethod
+    def _create_blocking(cls, spec: SandboxSpec, image: str, run_id: str,
+                         labels: dict[str, str] | None, env: dict[str, str] | None
+                         ) -> DockerSandbox:
+        docker = import_docker()
+        client = docker_client()
+        try:
+            client.images.get(image)
+        except docker.errors.ImageNotFound:
+            raise SandboxError(
+                f"image {image!r} is not in the local Docker engine and is never pulled; build "
+                "it (`envhub image build-base`, a spec `dockerfile`) or `docker load` it"
+            ) from None
+        try:
+            container = client.containers.run(
+                image, command=["sleep", "infinity"], detach=True, init=True,
+                labels=sandbox_labels(run_id, labels), environment=env or {},
+                network_mode="bridge" if spec.network else "none",
+                nano_cpus=int(spec.cpus * 1e9), mem_limit=f"{spec.memory_mb}m",
+                memswap_limit=f"{spec.memory_mb}m", pids_limit=PIDS_LIMIT,
+                working_dir=WORKDIR, security_opt=["no-new-privileges"],
+            )
+        except docker.errors.APIError as e:
+            raise SandboxError(f"could not start a container from {image}: "
+                               f"{e.explanation or e}") from None
+        track(container.id, lambda: _remove(container.id))
+        sandbox = cls(container, spec)
+        # The image may lack the workdir (any env image): create it before first use.
+        sandbox._run(["mkdir", "-p", WORKDIR], env=None, workdir="/")
+        return sandbox
+
+    # -- exec ---------------------------------------------------------------------------
+    def _check(self) -> None:
+        if self._closed:
+            raise SandboxClosed(f"sandbox {self.id[:12]} is closed")
+
+    def _run(self, argv: list[str], env: dict[str, str] | None, workdir: str
+             ) -> tuple[int, bytes, bytes]:
+        docker = import_docker()
+        api = docker_client().api
+        try:
+            exec_id = api.exec_create(self.id, argv, stdout=True, stderr=True,
+                                      environment=env, workdir=workdir)["Id"]
+            out, err = api.exec_start(exec_id, demux=True)
+            code = api.exec_inspect(exec_id)["ExitCode"]
+        except docker.errors.NotFound:
+            raise SandboxClosed(f"container {self.id[:12]} is gone (removed or reaped)") from None
+        except docker.errors.APIError as e:
+            raise SandboxError(f"docker exec failed: {e.explanation or e}") from None
+        return int(code if code is not None else -1), out or b"", err or b""
+
+    async def exec(self, cmd: str, timeout: float | None = None, cwd: str | None = None,
+                   env: dict[str, str] | None = None) -> ExecResult:
+        """Run `cmd` with bash (sh if absent) in `cwd` (default /workspace). On timeout every
+        process the call started is killed, including ones that left its process group."""
+        self._check()
+        timeout = timeout or self.spec.exec_timeout_s
+        exec_id = uuid.uuid4().hex
+        full_env = {**(env or {}), EXEC_ID_VAR: exec_id}
+        cwd = self._abs(cwd or self.workdir)
+        start = time.monotonic()
+        call = in_thread(self._run, wrapper_argv(cmd, cwd, timeout), full_env, "/")
+        try:
+            code, out, err = await asyncio.wait_for(call, timeout + BACKSTOP_S)
+        except TimeoutError:
+            # The wrapper's own timeout did not return (e.g. `timeout` missing in the image).
+            await in_thread(self._run, sweep_argv(exec_id), None, "/")
+            return ExecResult(-1, "", f"killed after {timeout:g}s", timed_out=True)
+        elapsed = time.monotonic() - start
+        hit = timed_out(code, elapsed, timeout)
+        stderr = err.decode(errors="replace")
+        if hit:
+            await in_thread(self._run, sweep_argv(exec_id), None, "/")
+            stderr += f"\nenvhub: killed after {elapsed:.1f}s (timeout)"
+        return ExecResult(code, out.decode(errors="replace"), stderr, hit)
+
+    # -- files ----------------------------------------------------------------------------
+    def _abs(self, path: str) -> str:
+        return posixpath.normpath(posixpath.join(self.workdir, path))
+
+    def _put(self, directory: str, tar_bytes: bytes) -> None:
+        code, _, err = self._run(["mkdir", "-p", directory], None, "/")
+        if code != 0:
+            raise SandboxFileError(f"cannot create {directory}: {err.decode(errors='replace')}")
+        try:
+            self.container.put_archive(directory, tar_bytes)
+        except import_docker().errors.APIError as e:
+            raise SandboxFileError(f"cannot write into {directory}: {e.explanation or e}") from None
+
+    def _get(self, path: str) -> bytes:
+        docker = import_docker()
+        try:
+            stream, _ = self.container.get_archive(path)
+        except docker.errors.NotFound:
+            raise SandboxFileError(f"{path}: no such file in the sandbox") from None
+        except docker.errors.APIError as e:
+            raise SandboxFileError(f"cannot read {path}: {e.explanation or e}") from None
+        return b"".join(stream)
+
+    async def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        """Write `data` to `path` (relative to /workspace), creating parent directories."""
+        self._check()
+        target = self._abs(path)
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as tar:
+            info = tarfile.TarInfo(posixpath.basename(target))
+            info.size, info.mode, info.mtime = len(data), mode, int(time.time())
+            tar.addfile(info, io.BytesIO(data))
+        await in_thread(self._put, posixpath.dirname(target), buffer.getvalue())
+
+    async def read_file(self, path: str) -> bytes:
+        self._check()
+        target = self._abs(path)
+        raw = await in_thread(self._get, target)
+        with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
+            member = tar.next()
+            if member is None or not member.isfile():
+                raise SandboxFileError(f"{target} is not a regular file")
+            handle = tar.extractfile(member)
+            assert handle is not None
+            return handle.read()
+
+    async def upload(self, local_path: str, remote_path: str) -> None:
+        """Copy a local file or directory tree to `remote_path` in the sandbox."""
+        self._check()
+        target = self._abs(remote_path)
+        data = await in_thread(tar_path, Path(local_path), posixpath.basename(target))
+        await in_thread(self._put, posixpath.dirname(target), data)
+
+    async def download(self, remote_path: str, local_path: str) -> None:
+        """Copy a sandbox file or directory tree to `local_path` (created or replaced)."""
+        self._check()
+        raw = await in_thread(self._get, self._abs(remote_path))
+        await in_thread(extract_as, raw, Path(local_path))
+
+    async def close(self) -> None:
+        """Remove the container (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        untrack(self.id)
+        await in_thread(_remove, self.id)
+
+
+def reap_docker(run_id: str | None = None, stale_only: bool = False) -> list[str]:
+    """Remove envhub containers: of one run, or all, or (stale_only) those whose owner process
+    is dead. Returns the removed container ids."""
+    filters = {"label": [f"{LABEL_SANDBOX}=1"] + ([f"{LABEL_RUN}={run_id}"] if run_id else [])}
+    removed = []
+    for container in docker_client().containers.list(all=True, filters=filters):
+        if stale_only and owner_alive(container.labels.get(LABEL_OWNER, "")):
+            continue
+        _remove(container.id)
+        untrack(container.id)
+        removed.append(container.id)
+    return removed

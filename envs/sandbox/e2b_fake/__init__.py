@@ -1,0 +1,85 @@
+"""A fake E2B (control-plane API + in-sandbox `envd`) for running the official `e2b` SDK
+without the cloud: tests, CI and offline development.
+
+Sandboxes are LocalSandboxes (bubblewrap when installed) whose workdir is /home/user.
+Point the SDK at it with
+
+    E2B_API_URL=http://127.0.0.1:PORT  E2B_SANDBOX_URL=http://127.0.0.1:PORT
+    E2B_API_KEY=<the key the fake was started with>  E2B_HTTP_VERSION=1.1
+
+(one server answers both; the SDK tells sandboxes apart by its E2b-Sandbox-Id header).
+Run it standalone with `python -m envhub.envs.sandbox.e2b_fake --port 3000`, or in-process:
+
+    with running_fake_e2b(api_key="test") as url: ...
+
+What is faked: create / list / info / kill / set-timeout (with expiry), the envd file
+download/upload API, and `process.Process` Start / SendSignal / List. Output of a command is
+delivered when it ends (not streamed while it runs). Not faked: the `filesystem.Filesystem`
+RPCs (UNIMPLEMENTED), pause/resume/snapshots, templates, PTY, stdin, metrics, logs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from envhub.envs.sandbox.e2b_fake import control, envd
+from envhub.envs.sandbox.e2b_fake.state import Registry
+from starlette.applications import Starlette
+
+__all__ = ["FakeE2B", "running_fake_e2b"]
+
+
+class FakeE2B:
+    """The ASGI application: Connect RPC paths go to the SDK-generated service apps, the rest
+    to the REST routes (control plane and envd HTTP)."""
+
+    def __init__(self, api_key: str | None = None, allow_network: bool = False) -> None:
+        self.registry = Registry(allow_network=allow_network)
+        self.rpc = envd.rpc_apps(self.registry)
+        self.http = Starlette(routes=control.routes(self.registry, api_key)
+                              + envd.routes(self.registry))
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            for prefix, app in self.rpc.items():
+                if scope["path"].startswith(prefix):
+                    await app(scope, receive, send)  # type: ignore[operator]
+                    return
+        await self.http(scope, receive, send)
+
+
+@contextlib.contextmanager
+def running_fake_e2b(api_key: str | None = "e2b_fake_key", host: str = "127.0.0.1",
+                     port: int = 0) -> Iterator[str]:
+    """Serve a FakeE2B in a background thread; yields its base URL. On exit every sandbox it
+    still holds is killed and the server stops."""
+    import uvicorn
+
+    if port == 0:
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+    app = FakeE2B(api_key=api_key)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                           lifespan="off"))
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_until_complete, args=(server.serve(),),
+                              name="fake-e2b", daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            if not thread.is_alive():
+                raise RuntimeError(f"the fake E2B server could not start on {host}:{port}")
+            threading.Event().wait(0.02)
+        yield f"http://{host}:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=15)
+        if not thread.is_alive():  # a hung server keeps its loop; its sandboxes die at exit
+            loop.run_until_complete(app.registry.close())
+            loop.close()

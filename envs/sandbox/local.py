@@ -1,0 +1,279 @@
+"""Local sandbox: each exec runs under bubblewrap in fresh namespaces on this machine.
+
+Isolation per call: no network (`--unshare-net`, unless the spec allows it), a read-only
+view of the host (each top-level directory bound read-only; /run, /root and /home hidden so
+sockets and secrets are out of reach), a private writable workdir bound at /workspace, a
+tmpfs /tmp, a new pid namespace (when the call ends or times out, every process it started
+dies with it, setsid or not), `--die-with-parent`, a new session (no terminal injection), all
+capabilities dropped, /proc/sys read-only, and rlimits (data size, file size, no core dumps).
+
+Background processes do not outlive a call here (unlike docker): the pid namespace ends
+with the command.
+
+Without bwrap the command runs as a plain subprocess in the workdir: no isolation at all,
+so this is only allowed with a loud warning (logged and printed once per process).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from envhub.envs.manifest import SandboxSpec
+from envhub.envs.sandbox.base import ExecResult
+from envhub.envs.sandbox.errors import SandboxClosed, SandboxFileError
+from envhub.envs.sandbox.reaper import install, owner_alive, track, untrack
+from envhub.envs.sandbox.shell import MAX_STREAM_BYTES
+
+log = logging.getLogger(__name__)
+
+SANDBOX_WORKDIR = "/workspace"
+HIDDEN = {"proc", "dev", "tmp", "run", "root", "home", "lost+found", "old_root"}
+MASKED_EMPTY = ("/root", "/home")  # present but empty and read-only: writes there fail
+PROC_READ_ONLY = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus")
+BASE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "LANG": "C.UTF-8", "TERM": "dumb", "HOME": SANDBOX_WORKDIR}
+FILE_SIZE_LIMIT = 4 << 30  # one runaway `yes > f` must not fill the host disk
+_warned = False
+
+
+def _warn_unisolated() -> None:
+    global _warned
+    if _warned:
+        return
+    _warned = True
+    message = ("envhub: WARNING: bubblewrap (`bwrap`) not found: local sandboxes run commands "
+               "as PLAIN SUBPROCESSES with full access to this machine. Install it "
+               "(apt-get install bubblewrap) or use sandbox kind 'docker'.")
+    log.warning(message)
+    print(message, file=sys.stderr, flush=True)
+
+
+def _host_binds(mount: str) -> list[str]:
+    """bwrap arguments binding the host read-only, top-level entry by entry, onto a tmpfs root
+    (a tmpfs root lets bwrap create the workdir `mount` without touching the host)."""
+    args = ["--tmpfs", "/"]
+    top = mount.strip("/").split("/")[0]
+    for entry in sorted(Path("/").iterdir()):
+        if entry.name in HIDDEN or entry.name == top:
+            continue
+        if entry.is_symlink():
+            args += ["--symlink", os.readlink(entry), str(entry)]
+        elif entry.is_dir():
+            args += ["--ro-bind", str(entry), str(entry)]
+    return args
+
+
+class LocalSandbox:
+    """A private workdir on this machine; commands run under bwrap (or, loudly, without)."""
+
+    kind = "local"
+
+    def __init__(self, spec: SandboxSpec, host_dir: Path, bwrap: str | None,
+                 mount: str = SANDBOX_WORKDIR) -> None:
+        self.spec = spec
+        self.host_dir = host_dir
+        self.bwrap = bwrap
+        self.id = f"local-{host_dir.name}"
+        # Inside bwrap the workdir is `mount`; a plain subprocess sees the host path.
+        self.mount = mount
+        self.workdir = mount if bwrap else str(host_dir)
+        self.isolated = bwrap is not None
+        self._closed = False
+
+    @classmethod
+    async def create(cls, spec: SandboxSpec, run_id: str = "adhoc",
+                     allow_unisolated: bool = True, mount: str = SANDBOX_WORKDIR
+                     ) -> LocalSandbox:
+        """Make the workdir, seen at `mount` inside bwrap. Without bwrap: a loud warning (or
+        SandboxUnavailable when `allow_unisolated` is False)."""
+        install()
+        bwrap = shutil.which("bwrap")
+        if bwrap is None:
+            if not allow_unisolated:
+                from envhub.envs.sandbox.errors import SandboxUnavailable
+                raise SandboxUnavailable("bubblewrap is missing: apt-get install bubblewrap")
+            _warn_unisolated()
+        host_dir = Path(tempfile.mkdtemp(prefix=_prefix(run_id) + f"p{os.getpid()}-"))
+        host_dir.chmod(0o755)
+        sandbox = cls(spec, host_dir, bwrap, mount)
+        track(sandbox.id, lambda: shutil.rmtree(host_dir, ignore_errors=True))
+        return sandbox
+
+    def _argv(self, cmd: str, cwd: str, env: dict[str, str]) -> list[str]:
+        shell = ["bash", "-c", cmd] if shutil.which("bash") else ["sh", "-c", cmd]
+        limits = []
+        if shutil.which("prlimit"):
+            limits = ["prlimit", f"--data={self.spec.memory_mb << 20}",
+                      f"--fsize={FILE_SIZE_LIMIT}", "--core=0", "--"]
+        if self.bwrap is None:
+            return limits + shell
+        argv = [self.bwrap, *_host_binds(self.mount), "--dev", "/dev", "--proc", "/proc"]
+        for path in PROC_READ_ONLY:
+            argv += ["--ro-bind-try", path, path]
+        for path in MASKED_EMPTY:
+            if not self.mount.startswith(path + "/"):
+                argv += ["--tmpfs", path, "--remount-ro", path]
+        argv += ["--tmpfs", "/tmp", "--tmpfs", "/run",
+                 "--bind", str(self.host_dir), self.mount, "--chdir", cwd,
+                 "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+                 "--hostname", "sandbox", "--die-with-parent", "--new-session",
+                 "--cap-drop", "ALL", "--clearenv"]
+        if not self.spec.network:
+            argv.append("--unshare-net")
+        for key, value in env.items():
+            argv += ["--setenv", key, value]
+        return argv + limits + shell
+
+    async def exec(self, cmd: str, timeout: float | None = None, cwd: str | None = None,
+                   env: dict[str, str] | None = None) -> ExecResult:
+        """Run `cmd` (bash) in `cwd` (default the workdir); on timeout the whole tree is killed."""
+        if self._closed:
+            raise SandboxClosed(f"sandbox {self.id} is closed")
+        timeout = timeout or self.spec.exec_timeout_s
+        cwd = os.path.join(self.workdir, cwd or ".")
+        full_env = {**BASE_ENV, "HOME": self.workdir, **(env or {})}
+        if self.bwrap is None and not os.path.isdir(cwd):
+            return ExecResult(2, "", f"cd: {cwd}: No such file or directory")
+        proc = await asyncio.create_subprocess_exec(
+            *self._argv(cmd, cwd, full_env), stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            cwd=str(self.host_dir) if self.bwrap is None else None,
+            env=full_env if self.bwrap is None else BASE_ENV,
+            start_new_session=True,  # its own process group: killpg reaches every child
+        )
+        assert proc.stdout is not None and proc.stderr is not None
+        readers = asyncio.gather(_read_capped(proc.stdout), _read_capped(proc.stderr))
+        timed_out = False
+        start = time.monotonic()
+        try:
+            await asyncio.wait_for(proc.wait(), timeout)
+        except TimeoutError:
+            timed_out = True
+        finally:
+            # Kill the group even after a normal exit: without bwrap, background children
+            # would otherwise hold our pipes open (with bwrap the pid namespace is gone).
+            _killpg(proc.pid)
+            await proc.wait()
+        try:
+            out, err = await asyncio.wait_for(readers, 10)
+        except TimeoutError:  # a grandchild escaped the group (only possible without bwrap)
+            out, err = b"", b"envhub: output pipes stayed open after the command ended"
+        code = proc.returncode if not timed_out else 124
+        if timed_out:
+            err += f"\nenvhub: killed after {time.monotonic() - start:.1f}s (timeout)".encode()
+        return ExecResult(code if code is not None else -1, out.decode(errors="replace"),
+                          err.decode(errors="replace"), timed_out)
+
+    # -- files: only inside the workdir --------------------------------------------------
+    def _host_path(self, path: str, for_write: bool) -> Path:
+        """Map a sandbox path to the host, refusing anything outside the workdir (symlinks
+        are resolved first, so a link to /etc cannot be used to escape)."""
+        if self._closed:
+            raise SandboxClosed(f"sandbox {self.id} is closed")
+        rel = path
+        if os.path.isabs(path):
+            rel = os.path.relpath(path, self.workdir)
+        candidate = (self.host_dir / rel)
+        root = self.host_dir.resolve()
+        resolved = candidate.resolve()
+        if resolved != root and root not in resolved.parents:
+            verb = "write" if for_write else "read"
+            raise SandboxFileError(f"cannot {verb} {path}: local sandboxes only allow paths "
+                                   f"inside the workdir {self.workdir}")
+        return resolved
+
+    async def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        target = self._host_path(path, for_write=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(target.write_bytes, data)
+        target.chmod(mode)
+
+    async def read_file(self, path: str) -> bytes:
+        target = self._host_path(path, for_write=False)
+        if not target.is_file():
+            raise SandboxFileError(f"{path}: no such file in the sandbox")
+        return await asyncio.to_thread(target.read_bytes)
+
+    async def upload(self, local_path: str, remote_path: str) -> None:
+        source = Path(local_path)
+        target = self._host_path(remote_path, for_write=True)
+        if source.is_dir():
+            await asyncio.to_thread(shutil.copytree, source, target, symlinks=True,
+                                    dirs_exist_ok=True)
+        elif source.is_file():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            await asyncio.to_thread(shutil.copy2, source, target)
+        else:
+            raise SandboxFileError(f"{local_path}: no such local file or directory")
+
+    async def download(self, remote_path: str, local_path: str) -> None:
+        source = self._host_path(remote_path, for_write=False)
+        target = Path(local_path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_dir():
+            await asyncio.to_thread(shutil.copytree, source, target, symlinks=True,
+                                    dirs_exist_ok=True)
+        elif source.is_file():
+            await asyncio.to_thread(shutil.copy2, source, target)
+        else:
+            raise SandboxFileError(f"{remote_path}: no such file in the sandbox")
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        untrack(self.id)
+        await asyncio.to_thread(shutil.rmtree, self.host_dir, True)
+
+
+def _prefix(run_id: str) -> str:
+    """Workdir name prefix: run id (sanitised, cut) and, after it, the owner pid, so that
+    `reap_local` can find the workdirs of a run or of dead owners."""
+    return f"envhub-local-{re.sub(r'[^A-Za-z0-9_.-]', '_', run_id)[:24]}-"
+
+
+def reap_local(run_id: str | None = None, stale_only: bool = False) -> list[str]:
+    """Remove local workdirs left behind (owner killed with SIGKILL): of `run_id`, or all, or
+    (stale_only) those whose owner process is gone. Returns the removed paths."""
+    removed = []
+    pattern = (_prefix(run_id) if run_id else "envhub-local-*-") + "p*-*"
+    for path in Path(tempfile.gettempdir()).glob(pattern):
+        match = re.search(r"-p(\d+)-[^-]*$", path.name)
+        if match is None or not path.is_dir():
+            continue
+        if stale_only and owner_alive(f"{socket.gethostname()}:{match.group(1)}"):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        untrack(f"local-{path.name}")
+        removed.append(str(path))
+    return removed
+
+
+def _killpg(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+async def _read_capped(stream: asyncio.StreamReader) -> bytes:
+    """Read to EOF, keeping at most MAX_STREAM_BYTES (the rest is drained and dropped)."""
+    kept = bytearray()
+    dropped = 0
+    while chunk := await stream.read(1 << 16):
+        room = MAX_STREAM_BYTES - len(kept)
+        kept += chunk[:room]
+        dropped += max(0, len(chunk) - room)
+    if dropped:
+        kept += f"\n[envhub: {dropped} more bytes dropped]".encode()
+    return bytes(kept)

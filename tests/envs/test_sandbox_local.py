@@ -1,0 +1,195 @@
+"""Local sandbox under real bubblewrap: isolation, timeouts, files."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+from envhub.envs.manifest import SandboxSpec
+from envhub.envs.sandbox import SandboxClosed, SandboxFileError, open_sandbox
+from envhub.envs.sandbox.local import LocalSandbox
+
+from tests.support import require_tool
+
+pytestmark = pytest.mark.bwrap
+
+
+@pytest.fixture
+def box():
+    require_tool("bwrap")
+    sandbox = asyncio.run(LocalSandbox.create(SandboxSpec(exec_timeout_s=30), run_id="t-local"))
+    assert sandbox.isolated
+    yield sandbox
+    asyncio.run(sandbox.close())
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def host_processes_with(token: str) -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True)
+    return [line for line in out.stdout.splitlines() if token in line and "ps -eo" not in line]
+
+
+def test_exec_output_exit_code_cwd_and_env(box: LocalSandbox) -> None:
+    r = run(box.exec("echo out; echo err >&2; pwd; echo $GREETING; exit 7",
+                     env={"GREETING": "hi"}))
+    assert (r.exit_code, r.timed_out) == (7, False)
+    assert r.stdout == "out\n/workspace\nhi\n"
+    assert r.stderr == "err\n"
+    run(box.exec("mkdir -p sub/dir"))
+    assert run(box.exec("pwd", cwd="sub/dir")).stdout == "/workspace/sub/dir\n"
+    missing = run(box.exec("pwd", cwd="nope"))
+    assert missing.exit_code != 0
+
+
+def test_host_environment_does_not_leak(box: LocalSandbox, monkeypatch) -> None:
+    monkeypatch.setenv("ENVHUB_TEST_SECRET", "s3cret")
+    r = run(box.exec("env"))
+    assert "s3cret" not in r.stdout
+    assert "HOME=/workspace" in r.stdout
+
+
+def test_timeout_kills_the_whole_tree(box: LocalSandbox) -> None:
+    token = f"envhub-bg-{uuid.uuid4().hex[:8]}"
+    # a background child, a setsid'ed one (left the process group), and a blocking sleep
+    cmd = (f"bash -c 'exec -a {token} sleep 300' & setsid bash -c 'exec -a {token} sleep 301' & "
+           "sleep 300")
+    r = run(box.exec(cmd, timeout=1.5))
+    assert r.timed_out and r.exit_code == 124
+    assert "timeout" in r.stderr
+    assert host_processes_with(token) == []
+
+
+def test_background_children_end_with_the_call(box: LocalSandbox) -> None:
+    token = f"envhub-bg-{uuid.uuid4().hex[:8]}"
+    r = run(box.exec(f"(exec -a {token} sleep 300) & echo started"))
+    assert r.stdout == "started\n" and not r.timed_out
+    assert host_processes_with(token) == []
+
+
+def test_no_network(box: LocalSandbox) -> None:
+    r = run(box.exec("cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d ' '"))
+    assert r.stdout.split() == ["lo"]
+    probe = "import socket; socket.create_connection(('1.1.1.1', 80), timeout=3)"
+    r = run(box.exec(f"python3 -c \"{probe}\""))
+    assert r.exit_code != 0 and "unreachable" in r.stderr.lower()
+
+
+def test_no_host_write_access(box: LocalSandbox) -> None:
+    home = os.path.expanduser("~")
+    marker = f"envhub-write-{uuid.uuid4().hex[:8]}"
+    for target in (f"/etc/{marker}", f"{home}/{marker}", f"/usr/{marker}", f"/var/{marker}"):
+        r = run(box.exec(f"touch {target}"))
+        assert r.exit_code != 0, target
+        assert not os.path.exists(target), target
+    # kernel knobs and remounts are out of reach too (capabilities dropped, /proc/sys ro)
+    assert run(box.exec("echo 1 > /proc/sys/kernel/printk")).exit_code != 0
+    assert run(box.exec("mount -o remount,rw /etc")).exit_code != 0
+    assert run(box.exec("ls /run")).stdout.strip() == ""  # no docker.sock etc.
+
+
+def test_writes_inside_the_workdir_reach_the_private_dir(box: LocalSandbox) -> None:
+    assert run(box.exec("echo data > f.txt && cp f.txt /tmp/ && cat /tmp/f.txt")).exit_code == 0
+    assert (box.host_dir / "f.txt").read_text() == "data\n"
+    # /tmp is a private tmpfs per call
+    assert run(box.exec("test -e /tmp/f.txt")).exit_code == 1
+
+
+def test_file_round_trips(box: LocalSandbox, tmp_path: Path) -> None:
+    run(box.write_file("a/b/c.bin", bytes(range(256))))
+    assert run(box.read_file("/workspace/a/b/c.bin")) == bytes(range(256))
+    assert run(box.exec("wc -c < a/b/c.bin")).stdout.strip() == "256"
+    tree = tmp_path / "tree"
+    (tree / "sub").mkdir(parents=True)
+    (tree / "sub" / "x.txt").write_text("x")
+    run(box.upload(str(tree), "up"))
+    assert run(box.exec("cat up/sub/x.txt")).stdout == "x"
+    run(box.download("up", str(tmp_path / "back")))
+    assert (tmp_path / "back" / "sub" / "x.txt").read_text() == "x"
+    with pytest.raises(SandboxFileError, match="no such file"):
+        run(box.read_file("missing.txt"))
+
+
+def test_file_api_refuses_paths_outside_the_workdir(box: LocalSandbox) -> None:
+    with pytest.raises(SandboxFileError, match="inside the workdir"):
+        run(box.write_file("/etc/envhub-nope", b"x"))
+    with pytest.raises(SandboxFileError, match="inside the workdir"):
+        run(box.write_file("../escape.txt", b"x"))
+    # a symlink planted by the agent cannot be used to write through
+    run(box.exec("ln -s /etc/passwd link"))
+    with pytest.raises(SandboxFileError, match="inside the workdir"):
+        run(box.write_file("link", b"x"))
+    with pytest.raises(SandboxFileError, match="inside the workdir"):
+        run(box.read_file("link"))
+
+
+def test_close_removes_the_workdir_and_refuses_calls(box: LocalSandbox) -> None:
+    run(box.close())
+    assert not box.host_dir.exists()
+    with pytest.raises(SandboxClosed):
+        run(box.exec("true"))
+    run(box.close())  # idempotent
+
+
+def test_open_sandbox_local_seeds_files() -> None:
+    require_tool("bwrap")
+
+    async def scenario() -> str:
+        sandbox = await open_sandbox("local", SandboxSpec(), run_id="t-open",
+                                     workdir_files={"main.py": "print(6 * 7)"})
+        try:
+            return (await sandbox.exec("python3 main.py")).stdout
+        finally:
+            await sandbox.close()
+
+    assert run(scenario()) == "42\n"
+
+
+def test_without_bwrap_it_warns_loudly_and_still_runs(tmp_path: Path, capsys) -> None:
+    from envhub.envs.sandbox import local
+
+    local._warned = False
+    local._warn_unisolated()
+    local._warn_unisolated()
+    assert capsys.readouterr().err.count("PLAIN SUBPROCESSES") == 1
+    plain = LocalSandbox(SandboxSpec(), tmp_path, bwrap=None)
+    token = f"envhub-plain-{uuid.uuid4().hex[:8]}"
+    r = run(plain.exec(f"pwd; (exec -a {token} sleep 300) & sleep 300", timeout=1))
+    assert r.stdout == f"{tmp_path}\n" and r.timed_out
+    assert host_processes_with(token) == []
+
+
+def test_workdirs_of_a_killed_owner_are_reaped() -> None:
+    require_tool("bwrap")
+    import signal
+    import sys
+    import tempfile
+
+    from envhub.envs.sandbox import reap
+
+    run_id = f"t-reap-{uuid.uuid4().hex[:6]}"
+    owner = ("import asyncio, sys\n"
+             "from envhub.envs.manifest import SandboxSpec\n"
+             "from envhub.envs.sandbox import open_sandbox\n"
+             "async def main():\n"
+             "    box = await open_sandbox('local', SandboxSpec(), run_id=sys.argv[1])\n"
+             "    print(box.host_dir, flush=True)\n"
+             "    await asyncio.sleep(600)\n"
+             "asyncio.run(main())\n")
+    proc = subprocess.Popen([sys.executable, "-c", owner, run_id], stdout=subprocess.PIPE,
+                            text=True, cwd=Path(__file__).parents[2])
+    assert proc.stdout is not None
+    workdir = Path(proc.stdout.readline().strip())
+    assert workdir.is_dir() and workdir.parent == Path(tempfile.gettempdir())
+    assert reap(run_id, stale_only=True) == []  # the owner is alive: not stale
+    os.kill(proc.pid, signal.SIGKILL)  # no atexit: the workdir is left behind
+    proc.wait(timeout=30)
+    assert workdir.is_dir()
+    assert reap(run_id, stale_only=True) == [str(workdir)]
+    assert not workdir.exists()
