@@ -1,9 +1,275 @@
-"""`envhub` commands owned by the registry component."""
+"""`envhub` commands owned by the registry component: pack, publish, install, search, yank,
+login, and `envhub registry serve | token create`.
+
+Heavy imports stay inside the commands so `envhub --help` stays fast. Every expected
+failure prints `error: <what to fix>` on stderr and exits with code 2.
+"""
 
 from __future__ import annotations
 
+import functools
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
 import typer
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+HERE = Path(".")
+REGISTRY_HELP = "registry URL, or 'local' (default: $ENVHUB_REGISTRY, `envhub login`, local)"
+TOKEN_HELP = "API token (default: $ENVHUB_TOKEN or the one saved by `envhub login`)"
+RegistryOpt = Annotated[str | None, typer.Option("--registry", help=REGISTRY_HELP)]
+TokenOpt = Annotated[str | None, typer.Option("--token", help=TOKEN_HELP)]
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(2)
+
+
+def _errors_exit_2(fn: F) -> F:
+    """Turn expected failures (bad input, refused packages, unreachable registry) into
+    a one-line message and exit code 2 instead of a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from envhub.envs.manifest import ManifestError
+        from envhub.registry.errors import MissingExtra, RegistryError
+
+        try:
+            return fn(*args, **kwargs)
+        except RegistryError as e:
+            raise _fail(e.message) from None
+        except (ManifestError, MissingExtra) as e:
+            raise _fail(str(e)) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _run(coro: Any) -> Any:
+    import asyncio
+
+    return asyncio.run(coro)
+
+
+def pack_cmd(
+    path: Annotated[Path, typer.Argument(help="environment folder (with envhub.toml)")] = HERE,
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="output folder (default: PATH/dist)")] = None,
+) -> None:
+    """Build the deterministic .tar.gz of an environment and print its sha256 digest."""
+    from envhub.registry.archive import pack
+
+    packed = pack(path, out)
+    typer.echo(f"{packed.path}\n{packed.digest}  {packed.size} bytes, {packed.files} files")
+
+
+async def _publish(path: Path, registry: str | None, token: str | None,
+                   owner: str | None) -> tuple[str, Any]:
+    import tempfile
+
+    from envhub.registry.archive import pack, sha256_file
+    from envhub.registry.errors import BadRequest
+    from envhub.registry.extract import scan
+    from envhub.registry.refs import check_owner
+    from envhub.registry.sources import open_registry
+
+    with tempfile.TemporaryDirectory(prefix="envhub-publish-") as tmp:
+        if path.is_file():
+            archive, digest, manifest = path, sha256_file(path), scan(path).manifest
+        else:
+            packed = pack(path, tmp)
+            archive, digest, manifest = packed.path, packed.digest, packed.manifest
+        reg = open_registry(registry, token)
+        try:
+            who = owner or manifest.metadata.get("owner") or await reg.default_owner()
+            if who is None and reg.location != "local":
+                raise BadRequest("which owner? pass --owner NAME (your token may publish "
+                                 "under several owners)")
+            who = check_owner(str(who or "local"))
+            result = await reg.publish(who, archive, digest, manifest.name, manifest.version)
+        finally:
+            await reg.aclose()
+        return reg.location, result
+
+
+@_errors_exit_2
+def publish_cmd(
+    path: Annotated[Path, typer.Argument(
+        help="environment folder, or a .tar.gz from pack")] = HERE,
+    registry: RegistryOpt = None,
+    token: TokenOpt = None,
+    owner: Annotated[str | None, typer.Option(
+        "--owner", help="publish as OWNER/name (default: manifest metadata.owner, the "
+        "token's only owner, or 'local')")] = None,
+) -> None:
+    """Pack (if needed) and publish an environment: immutable, addressed as owner/name@version."""
+    location, result = _run(_publish(path, registry, token, owner))
+    v = result.version
+    state = "published" if result.created else "already published (same content)"
+    typer.echo(f"{v.ref} {state} to {location}\n{v.digest}")
+
+
+@_errors_exit_2
+def install_cmd(
+    ref: Annotated[str, typer.Argument(help="owner/name@version (or a range, or latest)")],
+    registry: RegistryOpt = None,
+    token: TokenOpt = None,
+    no_deps: Annotated[bool, typer.Option(
+        "--no-deps", help="do not pip-install the declared dependencies")] = False,
+    force: Annotated[bool, typer.Option("--force", help="reinstall even if installed")] = False,
+) -> None:
+    """Download, verify and unpack an environment into ENVHUB_HOME/envs."""
+    from envhub.registry.install import install
+    from envhub.registry.sources import open_registry
+
+    async def go() -> Any:
+        reg = open_registry(registry, token)
+        try:
+            return await install(ref, reg, install_deps=not no_deps, force=force)
+        finally:
+            await reg.aclose()
+
+    env = _run(go())
+    typer.echo(f"{env.ref} installed at {env.path}")
+    if env.missing_dependencies:
+        typer.echo("warning: not installed (--no-deps): " + " ".join(env.missing_dependencies)
+                   + "; pip install them before running", err=True)
+
+
+@_errors_exit_2
+def search_cmd(
+    query: Annotated[str, typer.Argument(help="text in owner/name or description")] = "",
+    registry: RegistryOpt = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=100)] = 20,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+) -> None:
+    """Find environments in the registry."""
+    from envhub.registry.sources import open_registry
+
+    async def go() -> Any:
+        reg = open_registry(registry)
+        try:
+            return await reg.search(query, limit)
+        finally:
+            await reg.aclose()
+
+    hits = _run(go())
+    if as_json:
+        typer.echo(json.dumps([h.model_dump() for h in hits], indent=2))
+        return
+    for h in hits:
+        typer.echo(f"{h.owner}/{h.name}@{h.latest or '-'}  {h.description}")
+    if not hits:
+        typer.echo("no matches", err=True)
+
+
+@_errors_exit_2
+def yank_cmd(
+    ref: Annotated[str, typer.Argument(help="owner/name@version (an exact version)")],
+    undo: Annotated[bool, typer.Option("--undo", help="un-yank")] = False,
+    registry: RegistryOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Yank a version: ranges and `latest` skip it; pinning the exact version still works."""
+    from envhub.registry.errors import BadRequest
+    from envhub.registry.refs import PackageRef
+    from envhub.registry.sources import open_registry
+
+    pref = PackageRef.parse(ref)
+    version = pref.spec.exact
+    if version is None:
+        raise BadRequest(f"yank needs an exact version, e.g. {pref.full_name}@1.2.0")
+
+    async def go() -> Any:
+        reg = open_registry(registry, token)
+        try:
+            return await reg.yank(pref.owner, pref.name, version, not undo)
+        finally:
+            await reg.aclose()
+
+    v = _run(go())
+    typer.echo(f"{v.ref} {'yanked' if v.yanked else 'un-yanked'}")
+
+
+@_errors_exit_2
+def login_cmd(
+    url: Annotated[str, typer.Argument(help="registry URL, e.g. http://host:8500")],
+    token: Annotated[str, typer.Option("--token", prompt=True, hide_input=True, help="API token")],
+    no_default: Annotated[bool, typer.Option(
+        "--no-default", help="save the token but keep the current default registry")] = False,
+) -> None:
+    """Check a token against a registry and save it (and make that registry the default)."""
+    from envhub.registry.client import RegistryClient
+    from envhub.registry.home import load_credentials, normalize_url, save_credentials
+
+    url = normalize_url(url)
+
+    async def go() -> list[str]:
+        async with RegistryClient(url, token) as client:
+            return await client.whoami()
+
+    owners = _run(go())
+    creds = load_credentials()
+    creds.tokens[url] = token
+    if not no_default:
+        creds.default = url
+    path = save_credentials(creds)
+    typer.echo(f"logged in to {url} as {', '.join(owners)} (saved in {path})")
+
+
+@_errors_exit_2
+def serve_cmd(
+    data: Annotated[Path, typer.Option("--data", help="folder for blobs and the SQLite index")],
+    port: Annotated[int, typer.Option("--port", min=1, max=65535)] = 8500,
+    host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
+    db: Annotated[str | None, typer.Option("--db", help="index DB URL (postgresql://...)")] = None,
+    max_upload_mb: Annotated[float, typer.Option(
+        "--max-upload-mb", min=0.001, help="largest accepted .tar.gz")] = 100.0,
+) -> None:
+    """Run a shared HTTP registry (FastAPI; OpenAPI at /openapi.json)."""
+    from envhub.registry.limits import Limits
+    from envhub.registry.server import ServerConfig, serve
+
+    limits = Limits(max_archive_bytes=int(max_upload_mb * (1 << 20)))
+    serve(ServerConfig(data=data, db=db, host=host, port=port, limits=limits))
+
+
+@_errors_exit_2
+def token_create_cmd(
+    owner: Annotated[list[str], typer.Option(
+        "--owner", help="owner the token may publish under (repeat for several)")],
+    data: Annotated[Path, typer.Option("--data", help="the registry's data folder")],
+    db: Annotated[str | None, typer.Option("--db", help="index DB URL (postgresql://...)")] = None,
+    label: Annotated[str, typer.Option("--label", help="a note for whoever audits tokens")] = "",
+) -> None:
+    """Create an API token; it is printed once (only its hash is stored)."""
+    from envhub.registry.catalog import Catalog
+    from envhub.registry.refs import check_owner
+
+    for name in owner:  # before the data folder is created
+        check_owner(name)
+    catalog = Catalog(data, db)
+    try:
+        typer.echo(catalog.create_token(owner, label))
+    finally:
+        catalog.close()
 
 
 def register(app: typer.Typer) -> None:
     """Add this component's commands to the top-level app."""
+    app.command("pack")(_errors_exit_2(pack_cmd))
+    app.command("publish")(publish_cmd)
+    app.command("install")(install_cmd)
+    app.command("search")(search_cmd)
+    app.command("yank")(yank_cmd)
+    app.command("login")(login_cmd)
+    registry_app = typer.Typer(help="Run and administer a shared registry.",
+                               no_args_is_help=True)
+    registry_app.command("serve")(serve_cmd)
+    token_app = typer.Typer(help="API tokens for publishing.", no_args_is_help=True)
+    token_app.command("create")(token_create_cmd)
+    registry_app.add_typer(token_app, name="token")
+    app.add_typer(registry_app, name="registry")

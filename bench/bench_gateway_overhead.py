@@ -1,0 +1,126 @@
+"""Gateway overhead against a zero-work token backend, side by side in one run.
+
+Targets, all in front of the same `envhub engine --model zero` process:
+  direct   — POST /v1/completions with token ids straight to the engine
+  envhub   — POST /v1/chat/completions through `envhub gateway` (render + record in SQLite)
+  litellm  — LiteLLM's proxy (if `litellm[proxy]` is installed), /v1/completions passthrough
+
+At concurrency 1: p50 latency and what each proxy adds over direct. At concurrency 64: req/s.
+The load generator is one asyncio process (aiohttp) shared by all targets.
+
+    python bench/bench_gateway_overhead.py [--calls 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import subprocess
+import tempfile
+
+from common import envhub, free_port, load, start
+
+PROMPT_IDS = list(range(1000, 1100))
+
+
+def litellm_available() -> bool:
+    if shutil.which("litellm") is None and not os.path.exists(
+            os.path.join(os.path.dirname(os.sys.executable), "litellm")):
+        return False
+    try:
+        import litellm.proxy.proxy_server  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--calls", type=int, default=2000, help="calls per target at c=64")
+    ap.add_argument("--serial", type=int, default=300, help="calls per target at c=1")
+    args = ap.parse_args()
+    tmp = tempfile.mkdtemp()
+    procs: list[subprocess.Popen] = []
+    ep, gp, lp = free_port(), free_port(), free_port()
+    engine_url, gw_url, ll_url = (f"http://127.0.0.1:{p}" for p in (ep, gp, lp))
+    try:
+        procs.append(start(envhub("engine", "--model", "zero", "--port", str(ep)),
+                           f"{engine_url}/health"))
+        procs.append(start(envhub("gateway", "--backend", "vllm", "--upstream", engine_url,
+                                  "--port", str(gp), "--db", f"sqlite:///{tmp}/pool.db"),
+                           f"{gw_url}/health"))
+        targets = {}
+
+        async def direct(http, w, i):
+            async with http.post(f"{engine_url}/v1/completions", json={
+                    "model": "zero", "prompt": PROMPT_IDS, "max_tokens": 8,
+                    "return_token_ids": True}) as r:
+                assert r.status == 200, await r.text()
+                await r.read()
+
+        async def gateway(http, w, i):
+            # each worker is an agent session; a new session every 20 turns
+            key = f"bench-{w}-{i // 20}"
+            async with http.post(f"{gw_url}/v1/chat/completions", headers={
+                    "authorization": f"Bearer {key}"}, json={
+                    "model": "default", "max_tokens": 8,
+                    "messages": [{"role": "user", "content": f"question {w} {i // 20}"}]}) as r:
+                assert r.status == 200, await r.text()
+                await r.read()
+
+        targets["direct"] = direct
+        targets["envhub"] = gateway
+        if litellm_available():
+            cfg = os.path.join(tmp, "litellm.yaml")
+            with open(cfg, "w") as f:
+                f.write("model_list:\n  - model_name: zero\n    litellm_params:\n"
+                        f"      model: text-completion-openai/zero\n      api_base: "
+                        f"{engine_url}/v1\n      api_key: none\n")
+            exe = os.path.join(os.path.dirname(os.sys.executable), "litellm")
+            procs.append(start([exe, "--config", cfg, "--port", str(lp), "--num_workers", "1"],
+                               f"{ll_url}/health/liveliness",
+                               env={"LITELLM_LOCAL_MODEL_COST_MAP": "True",
+                                    "LITELLM_LOG": "ERROR",
+                                    "LITELLM_MASTER_KEY": "sk-bench-master-key"}, timeout=180))
+
+            async def litellm(http, w, i):
+                async with http.post(f"{ll_url}/v1/completions", json={
+                        "model": "zero", "prompt": "hello there", "max_tokens": 8},
+                        headers={"authorization": "Bearer sk-bench-master-key"}) as r:
+                    assert r.status == 200, await r.text()
+                    await r.read()
+
+            targets["litellm"] = litellm
+        else:
+            print("litellm proxy not installed (pip install 'litellm[proxy]'): column skipped")
+
+        # The gateway's real traffic is multi-turn; single-turn calls keep every target's
+        # request the same size. Warm up every target first.
+        for fn in targets.values():
+            asyncio.run(load(fn, 4, 40))
+        serial = {name: asyncio.run(load(fn, 1, args.serial)) for name, fn in targets.items()}
+        wide = {name: asyncio.run(load(fn, 64, args.calls)) for name, fn in targets.items()}
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    base = serial["direct"]["p50"]
+    print(f"{'target':<8} {'c=1 p50 ms':>11} {'added ms':>9} {'c=64 req/s':>11} "
+          f"{'c=64 p99 ms':>12} {'errors':>7}")
+    for name in targets:
+        s, w = serial[name], wide[name]
+        print(f"{name:<8} {s['p50']:>11.2f} {s['p50'] - base:>9.2f} {w['rps']:>11.0f} "
+              f"{w['p99']:>12.1f} {s['errors'] + w['errors']:>7}")
+    g = serial["envhub"]["p50"] - base
+    print(f"envhub adds {g:.2f} ms p50 at c=1 (target <= 1.5 ms)")
+    if "litellm" in targets:
+        ratio = wide["envhub"]["rps"] / wide["litellm"]["rps"]
+        added = serial["litellm"]["p50"] - base
+        print(f"litellm adds {added:.2f} ms p50; envhub/litellm req/s at c=64: {ratio:.1f}x "
+              "(target >= 5x)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,272 @@
+"""The registry's index (SQLAlchemy Core; SQLite by default, PostgreSQL by URL) plus its
+blob store. Used by the HTTP server and, embedded, as the local registry.
+
+Immutability is the database's job: `(owner, name, version)` is unique, so of two
+concurrent publishes of one version exactly one insert wins; the loser sees the winner's
+row and gets 200 (same digest: an idempotent re-publish) or 409 (different content).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import shutil
+import time
+from pathlib import Path
+
+import sqlalchemy as sa
+from envhub.registry.archive import check_dependencies, sha256_file
+from envhub.registry.blobs import BlobStore, check_digest
+from envhub.registry.errors import (
+    BadPackage,
+    BadRequest,
+    Conflict,
+    DigestMismatch,
+    MissingExtra,
+    NotFound,
+)
+from envhub.registry.extract import scan
+from envhub.registry.limits import Limits
+from envhub.registry.models import PackageInfo, PublishResult, SearchHit, VersionInfo
+from envhub.registry.refs import PackageRef, Version, VersionSpec, check_name, check_owner
+from sqlalchemy.exc import IntegrityError
+
+MAX_VERSION_CHARS = 64
+MAX_QUERY_CHARS = 200
+
+metadata = sa.MetaData()
+versions = sa.Table(
+    "versions", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("owner", sa.String(64), nullable=False),
+    sa.Column("name", sa.String(64), nullable=False),
+    sa.Column("version", sa.String(MAX_VERSION_CHARS), nullable=False),
+    sa.Column("digest", sa.String(71), nullable=False),
+    sa.Column("size", sa.BigInteger, nullable=False),
+    sa.Column("yanked", sa.Boolean, nullable=False, default=False),
+    sa.Column("description", sa.Text, nullable=False, default=""),
+    sa.Column("dependencies", sa.Text, nullable=False, default="[]"),  # JSON list
+    sa.Column("manifest", sa.Text, nullable=False),
+    sa.Column("published_at", sa.Float, nullable=False),
+    sa.Column("publisher", sa.String(200), nullable=False, default=""),
+    sa.UniqueConstraint("owner", "name", "version", name="uq_versions_owner_name_version"),
+)
+tokens = sa.Table(
+    "tokens", metadata,
+    # Only sha256(token) is stored: a leaked database does not leak usable tokens.
+    sa.Column("token_hash", sa.String(64), primary_key=True),
+    sa.Column("owners", sa.Text, nullable=False),  # comma-separated owner names
+    sa.Column("label", sa.String(200), nullable=False, default=""),
+    sa.Column("created_at", sa.Float, nullable=False),
+)
+
+
+def make_engine(db_url: str | None, data: Path) -> sa.Engine:
+    """SQLite file under `data` by default; `postgresql://...` uses psycopg 3."""
+    if not db_url:
+        db_url = f"sqlite:///{data / 'index.db'}"
+    if db_url.startswith(("postgresql://", "postgres://")):
+        db_url = "postgresql+psycopg://" + db_url.split("://", 1)[1]
+    if db_url.startswith("postgresql"):
+        try:
+            import psycopg  # noqa: F401
+        except ImportError:
+            raise MissingExtra("a PostgreSQL registry index", "postgres") from None
+        return sa.create_engine(db_url, pool_pre_ping=True)
+    if not db_url.startswith("sqlite"):
+        raise BadRequest(f"unsupported database URL '{db_url}'; use sqlite:///PATH or "
+                         "postgresql://USER@HOST:PORT/DB")
+    engine = sa.create_engine(db_url, connect_args={"timeout": 30, "check_same_thread": False})
+
+    @sa.event.listens_for(engine, "connect")
+    def _pragmas(conn, _record):  # type: ignore[no-untyped-def]
+        # WAL: readers never block the writer; busy timeout makes writers queue, not fail.
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA busy_timeout=30000")
+
+    return engine
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def check_version(version: str) -> str:
+    if len(version) > MAX_VERSION_CHARS:
+        raise BadRequest(f"version '{version[:20]}...' is longer than {MAX_VERSION_CHARS} chars")
+    Version.parse(version)
+    return version
+
+
+def _row_to_info(row: sa.Row) -> VersionInfo:
+    return VersionInfo(
+        owner=row.owner, name=row.name, version=row.version, digest=row.digest, size=row.size,
+        yanked=bool(row.yanked), description=row.description,
+        dependencies=json.loads(row.dependencies), published_at=row.published_at,
+        publisher=row.publisher)
+
+
+class Catalog:
+    """Index + blobs under `data` (blobs always on disk; the index may live in PostgreSQL)."""
+
+    def __init__(self, data: str | Path, db_url: str | None = None,
+                 limits: Limits | None = None):
+        self.data = Path(data)
+        self.data.mkdir(parents=True, exist_ok=True)
+        self.blobs = BlobStore(self.data / "blobs")
+        self.limits = limits or Limits()
+        self.engine = make_engine(db_url, self.data)
+        metadata.create_all(self.engine)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # -- reading -----------------------------------------------------------------------
+    def versions(self, owner: str, name: str) -> list[VersionInfo]:
+        """All versions of a package, oldest first (semver order); [] when unknown."""
+        check_owner(owner), check_name(name)
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(versions).where(
+                versions.c.owner == owner, versions.c.name == name)).all()
+        infos = [_row_to_info(r) for r in rows]
+        return sorted(infos, key=lambda i: Version.parse(i.version))
+
+    def package(self, owner: str, name: str) -> PackageInfo:
+        infos = self.versions(owner, name)
+        if not infos:
+            raise NotFound(f"package {owner}/{name} does not exist; find names with "
+                           "`envhub search`")
+        latest = VersionSpec("latest").pick([(i.version, i.yanked) for i in infos])
+        top = next((i for i in infos if i.version == latest), infos[-1])
+        return PackageInfo(owner=owner, name=name, description=top.description, latest=latest,
+                           versions=infos)
+
+    def version(self, owner: str, name: str, version: str) -> VersionInfo:
+        check_version(version)
+        for info in self.versions(owner, name):
+            if info.version == version:
+                return info
+        raise NotFound(f"{owner}/{name}@{version} does not exist; list versions with "
+                       f"`envhub info {owner}/{name}`")
+
+    def resolve(self, ref: PackageRef) -> VersionInfo:
+        infos = self.versions(ref.owner, ref.name)
+        if not infos:
+            raise NotFound(f"package {ref.full_name} does not exist; find names with "
+                           "`envhub search`")
+        chosen = ref.spec.pick([(i.version, i.yanked) for i in infos])
+        if chosen is None:
+            listed = ", ".join(i.version + (" (yanked)" if i.yanked else "") for i in infos)
+            raise NotFound(f"no version of {ref.full_name} matches '{ref.spec}' "
+                           f"(available: {listed}); pick one of those")
+        return next(i for i in infos if i.version == chosen)
+
+    def search(self, query: str = "", limit: int = 20) -> list[SearchHit]:
+        if len(query) > MAX_QUERY_CHARS or "\x00" in query:
+            raise BadRequest(f"search query must be at most {MAX_QUERY_CHARS} chars of text")
+        pattern = "%" + query.lower().replace("\\", "\\\\").replace("%", "\\%").replace(
+            "_", "\\_") + "%"
+        full = versions.c.owner + "/" + versions.c.name
+        stmt = sa.select(versions.c.owner, versions.c.name).where(sa.or_(
+            full.like(pattern, escape="\\"),
+            sa.func.lower(versions.c.description).like(pattern, escape="\\"),
+        )).distinct().order_by(versions.c.owner, versions.c.name).limit(max(1, min(limit, 100)))
+        with self.engine.connect() as conn:
+            names = conn.execute(stmt).all()
+        hits = []
+        for owner, name in names:
+            pkg = self.package(owner, name)
+            hits.append(SearchHit(owner=owner, name=name, description=pkg.description,
+                                  latest=pkg.latest))
+        return hits
+
+    def blob_path(self, digest: str) -> Path:
+        path = self.blobs.path(check_digest(digest))
+        if not path.is_file():
+            raise NotFound(f"no blob {digest}; resolve a version first to get its digest")
+        return path
+
+    # -- writing -----------------------------------------------------------------------
+    def publish_file(self, owner: str, archive: Path, publisher: str = "",
+                     expected_digest: str | None = None) -> PublishResult:
+        """Publish a .tar.gz from anywhere (copied first; the original is left alone)."""
+        tmp = self.blobs.incoming()
+        try:
+            shutil.copyfile(archive, tmp)
+            info = scan(tmp, self.limits)
+            return self.publish(owner, info.manifest.name, info.manifest.version, tmp,
+                                publisher=publisher, expected_digest=expected_digest)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def publish(self, owner: str, name: str, version: str, incoming: Path, publisher: str = "",
+                expected_digest: str | None = None) -> PublishResult:
+        """Validate the archive at `incoming` (a file from `blobs.incoming()`) and record it.
+
+        The caller deletes `incoming` afterwards (it is moved away when it becomes a blob).
+        """
+        check_owner(owner), check_name(name), check_version(version)
+        digest = sha256_file(incoming)
+        if expected_digest is not None and expected_digest != digest:
+            raise DigestMismatch(f"the upload's digest is {digest} but {expected_digest} was "
+                                 "declared; the archive was corrupted in transit, retry")
+        archive = scan(incoming, self.limits)
+        m = archive.manifest
+        if (m.name, m.version) != (name, version):
+            raise BadPackage(f"the archive's envhub.toml says {m.name}@{m.version} but it is "
+                             f"published as {name}@{version}; publish it under its own name "
+                             "and version")
+        check_dependencies(m.dependencies, source="envhub.toml in the archive")
+        row = {"owner": owner, "name": name, "version": version, "digest": digest,
+               "size": incoming.stat().st_size, "yanked": False, "description": m.description,
+               "dependencies": json.dumps(m.dependencies), "manifest": archive.manifest_text,
+               "published_at": time.time(), "publisher": publisher}
+        placed = False
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(versions.insert().values(**row))
+                # The blob goes in place inside the transaction: if the commit fails we
+                # remove it, if the insert fails it never appears.
+                placed = self.blobs.place(incoming, digest)
+        except IntegrityError:
+            existing = self.version(owner, name, version)
+            if existing.digest == digest:
+                return PublishResult(version=existing, created=False)
+            raise Conflict(f"{owner}/{name}@{version} is already published with different "
+                           f"content ({existing.digest}); versions are immutable: bump "
+                           "'version' in envhub.toml and publish again") from None
+        except BaseException:
+            if placed:
+                self.blobs.remove(digest)
+            raise
+        return PublishResult(version=self.version(owner, name, version), created=True)
+
+    def yank(self, owner: str, name: str, version: str, yanked: bool = True) -> VersionInfo:
+        self.version(owner, name, version)  # NotFound with the fix
+        with self.engine.begin() as conn:
+            conn.execute(versions.update().where(
+                versions.c.owner == owner, versions.c.name == name,
+                versions.c.version == version).values(yanked=yanked))
+        return self.version(owner, name, version)
+
+    # -- tokens ------------------------------------------------------------------------
+    def create_token(self, owners: list[str], label: str = "") -> str:
+        """A new API token allowed to publish under `owners`; shown once, stored hashed."""
+        if not owners:
+            raise BadRequest("a token needs at least one owner: pass --owner NAME")
+        for owner in owners:
+            check_owner(owner)
+        token = "ehr_" + secrets.token_urlsafe(32)
+        with self.engine.begin() as conn:
+            conn.execute(tokens.insert().values(
+                token_hash=hash_token(token), owners=",".join(sorted(set(owners))),
+                label=label[:200], created_at=time.time()))
+        return token
+
+    def token_owners(self, token: str) -> list[str] | None:
+        """Owners a token may publish under, or None for an unknown token."""
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(tokens.c.owners).where(
+                tokens.c.token_hash == hash_token(token))).first()
+        return None if row is None else row.owners.split(",")

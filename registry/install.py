@@ -1,0 +1,213 @@
+"""Installing packages into `<home>/envs/<owner>/<name>/<version>/` and finding them again.
+
+An install downloads the blob, checks its sha256 against the registry's digest, unpacks it
+safely into a staging folder, checks the manifest names the requested package, installs
+missing declared dependencies, and only then renames the folder into place: a failure at
+any step leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from envhub.registry.archive import sha256_file
+from envhub.registry.blobs import check_digest
+from envhub.registry.catalog import check_version
+from envhub.registry.deps import pip_install, unsatisfied
+from envhub.registry.errors import (
+    BadPackage,
+    DigestMismatch,
+    NotFound,
+    RegistryError,
+    TooLarge,
+)
+from envhub.registry.extract import unpack_into
+from envhub.registry.home import envhub_home
+from envhub.registry.limits import Limits
+from envhub.registry.models import VersionInfo
+from envhub.registry.refs import PackageRef, Version
+from envhub.registry.sources import Registry, open_registry
+from pydantic import BaseModel, Field
+
+MARKER = ".envhub-install.json"
+
+
+class InstalledEnv(BaseModel):
+    """An installed environment; `path` is the folder `envhub run` loads."""
+
+    owner: str
+    name: str
+    version: str
+    digest: str
+    path: Path
+    description: str = ""
+    source: str = Field(default="", description="registry it came from ('local' or a URL)")
+    installed_at: float = 0.0
+    dependencies: list[str] = Field(default_factory=list)
+    missing_dependencies: list[str] = Field(
+        default_factory=list, description="declared but not installed (--no-deps)")
+
+    @property
+    def ref(self) -> str:
+        return f"{self.owner}/{self.name}@{self.version}"
+
+
+def envs_dir(home: Path | None = None) -> Path:
+    return (home or envhub_home()) / "envs"
+
+
+def install_path(owner: str, name: str, version: str, home: Path | None = None) -> Path:
+    return envs_dir(home) / owner / name / version
+
+
+def _read_marker(folder: Path) -> InstalledEnv | None:
+    try:
+        data = json.loads((folder / MARKER).read_text(encoding="utf-8"))
+        return InstalledEnv.model_validate({**data, "path": folder})
+    except (OSError, ValueError):
+        return None
+
+
+def installed(home: Path | None = None) -> list[InstalledEnv]:
+    """Every installed environment, sorted by owner, name, version."""
+    root = envs_dir(home)
+    found = [env for marker in sorted(root.glob(f"*/*/*/{MARKER}"))
+             if (env := _read_marker(marker.parent)) is not None]
+    return found
+
+
+def find_installed(ref: PackageRef, home: Path | None = None) -> InstalledEnv | None:
+    """The installed version an exact ref names, without asking any registry."""
+    if ref.spec.exact is None:
+        return None
+    return _read_marker(install_path(ref.owner, ref.name, ref.spec.exact, home))
+
+
+def _trusted(ref: PackageRef, info: VersionInfo, location: str) -> VersionInfo:
+    """Check what a registry answered before any of it becomes a path or a URL."""
+    try:
+        check_version(info.version)
+        check_digest(info.digest)
+    except RegistryError as e:
+        raise BadPackage(f"{location} answered a bad version record ({e.message}); refused")
+    wanted = (info.version == ref.spec.exact or ref.spec.text in ("latest", "*")
+              or ref.spec.matches(Version.parse(info.version)))
+    if (info.owner, info.name) != (ref.owner, ref.name) or not wanted:
+        raise BadPackage(f"{location} answered {info.ref} for {ref}; refused (is --registry "
+                         "the registry you meant?)")
+    if info.size > Limits().max_archive_bytes:
+        raise TooLarge(f"{info.ref} is {info.size} bytes, over the "
+                       f"{Limits().max_archive_bytes}-byte package limit; refused")
+    return info
+
+
+async def install(ref: str | PackageRef, registry: Registry, home: Path | None = None,
+                  install_deps: bool = True, force: bool = False) -> InstalledEnv:
+    """Install `ref` from `registry` (idempotent: an installed exact version is reused)."""
+    home = home or envhub_home()
+    pref = PackageRef.parse(ref) if isinstance(ref, str) else ref
+    if not force and (have := find_installed(pref, home)) is not None:
+        return have
+    info = _trusted(pref, await registry.resolve(pref), registry.location)
+    target = install_path(info.owner, info.name, info.version, home)
+    have = _read_marker(target)
+    if have is not None and not force:
+        if have.digest == info.digest:
+            return have
+        raise DigestMismatch(
+            f"{info.ref} is installed with digest {have.digest} but {registry.location} serves "
+            f"{info.digest}; reinstall with --force if you trust {registry.location}")
+    home.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".install-", dir=home))
+    try:
+        blob = staging / "package.tar.gz"
+        await registry.fetch(info, blob)
+        if (got := await asyncio.to_thread(sha256_file, blob)) != info.digest:
+            raise DigestMismatch(f"{info.ref}: archive digest {got} is not the registry's "
+                                 f"{info.digest}; refused")
+        tree = staging / "tree"
+        tree.mkdir()
+        archive = await asyncio.to_thread(unpack_into, blob, tree)
+        m = archive.manifest
+        if (m.name, m.version) != (info.name, info.version):
+            raise BadPackage(f"{info.ref}: the archive's envhub.toml says {m.name}@{m.version}; "
+                             "refused (the registry entry does not match its content)")
+        missing = unsatisfied(m.dependencies)
+        if missing and install_deps:
+            await asyncio.to_thread(pip_install, missing)
+            missing = unsatisfied(m.dependencies)
+        env = InstalledEnv(owner=info.owner, name=info.name, version=info.version,
+                           digest=info.digest, path=target, description=m.description,
+                           source=registry.location, installed_at=time.time(),
+                           dependencies=m.dependencies, missing_dependencies=missing)
+        (tree / MARKER).write_text(env.model_dump_json(exclude={"path"}), encoding="utf-8")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.exists():  # --force: move the old one aside, then drop it with staging
+            os.rename(target, staging / "previous")
+        os.rename(tree, target)
+        return env
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def resolve(ref: str, registry: str | None = None, token: str | None = None,
+            home: Path | None = None, install_deps: bool | None = None) -> Path:
+    """The folder of `owner/name@version`, installing it first if needed (for `envhub run`).
+
+    Exact installed versions resolve offline; ranges and `latest` ask the registry.
+    `install_deps=None` installs dependencies unless `ENVHUB_NO_DEPS=1`.
+    """
+    pref = PackageRef.parse(ref)
+    if (have := find_installed(pref, home)) is not None:
+        return have.path
+    if install_deps is None:
+        install_deps = os.environ.get("ENVHUB_NO_DEPS", "") not in ("1", "true", "yes")
+
+    async def go() -> Path:
+        reg = open_registry(registry, token, home)
+        try:
+            return (await install(pref, reg, home, install_deps=install_deps)).path
+        finally:
+            await reg.aclose()
+
+    return asyncio.run(go())
+
+
+def registry_info(ref: str, registry: str | None = None, token: str | None = None,
+                  home: Path | None = None) -> dict[str, Any] | None:
+    """What `envhub info owner/name[@spec]` shows for registry packages.
+
+    None when `ref` is not an `owner/name` reference or neither the registry nor this
+    machine knows it. RegistryError (e.g. Unavailable) propagates.
+    """
+    try:
+        pref = PackageRef.parse(ref)
+    except RegistryError:
+        return None
+    local = [e for e in installed(home) if (e.owner, e.name) == (pref.owner, pref.name)]
+
+    async def go() -> dict[str, Any] | None:
+        reg = open_registry(registry, token, home)
+        try:
+            pkg = await reg.package(pref.owner, pref.name)
+        except NotFound:
+            return None
+        finally:
+            await reg.aclose()
+        return {"registry": reg.location, **pkg.model_dump()}
+
+    remote = asyncio.run(go())
+    if remote is None and not local:
+        return None
+    out: dict[str, Any] = remote or {"owner": pref.owner, "name": pref.name,
+                                     "registry": None, "versions": []}
+    out["installed"] = [{"version": e.version, "digest": e.digest, "path": str(e.path)}
+                        for e in local]
+    return out
