@@ -38,7 +38,7 @@ from envhub.gateway.backends.base import SamplingParams
 from envhub.gateway.errors import BadRequest, GatewayError, Overloaded
 from envhub.gateway.openai_api import check_model, read_json
 from envhub.gateway.render.messages import (
-    message_hash, normalize_message, normalize_messages, tools_hash,
+    normalize_message,
 )
 from envhub.gateway.service import ChatAnswer, ChatCall, Choice
 
@@ -469,26 +469,5 @@ async def count_tokens(request: Request) -> Response:
 
 async def _prompt_length(gw: Any, live: Any, raw: list[dict[str, Any]],
                          tools: list[dict[str, Any]] | None) -> int:
-    # Mirrors ChatService.chat's prompt construction without recording anything. plan() would
-    # consume an action the agent declared for its next request: it is put back untouched.
-    messages = normalize_messages(raw)
-    hashes = [message_hash(m) for m in messages]
-    history = await gw.sessions.history(live)
-    async with live.lock:
-        declared = history.declared
-        info = declared.info if declared is not None else None
-        try:
-            plan = history.plan(hashes, tools_hash(tools), messages[0]["role"] == "system")
-        finally:
-            history.declared = declared
-            if declared is not None:
-                declared.info = info
-        if plan.kind in ("extend", "fork"):
-            assert plan.parent is not None
-            held = len(plan.parent.full_ids())
-            return held + len(gw.renderer.render_continuation(
-                plan.parent.completion_ids, messages[plan.appended_from:], tools).ids)
-        if plan.kind == "retry":
-            assert plan.parent is not None
-            return len(plan.parent.prompt_ids())
-    return len(gw.renderer.render_prompt(messages, tools).ids)
+    return await gw.service.preview(live, gw.sessions.history, ChatCall(
+        raw, tools, SamplingParams(), 1, normalize_message))

@@ -25,7 +25,7 @@ from envhub.sdk.types import CMAction
 class TurnState:
     seq: int
     segment: int
-    parent: "TurnState | None"  # state this turn's prompt extends (None: rendered in full)
+    parent: TurnState | None  # state this turn's prompt extends (None: rendered in full)
     delta_ids: list[int]  # the turn's prompt_delta_ids
     completion_ids: list[int]
     appended_hashes: list[bytes]  # request messages after the parent's response
@@ -96,9 +96,14 @@ class History:
         self._last = (hashes, rolling)
         return rolling
 
-    def plan(self, hashes: list[bytes], tools_key: bytes, first_is_system: bool) -> Plan:
+    def plan(self, hashes: list[bytes], tools_key: bytes, first_is_system: bool,
+             consume_declared: bool = True) -> Plan:
+        """How a request with these message hashes relates to the history. With
+        `consume_declared=False` (a preview) the agent's declared action stays pending."""
         rolling = self._rolling(hashes, tools_key)
         plan = self._match(hashes, rolling, first_is_system)
+        if not consume_declared:
+            return plan
         declared, self.declared = self.declared, None
         if declared is not None:
             detected = plan.action.kind if plan.action else None

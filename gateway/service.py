@@ -10,8 +10,9 @@ import asyncio
 import hashlib
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any
 
 import orjson
 
@@ -91,21 +92,7 @@ class ChatService:
             tools_key = tools_hash(call.tools)
             plan = history.plan(hashes, tools_key, message(0)["role"] == "system")
             n_messages = len(hashes)
-            if plan.kind in ("extend", "fork"):
-                assert plan.parent is not None
-                appended = [message(i) for i in range(plan.appended_from, n_messages)]
-                cont = self.renderer.render_continuation(
-                    plan.parent.completion_ids, appended, call.tools).ids
-                prompt = plan.parent.full_ids() + cont
-                delta = cont if plan.kind == "extend" else prompt
-            elif plan.kind == "retry":
-                assert plan.parent is not None
-                prompt = plan.parent.prompt_ids()
-                delta = prompt
-            else:
-                prompt = self.renderer.render_prompt(
-                    [message(i) for i in range(n_messages)], call.tools).ids
-                delta = prompt
+            prompt, delta = self._prompt(plan, message, n_messages, call.tools)
             budget = self.max_model_len - len(prompt)
             if budget < 1:
                 raise BadRequest(f"the prompt is {len(prompt)} tokens; this model's limit is "
@@ -135,6 +122,30 @@ class ChatService:
             n_messages=n_messages,
             tool_names={tool["function"]["name"] for tool in call.tools or []},
             undo=plan.parent if plan.kind == "extend" else None), t0)
+
+    def _prompt(self, plan: Any, message: Callable[[int], dict], n_messages: int,
+                tools: list[dict] | None) -> tuple[list[int], list[int]]:
+        """(prompt ids, the delta to store) for a planned request."""
+        if plan.kind in ("extend", "fork"):
+            appended = [message(i) for i in range(plan.appended_from, n_messages)]
+            cont = self.renderer.render_continuation(plan.parent.completion_ids, appended,
+                                                     tools).ids
+            prompt = plan.parent.full_ids() + cont
+            return prompt, (cont if plan.kind == "extend" else prompt)
+        if plan.kind == "retry":
+            prompt = plan.parent.prompt_ids()
+            return prompt, prompt
+        prompt = self.renderer.render_prompt([message(i) for i in range(n_messages)], tools).ids
+        return prompt, prompt
+
+    async def preview(self, live: LiveSession, history_loader: Any, call: ChatCall) -> int:
+        """The prompt length a call would send now; records nothing, changes nothing."""
+        history = await history_loader(live)
+        async with live.lock:
+            hashes, message = call.prepared(live)
+            plan = history.plan(hashes, tools_hash(call.tools), message(0)["role"] == "system",
+                                consume_declared=False)
+            return len(self._prompt(plan, message, len(hashes), call.tools)[0])
 
     async def complete(self, live: LiveSession, history_loader: Any, prompt: list[int],
                        params: SamplingParams, n: int) -> ChatAnswer:
@@ -173,7 +184,7 @@ class ChatService:
                 params.max_tokens, budget)), n_messages=0, tool_names=set(), undo=parent,
             raw=True), t0)
 
-    async def _execute(self, live: LiveSession, history: Any, p: "_Prepared",
+    async def _execute(self, live: LiveSession, history: Any, p: _Prepared,
                        t0: float) -> ChatAnswer:
         tb = time.perf_counter()
         try:
