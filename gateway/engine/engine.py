@@ -1,0 +1,124 @@
+"""The embedded inference engine: a transformers causal LM behind a continuous-batching thread.
+
+    engine = Engine(EngineConfig(model="path/to/hf-folder"))
+    result = await engine.generate(GenerateRequest(prompt_ids=[...], params=SamplingParams()))
+    await engine.load_weights("ckpt/model.safetensors")   # version + 1, between batches
+
+Any local Hugging Face causal-LM folder works; logprob semantics are in `sampling.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from pathlib import Path
+from typing import Any
+
+from envhub.gateway.backends.base import GenerateRequest
+from envhub.gateway.engine.admission import check_request
+from envhub.gateway.engine.config import EngineConfig
+from envhub.gateway.errors import MissingExtra
+
+try:
+    import torch
+except ImportError as exc:  # torch is the [engine] extra
+    raise MissingExtra("the embedded inference engine", "engine") from exc
+
+from envhub.gateway.engine.result import EngineResult
+from envhub.gateway.engine.scheduler import Job, Scheduler, WeightSwap
+from envhub.gateway.engine.weights import check_weights, read_weights
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def _dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        # fp32 on CPU: bf16 matmuls there are slow and their logprobs noisy.
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in DTYPES:
+        raise ValueError(f"dtype {name!r}: use one of auto, {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+class Engine:
+    """Token ids in, token ids + logprobs out; requests are batched continuously."""
+
+    def __init__(self, config: EngineConfig | None = None, **overrides: Any):
+        from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+        self.config = config = (config or EngineConfig()).model_copy(update=overrides)
+        folder = Path(config.model)
+        if not (folder / "config.json").is_file():
+            raise FileNotFoundError(f"{folder} is not a Hugging Face model folder (no "
+                                    "config.json); pass --model PATH to a local model folder")
+        if config.threads:
+            torch.set_num_threads(config.threads)
+        self.device = _device(config.device)
+        self.dtype = _dtype(config.dtype, self.device)
+        self.tokenizer = AutoTokenizer.from_pretrained(config.tokenizer or folder)
+        self.model = AutoModelForCausalLM.from_pretrained(folder, dtype=self.dtype)
+        self.model.to(self.device).eval()  # type: ignore[arg-type]
+        text_config = self.model.config.get_text_config()
+        self.vocab_size: int = text_config.vocab_size
+        self.max_model_len: int = (config.max_model_len
+                                   or getattr(text_config, "max_position_embeddings", 4096))
+        self.eos_ids = _eos_ids(folder, self.tokenizer, GenerationConfig)
+        self.name = config.served_name()
+        self.model_path = str(folder)
+        # The engine thread decodes (stop strings) while the server thread may encode text
+        # prompts: a private copy avoids the fast tokenizer's "Already borrowed" error.
+        self._scheduler = Scheduler(
+            self.model, self.device, self.eos_ids, copy.deepcopy(self.tokenizer),
+            config.max_batch_size,
+            config.max_prefill_tokens, config.weight_version, config.seed)
+
+    @property
+    def weight_version(self) -> int:
+        return self._scheduler.version
+
+    def validate(self, request: GenerateRequest) -> None:
+        """Raise BadRequest (with the fix) for a request the model cannot run."""
+        check_request(request, self.vocab_size, self.max_model_len)
+
+    async def generate(self, request: GenerateRequest, *, ignore_eos: bool = False
+                       ) -> EngineResult:
+        """Sample a completion. Cancelling the awaiting task drops the row from the batch."""
+        self.validate(request)
+        future = self._scheduler.submit(Job(request, ignore_eos))
+        return await asyncio.wrap_future(future)
+
+    async def load_weights(self, path: str, version: int | None = None) -> int:
+        """Swap in weights from a `.safetensors` file or HF folder once running sequences have
+        finished; returns the new version (`version`, or the current one + 1)."""
+        tensors = await asyncio.to_thread(read_weights, path)
+        check_weights(tensors, self.model)
+        return await asyncio.wrap_future(self._scheduler.swap(WeightSwap(tensors, version)))
+
+    def stats(self) -> dict[str, Any]:
+        s = self._scheduler.stats
+        return {"decode_steps": s.decode_steps, "prefills": s.prefills,
+                "max_batch_size": s.max_batch_size,
+                "batch_sizes": {str(k): v for k, v in sorted(s.batch_sizes.items())},
+                "finished": s.finished, "generated_tokens": s.generated_tokens,
+                "weight_version": self.weight_version, **self._scheduler.load()}
+
+    def close(self) -> None:
+        self._scheduler.close()
+
+
+def _eos_ids(folder: Path, tokenizer: Any, generation_config_cls: Any) -> set[int]:
+    """EOS ids from generation_config.json (Qwen lists <|im_end|> and <|endoftext|>), else the
+    tokenizer's eos token."""
+    ids: set[int] = set()
+    if (folder / "generation_config.json").is_file():
+        eos = generation_config_cls.from_pretrained(folder).eos_token_id
+        ids.update([eos] if isinstance(eos, int) else (eos or []))
+    if not ids and tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids

@@ -1,0 +1,63 @@
+"""KV-cache surgery for continuous batching: merge new rows in, drop finished rows, trim padding.
+
+A batch is left-padded: row r's real tokens end at the last column, its padding (attention
+mask 0) sits on the left. Every cache tensor is [B, kv_heads, T, head_dim]; the mask is [B, T].
+We only touch full-attention dynamic caches; both the layer API of transformers >= 4.56
+(`cache.layers[i].keys`) and the older list API (`cache.key_cache[i]`) are handled.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+Layers = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def read_layers(cache: Any) -> Layers:
+    """(keys, values) per layer, each [B, H, T, D]."""
+    if hasattr(cache, "layers"):
+        return [(layer.keys, layer.values) for layer in cache.layers]
+    return list(zip(cache.key_cache, cache.value_cache))
+
+
+def build_cache(layers: Layers) -> DynamicCache:
+    cache = DynamicCache()
+    for i, (k, v) in enumerate(layers):
+        cache.update(k, v, i)
+    return cache
+
+
+def _pad_left(t: torch.Tensor, length: int, dim: int) -> torch.Tensor:
+    missing = length - t.shape[dim]
+    if missing == 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = missing
+    return torch.cat([t.new_zeros(shape), t], dim=dim)
+
+
+def merge(a: Any, mask_a: torch.Tensor, b: Any, mask_b: torch.Tensor) -> tuple[Any, torch.Tensor]:
+    """Stack batch b under batch a, left-padding the shorter one to the longer length."""
+    length = max(mask_a.shape[1], mask_b.shape[1])
+    layers = [
+        (torch.cat([_pad_left(ka, length, 2), _pad_left(kb, length, 2)]),
+         torch.cat([_pad_left(va, length, 2), _pad_left(vb, length, 2)]))
+        for (ka, va), (kb, vb) in zip(read_layers(a), read_layers(b))
+    ]
+    mask = torch.cat([_pad_left(mask_a, length, 1), _pad_left(mask_b, length, 1)])
+    return build_cache(layers), mask
+
+
+def select(cache: Any, mask: torch.Tensor, keep: list[int]) -> tuple[Any, torch.Tensor]:
+    """Keep rows `keep` (in that order) and cut the padding columns no kept row needs."""
+    index = torch.tensor(keep, dtype=torch.long, device=mask.device)
+    mask = mask.index_select(0, index)
+    # Leading columns that are padding in every kept row are dead weight for each later step.
+    used = mask.any(dim=0).nonzero()
+    start = int(used[0]) if len(used) else mask.shape[1]
+    layers = [(k.index_select(0, index)[:, :, start:], v.index_select(0, index)[:, :, start:])
+              for k, v in read_layers(cache)]
+    return build_cache(layers), mask[:, start:]
