@@ -1,9 +1,225 @@
-"""`envhub` commands owned by the envs component."""
+"""`envhub list | info | run | init`: the environment runtime's commands.
+
+Heavy imports happen inside the commands so `envhub --help` stays fast. Bad input (a bad
+manifest, an unknown environment, inconsistent flags) exits with code 2 and a message that says
+how to fix it; a run that completes exits 0 even when some rollouts failed (see the table).
+"""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
 import typer
+
+BAD_INPUT = 2
+
+
+def _fail(message: str) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(BAD_INPUT)
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from pydantic import ValidationError
+
+    from envhub.envs.errors import AgentSpecError, EnvLoadError, RunConfigError
+    from envhub.envs.manifest import ManifestError
+    from envhub.envs.sandbox.errors import SandboxUnavailable
+
+    return (ManifestError, EnvLoadError, RunConfigError, AgentSpecError, SandboxUnavailable,
+            ValidationError)
+
+
+def _describe(e: BaseException) -> str:
+    from pydantic import ValidationError
+
+    if isinstance(e, ValidationError):
+        return "; ".join(f"{_flag(err['loc'])}: {err['msg']}" for err in e.errors())
+    return str(e)
+
+
+FLAGS = {"k": "-k", "n": "-n", "envs": "ENVS", "time_limit_s": "--time-limit",
+         "tasks": "--task"}
+
+
+def _flag(loc: tuple[Any, ...]) -> str:
+    """The CLI flag a RunConfig field comes from (fields map 1:1 onto flags)."""
+    if not loc:
+        return "options"
+    field = str(loc[0])
+    return FLAGS.get(field, "--" + field.replace("_", "-"))
+
+
+def list_command(
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """Environments available: built-in and installed."""
+    import json
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from envhub.envs.loader import available_envs, resolve_folder
+    from envhub.envs.manifest import ManifestError, load_manifest
+
+    rows = []
+    for name, source in available_envs().items():
+        try:
+            m = load_manifest(resolve_folder(name))
+            rows.append({"name": name, "version": m.version, "source": source,
+                         "description": m.description, "tools": m.tools})
+        except (ManifestError, ValueError) as e:
+            rows.append({"name": name, "version": "?", "source": source,
+                         "description": f"(broken: {e})", "tools": []})
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    table = Table(title="environments")
+    for col in ("name", "version", "source", "tools", "description"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["name"], r["version"], r["source"], ", ".join(r["tools"]),
+                      r["description"])
+    Console().print(table)
+
+
+def info_command(
+    env: str = typer.Argument(..., help="Built-in name, folder path or owner/name@version."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    show: int = typer.Option(5, "--show", min=0, help="How many task ids to list."),
+) -> None:
+    """An environment's manifest, tasks, tools and reward weights."""
+    import json
+
+    from envhub.envs.loader import load_env
+
+    try:
+        loaded = load_env(env)
+        tasks = loaded.env.load_tasks()
+    except _user_errors() as e:
+        _fail(_describe(e))
+    data: dict[str, Any] = {
+        "folder": str(loaded.folder), **loaded.manifest.model_dump(mode="json"),
+        "task_count": len(tasks), "task_ids": [t.id for t in tasks[:show]],
+        "tools": list(loaded.env.tools(tasks[0])) if tasks else loaded.manifest.tools,
+    }
+    if as_json:
+        typer.echo(json.dumps(data, indent=2))
+        return
+    m = loaded.manifest
+    more = ", ..." if len(tasks) > show else ""
+    lines = [
+        f"{m.name} {m.version}  ({loaded.folder})", f"  {m.description}",
+        f"  entrypoint: {m.entrypoint}",
+        f"  tasks: {len(tasks)} ({', '.join(data['task_ids'])}{more})",
+        f"  tools: {', '.join(data['tools'])}",
+        f"  rewards: {', '.join(f'{k}={v:g}' for k, v in m.rewards.items())}",
+        f"  sandbox: {m.sandbox.model_dump(exclude_none=True)}",
+        f"  agent limits: {m.agent.model_dump()}",
+    ]
+    typer.echo("\n".join(lines))
+
+
+def run_command(
+    envs: Annotated[list[str], typer.Argument(
+        help="Environments: name, ./folder or owner/name@version; NAME=WEIGHT sets sampling "
+             "ratios.")],
+    agent: str = typer.Option("tool", "--agent", "-a", help="tool | tool:summarize | oracle | "
+                              "a command line ('python agent.py {task_file}'; placeholders "
+                              "{instruction} {task_file} {task_id} {model}; OPENAI_BASE_URL/"
+                              "OPENAI_API_KEY and ANTHROPIC_* point at its session)."),
+    model: str | None = typer.Option(None, "--model", "-m", help="Model for the in-process "
+                                     "gateway: HF folder, provider/name, or zero. Default: the "
+                                     "bundled tiny model."),
+    sandbox: str | None = typer.Option(None, "--sandbox", "-s", help="auto | docker | local | "
+                                       "e2b (default: each manifest's choice)."),
+    n: int | None = typer.Option(None, "-n", help="Tasks in total (default: all)."),
+    k: int = typer.Option(1, "-k", help="Samples per task (group size)."),
+    concurrency: int = typer.Option(4, "--concurrency", "-c", help="Rollouts in flight."),
+    task: Annotated[list[str] | None, typer.Option(
+        "--task", "-t", help="Only this task id (repeatable).")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Results folder.")] = None,
+    resume: bool = typer.Option(False, "--resume", help="Skip rollouts finished in --out."),
+    gateway: str | None = typer.Option(None, "--gateway", help="Use this gateway's URL "
+                                       "instead of starting one."),
+    admin_key: str | None = typer.Option(None, "--admin-key", envvar="ENVHUB_ADMIN_KEY",
+                                         help="Admin key of --gateway."),
+    max_turns: int | None = typer.Option(None, "--max-turns", help="Override max_turns."),
+    time_limit: float | None = typer.Option(None, "--time-limit", help="Override the agent "
+                                            "time limit (seconds)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display."),
+) -> None:
+    """Run agents on environments: k samples per task, rewards to the pool, results table."""
+    import asyncio
+
+    from envhub.envs.runner import EnvChoice, RunConfig, run
+    from envhub.envs.runner.progress import failure_lines, results_table, table_console
+
+    try:
+        config = RunConfig(
+            envs=[EnvChoice.parse(e) for e in envs], agent=agent, model=model,
+            sandbox=sandbox, n=n, k=k, concurrency=concurrency, tasks=task or [], out=out,
+            resume=resume, gateway=gateway, admin_key=admin_key, max_turns=max_turns,
+            time_limit_s=time_limit)
+        outcome = asyncio.run(_cancellable(run(config, progress=not quiet)))
+    except _user_errors() as e:
+        _fail(_describe(e))
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        typer.echo("interrupted; sandboxes, agent processes and temporary files were cleaned "
+                   f"up{' (continue with --resume)' if out else ''}", err=True)
+        raise typer.Exit(130) from None
+    console = table_console()
+    console.print(results_table(outcome.records))
+    for line in failure_lines(outcome.records):
+        console.print(line, markup=False, highlight=False)
+    where = f"; results in {outcome.out}" if outcome.out else ""
+    typer.echo(f"run {outcome.run_id}: {len(outcome.records)} rollouts{where}")
+
+
+async def _cancellable(coro: Any) -> Any:
+    """Run `coro` so that SIGTERM cancels it like Ctrl-C does: the runner's cleanup (closing
+    sandboxes, killing agent processes, removing its scratch folder) runs either way."""
+    import asyncio
+    import signal
+
+    task = asyncio.ensure_future(coro)
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    try:
+        return await task
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+
+
+def init_command(
+    name: str = typer.Argument(..., help="Folder to create (its name is the env name)."),
+    env_name: str | None = typer.Option(None, "--name", help="Env name if not the folder's."),
+) -> None:
+    """Scaffold a new environment package that `envhub run ./NAME --agent oracle` solves."""
+    from envhub.envs.errors import RunConfigError
+    from envhub.envs.scaffold import scaffold
+
+    target = Path(name)
+    try:
+        folder = scaffold(target, env_name)
+    except RunConfigError as e:
+        _fail(str(e))
+    # pathlib drops a leading "./"; keep it so the hint reads as a path, not a name
+    rel = str(folder) if folder.is_absolute() else f"{os.curdir}{os.sep}{folder}"
+    typer.echo(f"created {folder}/ (envhub.toml, env.py, tasks.jsonl, README.md)\n"
+               f"try: envhub run {rel} --agent oracle")
 
 
 def register(app: typer.Typer) -> None:
     """Add this component's commands to the top-level app."""
+    app.command("list")(list_command)
+    app.command("info")(info_command)
+    app.command("run")(run_command)
+    app.command("init")(init_command)
+    from envhub.envs.images import cli as images_cli
+    from envhub.envs.sandbox import cli as sandbox_cli
+
+    sandbox_cli.register(app)
+    images_cli.register(app)

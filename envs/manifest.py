@@ -17,8 +17,17 @@ class ManifestError(ValueError):
     """A bad `envhub.toml`; the message names the field and the fix."""
 
 
+SANDBOX_KINDS = ("auto", "docker", "local", "e2b", "none")
+REWARD_KEY_RE = re.compile(r"^(outcome|process|time|custom)(\.[A-Za-z0-9_-]+)?$")
+
+
 class SandboxSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
+    kind: Literal["auto", "docker", "local", "e2b", "none"] = Field(
+        "auto",
+        description="'none': the environment needs no sandbox (an in-process file store is "
+        "used); 'auto': best available; otherwise the preferred backend (--sandbox overrides)",
+    )
     image: str | None = Field(None, description="docker image tag to run tasks in")
     dockerfile: str | None = Field(None, description="Dockerfile path, relative to the package")
     cpus: float = Field(1.0, gt=0, le=64)
@@ -32,6 +41,7 @@ class AgentLimits(BaseModel):
     model_config = ConfigDict(extra="forbid")
     max_turns: int = Field(30, ge=1)
     max_tokens: int = Field(32768, ge=1, description="total completion tokens per rollout")
+    max_tokens_per_turn: int = Field(2048, ge=1, description="completion tokens per model call")
     time_limit_s: float = Field(600.0, gt=0)
     context_budget: int = Field(8192, ge=256, description="prompt tokens before context management")
 
@@ -71,12 +81,39 @@ class Manifest(BaseModel):
             raise ValueError("use a semantic version such as 1.0.0")
         return v
 
+    @field_validator("rewards")
+    @classmethod
+    def _rewards(cls, v: dict[str, float]) -> dict[str, float]:
+        for key in v:
+            if not REWARD_KEY_RE.match(key):
+                raise ValueError(
+                    f"unknown reward weight {key!r}; use outcome, process, time, "
+                    "'process.<signal>' or 'custom.<name>'"
+                )
+        return v
+
     @field_validator("entrypoint")
     @classmethod
     def _entrypoint(cls, v: str) -> str:
         if ":" not in v:
             raise ValueError("use 'module:Class', e.g. 'env:MyEnv'")
         return v
+
+
+def _explain(err: Any) -> str:
+    """pydantic's message, plus the fix where pydantic's own words do not give one."""
+    if err["type"] == "extra_forbidden":
+        model: Any = Manifest
+        for part in err["loc"][:-1]:
+            field = model.model_fields.get(str(part)) if isinstance(model, type) else None
+            model = field.annotation if field is not None else None
+        if isinstance(model, type) and issubclass(model, BaseModel):
+            return (f"unknown field; remove it or fix its spelling (allowed here: "
+                    f"{', '.join(model.model_fields)})")
+        return "unknown field; remove it or fix its spelling"
+    if err["type"] == "missing":
+        return "required; add it"
+    return str(err["msg"])
 
 
 def parse_manifest(text: str, source: str = "envhub.toml") -> Manifest:
@@ -88,7 +125,7 @@ def parse_manifest(text: str, source: str = "envhub.toml") -> Manifest:
         return Manifest.model_validate(data)
     except ValidationError as e:
         problems = "; ".join(
-            f"field '{'.'.join(str(p) for p in err['loc']) or '(root)'}': {err['msg']}"
+            f"field '{'.'.join(str(p) for p in err['loc']) or '(root)'}': {_explain(err)}"
             for err in e.errors()
         )
         raise ManifestError(f"{source}: {problems}") from None

@@ -1,0 +1,133 @@
+"""The built-in tool-calling agent: a chat loop over its gateway session's OpenAI client.
+
+Per turn: fit the context (declare any CM action), call the model, run each tool call, report
+process signals the gateway cannot see (tool_error, language_mixing) against the turn that
+caused them (the gateway records malformed_tool_call and unknown_tool itself).
+Stops on submit, on a reply without tool calls when there is no submit tool, or at the turn,
+token or time limit. Gateway failures are infrastructure (EnvFailure); a request the gateway
+rejects as bad is the agent's own error (AgentError).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from envhub.envs.agents.base import AgentContext, AgentResult
+from envhub.envs.agents.context import ContextStrategy, estimate_tokens
+from envhub.envs.agents.toolbox import Toolbox
+from envhub.envs.environment import EnvFailure
+from envhub.envs.errors import AgentError
+from envhub.envs.rewards import mixes_languages
+
+SYSTEM_PROMPT = (
+    "You are an autonomous agent. Solve the task by calling the tools you are given, one step "
+    "at a time. Read each tool result before the next step. When the task is done, call the "
+    "submit tool."
+)
+NUDGE = "Continue by calling one of the tools; call submit when you are done."
+
+
+class ToolCallingAgent:
+    name = "tool"
+
+    def __init__(self, context: str = "drop", keep_last: int = 2,
+                 temperature: float = 1.0) -> None:
+        self.strategy = ContextStrategy(context, keep_last)  # type: ignore[arg-type]
+        self.temperature = temperature
+
+    async def run(self, ctx: AgentContext) -> AgentResult:
+        toolbox = Toolbox(ctx.env, ctx.task, ctx.sandbox)
+        # No client retries: the gateway's router owns retries (STYLE: retry in one place), and
+        # a retried call would be recorded as a second turn.
+        client = ctx.session.openai(max_retries=0)
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": ctx.task.instruction},
+        ]
+        limits, started = ctx.limits, time.monotonic()
+        used_tokens, known_tokens, known_len, seq = 0, 0, 0, 0
+        info: dict[str, Any] = {"cm_actions": 0, "signals": 0}
+        while True:
+            if seq >= limits.max_turns:
+                return AgentResult("max_turns", seq, info)
+            if used_tokens >= limits.max_tokens:
+                return AgentResult("max_tokens", seq, info)
+            remaining_s = limits.time_limit_s - (time.monotonic() - started)
+            if remaining_s <= 0:
+                return AgentResult("time_limit", seq, info)
+            tokens = estimate_tokens(messages, known_tokens, known_len)
+            messages, action = self.strategy.fit(messages, tokens, limits.context_budget)
+            if action is not None:
+                info["cm_actions"] += 1
+                known_tokens, known_len = 0, 0  # the reported prefix no longer applies
+                await ctx.session.context_action(
+                    action.kind, removed=action.removed, added=action.added,
+                    tokens_before=action.tokens_before, tokens_after=action.tokens_after)
+            max_new = max(1, min(limits.max_tokens_per_turn, limits.max_tokens - used_tokens))
+            reply = await self._complete(client, ctx, messages, toolbox, max_new, remaining_s)
+            if reply is None:  # the call outlived the agent's time budget
+                return AgentResult("time_limit", seq, info)
+            message = reply.choices[0].message
+            if reply.usage is not None:
+                used_tokens += reply.usage.completion_tokens
+                known_tokens = reply.usage.prompt_tokens + reply.usage.completion_tokens
+            assistant = _assistant_message(message)
+            messages.append(assistant)
+            known_len = len(messages)
+            if message.content and mixes_languages(message.content):
+                await self._signal(ctx, info, "language_mixing", seq)
+            calls = list(message.tool_calls or [])
+            this_seq, seq = seq, seq + 1
+            if not calls:
+                if "submit" not in toolbox.names:
+                    return AgentResult("finished", seq, info)
+                messages.append({"role": "user", "content": NUDGE})
+                continue
+            submitted = False
+            for call in calls:
+                out = await toolbox.call(call.function.name, call.function.arguments or "",
+                                         ctx.state)
+                messages.append({"role": "tool", "tool_call_id": call.id, "content": out.content})
+                # The gateway itself records unknown_tool (it sees the offered tools), for
+                # every kind of agent; only errors it cannot see are reported here.
+                if out.is_error and not out.unknown:
+                    await self._signal(ctx, info, "tool_error", this_seq,
+                                       {"tool": call.function.name})
+                submitted = submitted or out.submitted
+            if submitted:
+                return AgentResult("submitted", seq, info)
+
+    async def _complete(self, client: Any, ctx: AgentContext, messages: list[dict[str, Any]],
+                        toolbox: Toolbox, max_new: int, timeout_s: float) -> Any | None:
+        import openai
+
+        try:
+            return await client.chat.completions.create(
+                model=ctx.model, messages=messages, tools=toolbox.schemas or openai.NOT_GIVEN,
+                max_tokens=max_new, temperature=self.temperature, timeout=max(1.0, timeout_s))
+        except openai.APIStatusError as e:
+            if e.status_code in (400, 413, 422):
+                raise AgentError(f"the gateway rejected the agent's request "
+                                 f"({e.status_code}): {e.message}") from None
+            raise EnvFailure(f"gateway error {e.status_code}: {e.message}") from None
+        except openai.APITimeoutError:
+            return None  # timed out at the agent's remaining time: its limit, not the gateway's
+        except openai.APIConnectionError as e:
+            raise EnvFailure(f"gateway unreachable: {type(e).__name__}: {e}") from None
+
+    async def _signal(self, ctx: AgentContext, info: dict[str, Any], name: str, seq: int,
+                      extra: dict[str, Any] | None = None) -> None:
+        info["signals"] += 1
+        await ctx.session.signal(name, seq=seq, value=1.0, info=extra or {})
+
+
+def _assistant_message(message: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": "assistant", "content": message.content or ""}
+    if message.tool_calls:
+        out["tool_calls"] = [
+            {"id": c.id, "type": "function",
+             "function": {"name": c.function.name, "arguments": c.function.arguments or ""}}
+            for c in message.tool_calls
+        ]
+    return out

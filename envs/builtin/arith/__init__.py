@@ -1,0 +1,1 @@
+"""Built-in `arith` environment (see envhub.toml)."""

@@ -1,0 +1,82 @@
+"""Safe arithmetic: parses with `ast` and evaluates only numbers and + - * / // % ** ( ).
+
+No names, calls or attributes are ever evaluated, so a model cannot run code through it; sizes
+are bounded so `9**9**9` is an error, not a hang.
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+from fractions import Fraction
+
+MAX_EXPRESSION_CHARS = 200
+MAX_EXPONENT = 64
+MAX_MAGNITUDE = Fraction(10) ** 30
+
+_BINARY = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+    ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
+}
+
+
+class CalculatorError(ValueError):
+    """The expression is not plain arithmetic, or its value is out of range."""
+
+
+def evaluate(expression: str) -> Fraction:
+    """Exact value of an arithmetic expression (fractions, never floats)."""
+    text = expression.strip().replace(",", "").replace("^", "**").replace("×", "*")
+    if not text:
+        raise CalculatorError("empty expression; pass e.g. '12 * (3 + 4)'")
+    if len(text) > MAX_EXPRESSION_CHARS:
+        raise CalculatorError(f"expression longer than {MAX_EXPRESSION_CHARS} characters")
+    try:
+        tree = ast.parse(text, mode="eval")
+    except SyntaxError:
+        raise CalculatorError(f"not an arithmetic expression: {expression!r}") from None
+    return _eval(tree.body)
+
+
+def _eval(node: ast.AST) -> Fraction:
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        return _bounded(Fraction(str(node.value)))
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        value = _eval(node.operand)
+        return -value if isinstance(node.op, ast.USub) else value
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
+        base, exponent = _eval(node.left), _eval(node.right)
+        if exponent.denominator != 1 or abs(exponent) > MAX_EXPONENT:
+            raise CalculatorError(f"exponents must be whole numbers up to {MAX_EXPONENT}")
+        if base == 0 and exponent < 0:
+            raise CalculatorError("division by zero")
+        return _bounded(base ** int(exponent))
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+        left, right = _eval(node.left), _eval(node.right)
+        if isinstance(node.op, (ast.Div, ast.FloorDiv, ast.Mod)) and right == 0:
+            raise CalculatorError("division by zero")
+        return _bounded(Fraction(_BINARY[type(node.op)](left, right)))
+    raise CalculatorError("only numbers, + - * / // % ** and parentheses are allowed")
+
+
+def _bounded(value: Fraction) -> Fraction:
+    if abs(value) > MAX_MAGNITUDE:
+        raise CalculatorError("result too large (more than 30 digits)")
+    return value
+
+
+def format_number(value: Fraction) -> str:
+    """Integers print as integers; other values as a decimal with up to 10 places."""
+    if value.denominator == 1:
+        return str(value.numerator)
+    return f"{float(value):.10f}".rstrip("0").rstrip(".")
+
+
+def parse_answer(text: str) -> Fraction | None:
+    """A submitted answer as a number: tolerates spaces, thousands separators, a leading '$'
+    and a trailing period; anything else is not a number (None)."""
+    cleaned = text.strip().replace(",", "").removeprefix("$").rstrip(".").strip()
+    try:
+        return Fraction(cleaned)
+    except (ValueError, ZeroDivisionError):
+        return None

@@ -1,0 +1,95 @@
+"""Deterministic arithmetic word problems: the same (seed, count) always gives the same list.
+
+Each problem needs two to four calculations, so a model that uses the calculator works over
+several turns. Values are chosen so every answer is a whole number.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Problem:
+    id: str
+    question: str
+    answer: int
+    steps: list[str]  # the calculations of the gold solution, in order
+
+
+def _shop(r: random.Random) -> Problem:
+    boxes, per_box = r.randint(3, 19), r.randint(6, 24)
+    sold, extra = r.randint(5, 40), r.randint(2, 9)
+    answer = boxes * per_box - sold + extra * per_box
+    q = (f"A shop has {boxes} boxes with {per_box} pencils in each box. It sells {sold} "
+         f"pencils, then receives {extra} more boxes of {per_box} pencils. How many pencils "
+         "does it have now?")
+    return Problem("", q, answer, [f"{boxes} * {per_box}", f"{extra} * {per_box}",
+                                   f"{boxes * per_box} - {sold} + {extra * per_box}"])
+
+
+def _savings(r: random.Random) -> Problem:
+    friends = r.randint(2, 6)
+    weekly, weeks = r.randint(5, 40), r.randint(3, 12)
+    total = weekly * weeks
+    spent = r.randint(1, total - friends)
+    spent += (total - spent) % friends  # the rest splits evenly
+    answer = (total - spent) // friends
+    q = (f"Maya saves {weekly} dollars every week for {weeks} weeks. She spends {spent} "
+         f"dollars on a bike and shares the rest equally among {friends} friends. How many "
+         "dollars does each friend get?")
+    return Problem("", q, answer, [f"{weekly} * {weeks}", f"{total} - {spent}",
+                                   f"{total - spent} / {friends}"])
+
+
+def _trip(r: random.Random) -> Problem:
+    s1, h1, s2, h2 = r.randint(40, 120), r.randint(1, 6), r.randint(30, 110), r.randint(1, 5)
+    answer = s1 * h1 + s2 * h2
+    q = (f"A train travels at {s1} km/h for {h1} hours and then at {s2} km/h for {h2} hours. "
+         "How many kilometres does it travel in total?")
+    return Problem("", q, answer, [f"{s1} * {h1}", f"{s2} * {h2}", f"{s1 * h1} + {s2 * h2}"])
+
+
+def _orchard(r: random.Random) -> Problem:
+    rows, per_row = r.randint(4, 30), r.randint(5, 25)
+    percent = r.choice([10, 20, 25, 40, 50, 60, 75, 80])
+    trees = rows * per_row
+    while trees * percent % 100:
+        rows += 1
+        trees = rows * per_row
+    apples = trees * percent // 100
+    price = r.randint(2, 15)
+    answer = apples * price
+    q = (f"An orchard has {rows} rows of {per_row} trees. {percent}% of the trees are apple trees, "
+         f"and each apple tree yields {price} kg of apples. How many kg of apples does the "
+         "orchard yield?")
+    return Problem("", q, answer, [f"{rows} * {per_row}", f"{trees} * {percent} / 100",
+                                   f"{apples} * {price}"])
+
+
+def _tickets(r: random.Random) -> Problem:
+    adults, children = r.randint(2, 40), r.randint(2, 60)
+    adult_price, child_price = r.randint(8, 30), r.randint(3, 12)
+    discount = r.randint(1, 5) * 5
+    answer = adults * adult_price + children * child_price - discount
+    q = (f"A museum sells {adults} adult tickets at {adult_price} dollars and {children} child "
+         f"tickets at {child_price} dollars. A group discount takes {discount} dollars off the "
+         "total. How much money does the museum collect?")
+    total = f"{adults * adult_price} + {children * child_price} - {discount}"
+    return Problem("", q, answer,
+                   [f"{adults} * {adult_price}", f"{children} * {child_price}", total])
+
+
+TEMPLATES: list[Callable[[random.Random], Problem]] = [_shop, _savings, _trip, _orchard, _tickets]
+
+
+def generate(seed: int, count: int) -> list[Problem]:
+    """`count` problems from `seed`; ids are `arith-<seed>-<index>`."""
+    r = random.Random(seed)
+    problems = []
+    for i in range(count):
+        p = r.choice(TEMPLATES)(r)
+        problems.append(Problem(f"arith-{seed}-{i:04d}", p.question, p.answer, p.steps))
+    return problems

@@ -1,0 +1,212 @@
+"""Loading an environment package: resolve a reference, validate its manifest, import its
+entrypoint, read its tasks through `datasets`.
+
+A reference is, in this order: a folder path (`./my-env`), a built-in name (`arith`), a
+registry reference (`owner/name@version`, through `envhub.registry` when installed), or the
+name of an installed registry package.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import re
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from envhub.envs.builtin import BUILTIN_ROOT, builtin_folders
+from envhub.envs.environment import Environment, Task
+from envhub.envs.errors import EnvLoadError, EnvNotFound
+from envhub.envs.manifest import Manifest, TasksSource, load_manifest
+
+REGISTRY_REF_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*/[a-z0-9][a-z0-9._-]*(@\S+)?$")
+ID_FIELDS = ("id", "task_id", "instance_id")
+INSTRUCTION_FIELDS = ("instruction", "problem_statement", "prompt", "question")
+
+
+@dataclass
+class LoadedEnv:
+    """An environment ready to run: its folder, validated manifest and entrypoint instance."""
+
+    folder: Path
+    manifest: Manifest
+    env: Environment
+    ref: str
+
+    @property
+    def name(self) -> str:
+        return self.manifest.name
+
+
+def available_envs() -> dict[str, str]:
+    """Name → where it comes from ("builtin" or an installed registry reference)."""
+    found = {name: "builtin" for name in builtin_folders()}
+    for ref, _path in _installed():
+        found.setdefault(ref, "installed")
+    return found
+
+
+def resolve_folder(ref: str) -> Path:
+    """The package folder a reference names; EnvNotFound lists what is available."""
+    path = Path(ref).expanduser()
+    if path.is_dir():
+        return path.resolve()
+    if ref.startswith((".", "/", "~")) or ref.endswith("/"):
+        raise EnvNotFound(f"{ref}: no such folder; give the path of a folder holding an "
+                          "envhub.toml (create one with `envhub init NAME`)")
+    builtins = builtin_folders()
+    if ref in builtins:
+        return builtins[ref]
+    if REGISTRY_REF_RE.match(ref):
+        return _registry_resolve(ref)
+    # A bare name matches an installed `owner/name@version`; the last listed (newest) wins.
+    matches = [folder for name, folder in _installed()
+               if name == ref or name.split("/")[-1].split("@")[0] == ref]
+    if matches:
+        return matches[-1]
+    names = ", ".join(sorted(available_envs())) or "(none)"
+    raise EnvNotFound(f"unknown environment '{ref}'; available: {names}. Give a built-in name, "
+                      "a folder path (./my-env) or a registry reference owner/name@version")
+
+
+def load_env(ref: str) -> LoadedEnv:
+    """Resolve, validate and instantiate. Raises ManifestError / EnvNotFound / EnvLoadError."""
+    folder = resolve_folder(ref)
+    manifest = load_manifest(folder)
+    cls = import_entrypoint(folder, manifest)
+    try:
+        env = cls(folder, manifest)
+    except Exception as e:
+        raise EnvLoadError(f"{folder}: constructing {manifest.entrypoint} failed: "
+                           f"{type(e).__name__}: {e}") from e
+    missing = [m for m in ("load_tasks", "setup", "tools", "solve", "verify")
+               if not callable(getattr(env, m, None))]
+    if missing:
+        raise EnvLoadError(f"{folder}: {manifest.entrypoint} lacks {', '.join(missing)}; "
+                           "implement the Environment protocol (envhub.envs.environment)")
+    if not hasattr(env, "manifest"):
+        env.manifest = manifest  # type: ignore[misc]
+    return LoadedEnv(folder=folder, manifest=manifest, env=env, ref=ref)
+
+
+def import_entrypoint(folder: Path, manifest: Manifest) -> type:
+    """Import `module:Class` from the package folder.
+
+    Built-ins import under their real dotted name (`envhub.envs.builtin.<folder>`); any other
+    folder becomes a synthetic package named after its path hash, so its modules can use
+    relative imports and two packages with the same module names never collide.
+    """
+    module_name, _, class_name = manifest.entrypoint.partition(":")
+    if not (folder / (module_name.replace(".", "/") + ".py")).is_file() and not (
+        folder / module_name.replace(".", "/") / "__init__.py"
+    ).is_file():
+        raise EnvLoadError(f"{folder}/envhub.toml: field 'entrypoint': module '{module_name}' "
+                           f"not found in the package; create {module_name}.py or fix the field")
+    try:
+        if folder.resolve().parent == BUILTIN_ROOT:
+            package = f"envhub.envs.builtin.{folder.name}"
+        else:
+            package = _synthetic_package(folder)
+        module = importlib.import_module(f"{package}.{module_name}")
+    except Exception as e:
+        raise EnvLoadError(f"{folder}: importing '{module_name}' failed: "
+                           f"{type(e).__name__}: {e}") from e
+    cls = getattr(module, class_name, None)
+    if not inspect.isclass(cls):
+        raise EnvLoadError(f"{folder}/envhub.toml: field 'entrypoint': '{module_name}' has no "
+                           f"class '{class_name}'; fix the field or define the class")
+    return cls
+
+
+def _synthetic_package(folder: Path) -> str:
+    resolved = folder.resolve()
+    name = "envhub_pkg_" + hashlib.sha256(str(resolved).encode()).hexdigest()[:12]
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_loader(name, loader=None, is_package=True)
+        assert spec is not None
+        module = importlib.util.module_from_spec(spec)
+        module.__path__ = [str(resolved)]
+        sys.modules[name] = module
+    return name
+
+
+def task_rows(folder: Path, source: TasksSource) -> list[dict[str, Any]]:
+    """The task rows of a package's tasks source, read with `datasets`.
+
+    Local JSONL/Parquet files load offline; the `datasets` cache goes to a temporary folder that
+    is removed afterwards (the rows are copied into memory), so loading leaves no files behind.
+    """
+    if source.path is None and source.dataset is None:
+        raise EnvLoadError(f"{folder}/envhub.toml: section [tasks] needs 'path' (a JSONL or "
+                           "Parquet file in the package) or 'dataset' (a hub id)")
+    import datasets
+
+    datasets.disable_progress_bars()
+    cache = tempfile.mkdtemp(prefix="envhub-tasks-")
+    try:
+        if source.path is not None:
+            path = (folder / source.path).resolve()
+            if not path.is_file():
+                raise EnvLoadError(f"{folder}/envhub.toml: field 'tasks.path': {source.path} "
+                                   "does not exist in the package")
+            builder = "parquet" if path.suffix == ".parquet" else "json"
+            ds = datasets.load_dataset(builder, data_files=str(path), split="train",
+                                       cache_dir=cache)
+        else:
+            ds = datasets.load_dataset(source.dataset, split=source.split, cache_dir=cache)
+        return [dict(row) for row in ds.to_list()]
+    except EnvLoadError:
+        raise
+    except Exception as e:
+        raise EnvLoadError(f"{folder}: reading tasks failed: {type(e).__name__}: {e}") from e
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+def rows_to_tasks(rows: list[dict[str, Any]]) -> list[Task]:
+    """Default row → Task mapping: id from id/task_id/instance_id, instruction from
+    instruction/problem_statement/prompt/question; the whole row is kept as `data`."""
+    tasks = []
+    for i, row in enumerate(rows):
+        tid = next((str(row[f]) for f in ID_FIELDS if row.get(f) is not None), f"task-{i}")
+        text = next((str(row[f]) for f in INSTRUCTION_FIELDS if row.get(f)), "")
+        tasks.append(Task(id=tid, instruction=text, data=row))
+    return tasks
+
+
+def _registry_resolve(ref: str) -> Path:
+    try:
+        registry = importlib.import_module("envhub.registry")
+        resolve = registry.resolve
+    except (ImportError, AttributeError):
+        raise EnvNotFound(f"'{ref}' looks like a registry reference but the registry is not "
+                          "available in this install; pass a folder path instead") from None
+    try:
+        return Path(resolve(ref))
+    except Exception as e:
+        raise EnvNotFound(f"'{ref}': {e}") from e
+
+
+def _installed() -> list[tuple[str, Path]]:
+    """(reference, folder) of installed registry packages; empty when there is no registry."""
+    try:
+        registry = importlib.import_module("envhub.registry")
+        listing = registry.installed()
+    except Exception:  # noqa: BLE001 - no registry, or an unreadable store: list only the built-ins
+        return []
+    found = []
+    for item in listing:
+        if isinstance(item, tuple) and len(item) == 2:
+            found.append((str(item[0]), Path(item[1])))
+            continue
+        path = getattr(item, "path", None)
+        ref = getattr(item, "ref", None) or getattr(item, "name", None)
+        if path is not None and ref is not None:
+            found.append((str(ref), Path(path)))
+    return found

@@ -1,0 +1,65 @@
+"""Run options. CLI flags map 1:1 onto these fields (`envhub run --help`)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from envhub.envs.errors import RunConfigError
+
+WEIGHTED_RE = re.compile(r"^(?P<ref>.+?)=(?P<weight>\d+(?:\.\d+)?)$")
+
+
+class EnvChoice(BaseModel):
+    """One environment of a run and its sampling weight (`arith=3 swe-task=1`)."""
+
+    ref: str
+    weight: float = Field(1.0, gt=0)
+
+    @classmethod
+    def parse(cls, text: str) -> EnvChoice:
+        m = WEIGHTED_RE.match(text)
+        if m is None:
+            return cls(ref=text, weight=1.0)
+        weight = float(m.group("weight"))
+        if weight <= 0:
+            raise RunConfigError(f"{text}: a sampling weight must be > 0, e.g. arith=2")
+        return cls(ref=m.group("ref"), weight=weight)
+
+
+class RunConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    envs: list[EnvChoice] = Field(..., min_length=1, description="environments and weights")
+    agent: str = Field("tool", description="tool | tool:summarize | oracle | a command line")
+    model: str | None = Field(None, description="model for the in-process gateway "
+                              "(None: the bundled tiny model; zero; provider/name)")
+    sandbox: Literal["auto", "docker", "local", "e2b"] | None = Field(
+        None, description="sandbox backend; None: each manifest's choice")
+    n: int | None = Field(None, ge=1, description="tasks in total (split by the env weights)")
+    k: int = Field(1, ge=1, le=1024, description="samples per task (group size)")
+    concurrency: int = Field(4, ge=1, le=4096, description="rollouts in flight")
+    tasks: list[str] = Field(default_factory=list, description="only these task ids")
+    out: Path | None = Field(None, description="results folder (one JSON per rollout)")
+    resume: bool = Field(False, description="skip rollouts already finished in --out")
+    gateway: str | None = Field(None, description="an existing gateway's URL")
+    admin_key: str | None = Field(None, description="admin key of --gateway")
+    max_turns: int | None = Field(None, ge=1, description="override the manifests' max_turns")
+    time_limit_s: float | None = Field(None, gt=0, description="override agent time limits")
+
+    @field_validator("gateway")
+    @classmethod
+    def _gateway(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("http://", "https://")):
+            raise ValueError("use a URL such as http://127.0.0.1:8000")
+        return v.rstrip("/") if v else v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RunConfig:
+        if self.resume and self.out is None:
+            raise ValueError("--resume needs --out DIR (the folder of the run to resume)")
+        if self.gateway and not self.admin_key:
+            raise ValueError("--gateway needs --admin-key (or ENVHUB_ADMIN_KEY)")
+        return self

@@ -1,0 +1,79 @@
+"""The runner's gateway: one started in-process (default) or an existing one (`--gateway URL`).
+
+The runner reaches it over HTTP only (through the SDK's session client), never through its
+internals, so both cases behave the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from pathlib import Path
+from typing import Any
+
+from envhub.envs.errors import RunConfigError
+from envhub.envs.runner.plan import RolloutKey
+
+PROVIDER_URLS = {"openai": "https://api.openai.com/v1", "anthropic": "https://api.anthropic.com"}
+
+
+class GatewayLink:
+    def __init__(self, url: str, admin_key: str, handle: Any = None) -> None:
+        self.url, self.admin_key, self._handle = url.rstrip("/"), admin_key, handle
+
+    @classmethod
+    async def start(cls, model: str | None, db_path: Path) -> GatewayLink:
+        """Start a gateway in this process (model None: the bundled tiny model), pool in
+        `db_path` (SQLite)."""
+        from envhub.gateway.server import GatewayConfig, run_in_thread
+
+        key = "envhub-admin-" + secrets.token_urlsafe(24)
+        try:
+            config = GatewayConfig(port=0, db=f"sqlite:///{db_path}", admin_key=key,
+                                   **model_options(model))
+            handle = await asyncio.to_thread(run_in_thread, config)
+        except RunConfigError:
+            raise
+        except Exception as e:  # the gateway's own errors state their fix; add ours
+            raise RunConfigError(
+                f"cannot start the in-process gateway for --model {model or '(bundled)'}: "
+                f"{type(e).__name__}: {e}. Or start one yourself (`envhub gateway ...`) and "
+                "pass --gateway URL --admin-key KEY") from e
+        return cls(handle.url, getattr(handle, "admin_key", None) or key, handle)
+
+    @classmethod
+    def connect(cls, url: str, admin_key: str) -> GatewayLink:
+        return cls(url, admin_key)
+
+    async def open_session(self, group_id: str, key: RolloutKey) -> Any:
+        from envhub.sdk import AsyncSession
+
+        return await AsyncSession.open(
+            self.url, admin_key=self.admin_key, group_id=group_id, task_id=key.task_id,
+            env=key.env, sample_index=key.sample)
+
+    async def close(self) -> None:
+        if self._handle is not None:
+            handle, self._handle = self._handle, None
+            await asyncio.to_thread(handle.close)
+
+
+def model_options(model: str | None) -> dict[str, Any]:
+    """GatewayConfig fields for `--model`: None → the bundled tiny model on the local engine;
+    an existing folder → that HF model on the local engine; `zero` → the zero-work backend
+    (instant fixed completions, for measuring the runner); `provider/name` → a hosted model
+    through the `openai` (litellm) backend."""
+    if model is None:
+        return {}
+    if Path(model).expanduser().is_dir():
+        return {"model": str(Path(model).expanduser())}
+    if model == "zero":
+        return {"backend": "zero"}
+    provider, sep, _ = model.partition("/")
+    if not sep or provider not in PROVIDER_URLS:
+        raise RunConfigError(
+            f"--model {model!r}: not a model folder; for a hosted model use provider/name with "
+            f"provider one of {', '.join(PROVIDER_URLS)} (e.g. openai/gpt-4.1), or `zero`")
+    # LiteLLM reads the provider's key from its usual variable (OPENAI_API_KEY, ...).
+    return {"backend": "openai", "model_name": model,
+            "upstreams": [f"openai={PROVIDER_URLS[provider]}"]}

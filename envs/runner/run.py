@@ -1,0 +1,215 @@
+"""`envhub run`: groups of k samples per task across one or more environments, at most
+`concurrency` rollouts in flight, results folder, resume, and no leftovers.
+
+Leak guarantees: every rollout closes its own sandboxes; at the end the run reaps anything still
+labelled with its run id, removes its scratch folder (command agents' working folders, a
+temporary pool) and stops the gateway it started, on success, error or interruption alike
+(SIGINT, SIGTERM). A run killed outright (SIGKILL) leaves its scratch folder, which the next run
+on the machine removes once the owner process is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import secrets
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Self
+
+from envhub.envs.agents import make_agent
+from envhub.envs.errors import RunConfigError
+from envhub.envs.loader import LoadedEnv, load_env
+from envhub.envs.runner.config import RunConfig
+from envhub.envs.runner.gateway_link import GatewayLink
+from envhub.envs.runner.plan import GroupPlan, RolloutKey, allocate, interleave
+from envhub.envs.runner.progress import RunProgress
+from envhub.envs.runner.results import ResultsFolder, RolloutRecord, summarize
+from envhub.envs.runner.rollout import PendingRollout, RolloutSetup, execute
+from envhub.envs.runner.scoring import close_session, finalize_group
+from envhub.envs.sandbox.reaper import owner_alive, owner_label
+
+log = logging.getLogger(__name__)
+OWNER_FILE = ".envhub-owner"  # "<host>:<pid>" of the run that owns a scratch folder
+
+
+@dataclass
+class RunOutcome:
+    run_id: str
+    records: list[RolloutRecord]
+    summary: dict[str, Any]
+    out: Path | None
+
+
+def new_run_id() -> str:
+    return time.strftime("run-%Y%m%d-%H%M%S-", time.gmtime()) + secrets.token_hex(3)
+
+
+def plan_groups(config: RunConfig) -> list[GroupPlan]:
+    """Load the environments and their tasks; allocate tasks by weight; k samples each."""
+    loaded: list[LoadedEnv] = [load_env(c.ref) for c in config.envs]
+    names = [le.name for le in loaded]
+    if len(set(names)) != len(names):
+        raise RunConfigError(f"environment listed twice ({', '.join(names)}); give each once "
+                             "with a weight, e.g. arith=3")
+    wanted = set(config.tasks)
+    task_lists = []
+    for le in loaded:
+        tasks = le.env.load_tasks()
+        if wanted:
+            tasks = [t for t in tasks if t.id in wanted]
+        task_lists.append(tasks)
+    counts = allocate(config.n, [c.weight for c in config.envs], [len(t) for t in task_lists])
+    per_env = [[GroupPlan(le, t, config.k) for t in tasks[:count]]
+               for le, tasks, count in zip(loaded, task_lists, counts, strict=True)]
+    groups = interleave(per_env, [c.weight for c in config.envs])
+    if not groups:
+        hint = f" matching --task {', '.join(sorted(wanted))}" if wanted else ""
+        raise RunConfigError(f"no tasks to run{hint} in {', '.join(names)}")
+    return groups
+
+
+def sandbox_kind(config: RunConfig, loaded: LoadedEnv) -> str:
+    """--sandbox, else the manifest's choice; `auto` becomes the best backend available."""
+    if loaded.manifest.sandbox.kind == "none":
+        return "none"
+    kind = config.sandbox or loaded.manifest.sandbox.kind
+    if kind == "auto":
+        from envhub.envs.sandbox import best_available
+
+        kind = best_available()
+    return kind
+
+
+async def run(config: RunConfig, console: Any = None, progress: bool = True) -> RunOutcome:
+    """Execute a run; raises RunConfigError/EnvLoadError/ManifestError/AgentSpecError before
+    anything starts when the options or packages are bad."""
+    agent = make_agent(config.agent)
+    # In a thread: loading reads task files and may install a registry package, and a
+    # registry install runs its own event loop.
+    groups = await asyncio.to_thread(plan_groups, config)
+    results = ResultsFolder(config.out)
+    run_id = results.start(new_run_id(), config.model_dump(mode="json"), config.resume)
+    kinds = await asyncio.to_thread(
+        lambda: {g.loaded.name: sandbox_kind(config, g.loaded) for g in groups})
+    _sweep_stale_scratch()
+    scratch = Path(tempfile.mkdtemp(prefix=f"envhub-{run_id}-"))
+    (scratch / OWNER_FILE).write_text(owner_label())
+    link: GatewayLink | None = None
+    records: list[RolloutRecord] = []
+    started = time.time()
+    try:
+        if config.gateway:
+            link = GatewayLink.connect(config.gateway, config.admin_key or "")
+        else:
+            db = (config.out / "pool.db") if config.out else scratch / "pool.db"
+            link = await GatewayLink.start(config.model, db)
+        overrides = {k: v for k, v in (("max_turns", config.max_turns),
+                                       ("time_limit_s", config.time_limit_s)) if v is not None}
+        # Agents ask for "default": every envhub gateway serves its one model under that name
+        # (besides its own name), whichever --model chose it.
+        setups = {name: RolloutSetup(run_id, agent, config.agent, link, kind, scratch,
+                                     "default", overrides)
+                  for name, kind in kinds.items()}
+        total = sum(g.k for g in groups)
+        with RunProgress(total, console) if progress else _NoProgress() as bar:
+            sem = asyncio.Semaphore(config.concurrency)
+            await asyncio.gather(*(
+                _run_group(g, run_id, setups[g.loaded.name], results, sem, bar, records)
+                for g in groups))
+    finally:
+        if link is not None:
+            await link.close()
+        await _reap(run_id, [k for k in kinds.values() if k != "none"])
+        shutil.rmtree(scratch, ignore_errors=True)
+    summary = {"run_id": run_id, "agent": config.agent, "started_at": started,
+               "finished_at": time.time(), **summarize(records)}
+    results.write_summary(summary)
+    return RunOutcome(run_id, records, summary, config.out)
+
+
+async def _run_group(g: GroupPlan, run_id: str, rs: RolloutSetup, results: ResultsFolder,
+                     sem: asyncio.Semaphore, bar: Any, records: list[RolloutRecord]) -> None:
+    keys = g.keys()
+    earlier = {k: results.finished(k) for k in keys}
+    for rec in earlier.values():
+        if rec is not None:
+            records.append(rec)
+            bar.add(rec, resumed=True)
+    todo = [k for k in keys if earlier[k] is None]
+    if not todo:
+        return
+    group_id = f"{run_id}:{g.loaded.name}:{g.task.id}"
+
+    finished: list[PendingRollout] = []
+
+    async def one(key: RolloutKey) -> PendingRollout:
+        async with sem:
+            try:
+                p = await execute(key, group_id, g.loaded, g.task, rs)
+            except Exception as e:  # a runner bug must not take the other rollouts down
+                log.exception("rollout %s failed in the runner", key.text)
+                p = PendingRollout(key, group_id).fail("env_failure", f"runner: {e}")
+            finished.append(p)
+            return p
+
+    try:
+        pendings = await asyncio.gather(*(one(k) for k in todo))
+    except asyncio.CancelledError:
+        # Interrupted: sessions whose rollout got this far are closed as infrastructure
+        # failures (not scored), so an external gateway's pool holds no dangling sessions.
+        await asyncio.shield(asyncio.gather(*(
+            close_session(p.session, "env_failure", "interrupted") for p in finished)))
+        raise
+    done_before = [r for r in earlier.values() if r is not None]
+    new = await finalize_group(list(pendings), g.loaded.manifest.rewards, rs.agent_name,
+                               done_before)
+    for key, rec in zip(todo, new, strict=True):
+        results.write(key, rec)
+        records.append(rec)
+        bar.add(rec)
+
+
+def _sweep_stale_scratch() -> None:
+    """Remove scratch folders of earlier runs on this machine whose process died without
+    cleaning up (SIGKILL, power loss). Folders without an owner file are left alone: their run
+    may be starting right now."""
+    for folder in Path(tempfile.gettempdir()).glob("envhub-run-*"):
+        try:
+            owner = (folder / OWNER_FILE).read_text().strip()
+        except OSError:
+            continue
+        if not owner_alive(owner):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+async def _reap(run_id: str, kinds: list[str]) -> None:
+    """Remove any sandbox still labelled with this run (a crashed close, an interruption)."""
+    if not kinds:
+        return
+    try:
+        from envhub.envs.sandbox import reap
+    except ImportError:
+        return
+    try:
+        result = await asyncio.to_thread(reap, run_id)
+        if inspect.isawaitable(result):
+            await result
+    # reaping is a safety net: every sandbox was closed already
+    except Exception as e:  # noqa: BLE001
+        log.warning("reaping sandboxes of %s failed: %s", run_id, e)
+
+
+class _NoProgress:
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def add(self, record: RolloutRecord, resumed: bool = False) -> None:
+        return None

@@ -1,0 +1,36 @@
+"""`envhub run owner/name@version`: a package published to the local registry runs by reference."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support import require_tool
+
+
+def envhub(*args: str, cwd: Path, home: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "ENVHUB_HOME": str(home), "ENVHUB_REGISTRY": "local"}
+    return subprocess.run([sys.executable, "-m", "envhub", *args], cwd=cwd, env=env, text=True,
+                          capture_output=True, timeout=540, check=False)
+
+
+@pytest.mark.bwrap
+@pytest.mark.slow
+def test_published_package_runs_by_reference(tmp_path):
+    require_tool("bwrap")
+    home = tmp_path / "home"
+    assert envhub("init", "my-env", cwd=tmp_path, home=home).returncode == 0
+    published = envhub("publish", "./my-env", "--owner", "me", cwd=tmp_path, home=home)
+    assert published.returncode == 0, published.stderr
+    ran = envhub("run", "me/my-env@0.1.0", "--agent", "oracle", "--sandbox", "local",
+                 "--out", "out", cwd=tmp_path, home=home)
+    assert ran.returncode == 0, ran.stderr
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["overall"]["resolved"] == 2
+    listed = envhub("list", "--json", cwd=tmp_path, home=home)
+    assert "me/my-env@0.1.0" in {r["name"] for r in json.loads(listed.stdout)}

@@ -1,0 +1,2 @@
+FROM envhub/base
+RUN echo "deliberately broken image" && exit 3

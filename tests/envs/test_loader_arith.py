@@ -1,0 +1,69 @@
+"""The built-in `arith` environment: deterministic problems, a safe calculator, exact grading."""
+
+from __future__ import annotations
+
+import asyncio
+from fractions import Fraction
+
+import pytest
+
+from envhub.envs.builtin.arith.calculator import CalculatorError, evaluate, parse_answer
+from envhub.envs.builtin.arith.problems import generate
+from envhub.envs.environment import RunContext
+from envhub.envs.loader import load_env
+from envhub.envs.runner.memory_sandbox import MemorySandbox
+
+
+def test_problems_are_deterministic_and_their_steps_give_the_answer():
+    a, b = generate(7, 40), generate(7, 40)
+    assert a == b and generate(8, 40) != a
+    for p in a:
+        assert evaluate(p.steps[-1]) == p.answer, p
+        assert p.question and str(p.answer) not in p.question.split("?")[-1]
+
+
+@pytest.mark.parametrize("expr,value", [
+    ("2 + 3 * 4", 14), ("(2 + 3) * 4", 20), ("7 / 2", Fraction(7, 2)), ("7 // 2", 3),
+    ("2 ** 10", 1024), ("-3 + 1", -2), ("1,000 * 3", 3000), ("2^3", 8),
+    ("0.1 + 0.2", Fraction(3, 10)),
+])
+def test_calculator(expr, value):
+    assert evaluate(expr) == value
+
+
+@pytest.mark.parametrize("expr", [
+    "__import__('os').system('true')", "open('/etc/passwd')", "x + 1", "9 ** 9 ** 9",
+    "1 / 0", "10 ** 40", "[1, 2]", "", "1 +", "2 ** 0.5", "'a' * 3",
+])
+def test_calculator_refuses_anything_but_bounded_arithmetic(expr):
+    with pytest.raises(CalculatorError):
+        evaluate(expr)
+
+
+def test_answer_parsing_tolerates_formatting_only():
+    assert parse_answer(" 1,234. ") == 1234 and parse_answer("$42") == 42
+    assert parse_answer("forty two") is None and parse_answer("") is None
+
+
+def test_tools_oracle_and_verifier_meet_at_the_answer_file(tmp_path):
+    loaded = load_env("arith")
+    env, task = loaded.env, loaded.env.load_tasks()[0]
+
+    async def go():
+        box = MemorySandbox()
+        ctx = RunContext("r", "none", lambda spec: None, tmp_path)  # type: ignore[arg-type]
+        assert (await env.verify(task, box, ctx)).resolved is False  # nothing submitted
+        calc = await env.call_tool(task, "calculator", '{"expression": "6*7"}', box, {})
+        bad = await env.call_tool(task, "calculator", '{"expression": "import os"}', box, {})
+        broken = await env.call_tool(task, "calculator", "{not json", box, {})
+        wrong = await env.call_tool(task, "submit", '{"answer": "-1"}', box, {})
+        assert (calc.content, calc.is_error) == ("42", False)
+        assert bad.is_error and broken.is_error and wrong.submitted
+        assert (await env.verify(task, box, ctx)).outcome == 0.0
+        await env.solve(task, box, ctx)
+        verdict = await env.verify(task, box, ctx)
+        assert verdict.resolved and verdict.outcome == 1.0
+        schemas = {s["function"]["name"] for s in env.tool_schemas(task)}
+        assert schemas == {"calculator", "submit"}
+
+    asyncio.run(go())

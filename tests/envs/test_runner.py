@@ -1,0 +1,218 @@
+"""The runner end to end against a real gateway: groups, rewards in the pool, results folder,
+resume, failure mapping (env_failure, never 0), mixed environments, and no leftovers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import httpx
+import pytest
+
+from envhub.envs.errors import RunConfigError
+from envhub.envs.runner import EnvChoice, RunConfig, run
+from tests.envs.runtime_fixtures.gateway import ADMIN_KEY, FIXTURES, start_gateway, tool_call
+from tests.support import require_docker
+
+CRASHY = str(FIXTURES / "crashy_env")
+
+
+@pytest.fixture
+def gateway(tmp_path):
+    script = [tool_call("calculator", {"expression": "2+2"}),
+              tool_call("calculator", {"expression": "1/0"}),
+              tool_call("submit", {"answer": "4"})]
+    handle, _ = start_gateway(tmp_path, script)
+    yield handle
+    handle.close()
+
+
+def config(gw, *envs: str, **kw) -> RunConfig:
+    return RunConfig(envs=[EnvChoice.parse(e) for e in envs], gateway=gw.url,
+                     admin_key=ADMIN_KEY, **kw)
+
+
+def trajectory(gw, session_id: str) -> dict:
+    r = httpx.get(f"{gw.url}/sessions/{session_id}/trajectory",
+                  headers={"authorization": f"Bearer {ADMIN_KEY}"})
+    r.raise_for_status()
+    return r.json()
+
+
+def leftovers(run_id: str) -> list[Path]:
+    return list(Path(tempfile.gettempdir()).glob(f"envhub-{run_id}-*"))
+
+
+def test_oracle_groups_resolve_and_every_component_reaches_the_pool(gateway, tmp_path):
+    out = tmp_path / "out"
+    result = asyncio.run(run(config(gateway, "arith", agent="oracle", n=3, k=2, out=out),
+                             progress=False))
+    assert len(result.records) == 6
+    assert all(r.status == "done" and r.resolved for r in result.records)
+    assert len({r.group_id for r in result.records}) == 3
+    for r in result.records:
+        t = trajectory(gateway, r.session_id)
+        assert t["status"] == "done"
+        assert {e["kind"] for e in t["rewards"]} == {"outcome", "time"}  # oracle: no turns
+        assert [e["value"] for e in t["rewards"] if e["kind"] == "outcome"] == [1.0]
+    files = sorted(p.name for p in (out / "rollouts").iterdir())
+    assert len(files) == 6 and all(f.startswith("arith__arith-") for f in files)
+    record = json.loads((out / "rollouts" / files[0]).read_text())
+    assert record["components"]["outcome"] == 1.0 and record["status"] == "done"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["overall"]["resolved"] == 6 and summary["envs"]["arith"]["done"] == 6
+    assert leftovers(result.run_id) == []
+
+
+def test_tool_agent_rewards_include_process_and_reward_to_go(gateway, tmp_path):
+    result = asyncio.run(run(config(gateway, "arith", n=1, k=2, concurrency=1),
+                             progress=False))
+    for r in result.records:
+        assert r.status == "done" and r.turns == 3 and r.stopped == "submitted"
+        t = trajectory(gateway, r.session_id)
+        kinds = [e["kind"] for e in t["rewards"]]
+        assert kinds.count("outcome") == 1 and kinds.count("time") == 1
+        assert kinds.count("reward_to_go") == 3  # one per turn
+        process = [e for e in t["rewards"] if e["kind"] == "process"]
+        assert [(e["name"], e["seq"]) for e in process] == [("tool_error", 1)]
+        assert r.components["process"] == -1.0
+        assert r.components["total"] == pytest.approx(r.outcome - 0.1 + 0.05 * r.components["time"])
+
+
+def test_infrastructure_failures_are_env_failure_never_zero(gateway, tmp_path):
+    tasks = ["ok", "setup-crash", "sandbox-crash", "grading-failure", "setup-hang"]
+    result = asyncio.run(run(config(gateway, CRASHY, agent="oracle", tasks=tasks, k=1,
+                                    concurrency=5), progress=False))
+    by_task = {r.task_id: r for r in result.records}
+    assert by_task["ok"].status == "done" and by_task["ok"].outcome == 1.0
+    reasons = {"setup-crash": "exited with code 137", "sandbox-crash": "closed",
+               "grading-failure": "grader could not start", "setup-hang": "timed out after 5s"}
+    for task_id, reason in reasons.items():
+        r = by_task[task_id]
+        assert r.status == "env_failure" and reason in (r.reason or ""), r
+        assert r.outcome is None and r.components == {} and r.rewards == []
+        t = trajectory(gateway, r.session_id)
+        assert t["status"] == "env_failure" and t["rewards"] == []  # nothing scored as 0
+    assert result.summary["overall"]["env_failure"] == 4
+    assert result.summary["overall"]["mean"]["outcome"] == 1.0  # failures are not averaged in
+
+
+def test_resume_skips_finished_rollouts_and_reruns_env_failures(gateway, tmp_path):
+    out = tmp_path / "out"
+    first = asyncio.run(run(config(gateway, CRASHY, agent="oracle", tasks=["ok", "setup-crash"],
+                                   k=2, out=out), progress=False))
+    again = asyncio.run(run(config(gateway, CRASHY, agent="oracle",
+                                   tasks=["ok", "setup-crash", "grading-failure"], k=2, out=out,
+                                   resume=True), progress=False))
+    assert again.run_id == first.run_id
+    before = {(r.task_id, r.sample): r.session_id for r in first.records}
+    after = {(r.task_id, r.sample): r.session_id for r in again.records}
+    assert len(after) == 6
+    assert after[("ok", 0)] == before[("ok", 0)] and after[("ok", 1)] == before[("ok", 1)]
+    assert after[("setup-crash", 0)] != before[("setup-crash", 0)]  # env failures run again
+    assert len(list((out / "rollouts").glob("*.json"))) == 6
+
+
+def test_results_folder_is_not_overwritten_without_resume(gateway, tmp_path):
+    out = tmp_path / "out"
+    asyncio.run(run(config(gateway, "arith", agent="oracle", n=1, out=out), progress=False))
+    with pytest.raises(RunConfigError, match="--resume"):
+        asyncio.run(run(config(gateway, "arith", agent="oracle", n=1, out=out), progress=False))
+    with pytest.raises(RunConfigError, match="not found"):
+        asyncio.run(run(config(gateway, "arith", agent="oracle", out=tmp_path / "new",
+                               resume=True), progress=False))
+
+
+def test_several_environments_share_a_run_by_weight(gateway):
+    result = asyncio.run(run(config(gateway, "arith=3", f"{CRASHY}=1", agent="oracle", n=4),
+                             progress=False))
+    envs = [r.env for r in result.records]
+    assert envs.count("arith") == 3 and envs.count("crashy") == 1
+
+
+def test_command_agent_leaves_no_process_or_folder(gateway, tmp_path, monkeypatch):
+    pid_file = tmp_path / "child.pid"
+    monkeypatch.setenv("SPAWN_CHILD", "1")
+    monkeypatch.setenv("CHILD_PID_FILE", str(pid_file))
+    agent = f"{sys.executable} {FIXTURES / 'openai_agent.py'}"
+    result = asyncio.run(run(config(gateway, "arith", agent=agent, n=1), progress=False))
+    (record,) = result.records
+    assert record.status == "done" and record.stopped == "exited"
+    assert len(trajectory(gateway, record.session_id)["turns"]) == 2
+    pid = int(pid_file.read_text())
+    stat = Path(f"/proc/{pid}/stat")
+    assert not stat.exists() or stat.read_text().split()[2] == "Z"
+    assert leftovers(result.run_id) == []
+
+
+@pytest.mark.docker
+def test_killed_container_and_broken_image_are_env_failures_and_nothing_is_left(gateway):
+    require_docker()
+    import docker
+
+    result = asyncio.run(run(config(gateway, CRASHY, agent="oracle",
+                                    tasks=["docker-kill", "bad-image"], sandbox="docker"),
+                             progress=False))
+    by_task = {r.task_id: r for r in result.records}
+    assert by_task["docker-kill"].status == "env_failure", by_task["docker-kill"]
+    bad = by_task["bad-image"]
+    assert bad.status == "env_failure" and "ImageBuildError" in (bad.reason or ""), bad
+    assert all(r.rewards == [] for r in result.records)
+    client = docker.from_env()
+    left = client.containers.list(all=True, filters={"label": f"envhub.run={result.run_id}"})
+    assert left == []
+    assert leftovers(result.run_id) == []
+
+
+def test_model_flag_maps_onto_gateway_config(tmp_path):
+    from envhub.envs.runner.gateway_link import model_options
+
+    assert model_options(None) == {}
+    assert model_options(str(tmp_path)) == {"model": str(tmp_path)}
+    assert model_options("zero") == {"backend": "zero"}
+    hosted = model_options("openai/gpt-4.1")
+    assert hosted["backend"] == "openai" and hosted["model_name"] == "openai/gpt-4.1"
+    with pytest.raises(RunConfigError, match="provider/name"):
+        model_options("no-such-model")
+
+
+def test_zero_backend_in_process_gateway_runs_the_tool_agent(tmp_path):
+    # embedded gateway (no --gateway), zero-work backend: the whole loop without a model
+    result = asyncio.run(run(RunConfig(envs=[EnvChoice.parse("arith")], model="zero", n=1, k=2,
+                                       max_turns=2, out=tmp_path / "out"), progress=False))
+    assert [r.status for r in result.records] == ["done", "done"]
+    assert all(r.turns == 2 and r.stopped in ("max_turns", "finished") for r in result.records)
+    assert (tmp_path / "out" / "pool.db").is_file() and leftovers(result.run_id) == []
+
+
+def test_scratch_of_a_killed_run_is_swept_by_the_next_run(gateway):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = Path(tempfile.mkdtemp(prefix="envhub-run-00000000-000000-dead00-"))
+    (stale / ".envhub-owner").write_text(f"{socket.gethostname()}:{dead.pid}")
+    (stale / "leftover").write_text("x")
+    live = Path(tempfile.mkdtemp(prefix="envhub-run-00000000-000000-live00-"))
+    (live / ".envhub-owner").write_text(f"{socket.gethostname()}:{os.getpid()}")
+    try:
+        asyncio.run(run(config(gateway, "arith", agent="oracle", n=1), progress=False))
+        assert not stale.exists() and live.exists()
+    finally:
+        shutil.rmtree(live, ignore_errors=True)
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def test_agent_failure_is_agent_error_and_not_scored(gateway, monkeypatch):
+    monkeypatch.setenv("EXIT", "3")
+    agent = f"{sys.executable} {FIXTURES / 'openai_agent.py'}"
+    result = asyncio.run(run(config(gateway, "arith", agent=agent, n=1), progress=False))
+    (record,) = result.records
+    assert record.status == "agent_error" and "exited with code 3" in (record.reason or "")
+    t = trajectory(gateway, record.session_id)
+    assert t["status"] == "agent_error" and t["rewards"] == [] and len(t["turns"]) == 2
