@@ -60,7 +60,8 @@ async def load(make_call: Callable[[aiohttp.ClientSession, int, int], Awaitable[
     errors = 0
     per_worker = calls // concurrency
     conn = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=conn) as http:
+    async with aiohttp.ClientSession(connector=conn,
+                                     timeout=aiohttp.ClientTimeout(total=60)) as http:
         async def worker(w: int) -> None:
             nonlocal errors
             for i in range(per_worker):
