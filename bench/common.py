@@ -8,6 +8,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any, Awaitable, Callable
 
@@ -22,15 +23,17 @@ def free_port() -> int:
 
 def start(args: list[str], health_url: str, env: dict | None = None,
           timeout: float = 120) -> subprocess.Popen:
-    """Start a server process and wait until `health_url` answers 200."""
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    """Start a server process and wait until `health_url` answers 200. Its output goes to a
+    temp file: an undrained pipe would block a chatty server once the pipe buffer fills."""
+    log = tempfile.NamedTemporaryFile(prefix="envhub-bench-", suffix=".log", delete=False)
+    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
                             env={**os.environ, **(env or {})})
     deadline = time.time() + timeout
     import urllib.request
 
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"{args[:4]} exited: {proc.stderr.read().decode()[-2000:]}")
+            raise RuntimeError(f"{args[:4]} exited: {open(log.name).read()[-2000:]}")
         try:
             with urllib.request.urlopen(health_url, timeout=2) as r:
                 if r.status == 200:

@@ -27,6 +27,15 @@ def gateway(
     default_max_tokens: int = typer.Option(256, help="completion budget when none is set"),
     max_model_len: int = typer.Option(32768, help="prompt + completion token limit"),
     device: Optional[str] = typer.Option(None, help="torch device for the local engine"),
+    fleet_config: Optional[str] = typer.Option(None, help="TOML/YAML file listing upstreams "
+                                                          "([[upstream]] kind, url, name)"),
+    heartbeat_interval: float = typer.Option(1.0, help="seconds between engine health probes"),
+    heartbeat_misses: int = typer.Option(2, help="missed beats / failed calls in a row that "
+                                                 "take an engine out of rotation"),
+    fleet_retries: int = typer.Option(2, help="extra attempts of a failed engine call, each "
+                                              "on another engine"),
+    pause_wait: float = typer.Option(60.0, help="seconds a call waits during a weight-update "
+                                                "pause before it gets 429"),
 ) -> None:
     """Run the gateway: OpenAI-compatible, token-exact recording into the pool."""
     from pydantic import ValidationError
@@ -38,10 +47,22 @@ def gateway(
             host=host, port=port, model=model, model_name=model_name, tokenizer=tokenizer,
             chat_template=chat_template, backend=backend, upstreams=upstream, db=db,
             admin_key=admin_key, max_body_bytes=max_body_bytes,
-            default_max_tokens=default_max_tokens, max_model_len=max_model_len, device=device)
+            default_max_tokens=default_max_tokens, max_model_len=max_model_len, device=device,
+            fleet_config=fleet_config, heartbeat_interval=heartbeat_interval,
+            heartbeat_misses=heartbeat_misses, fleet_retries=fleet_retries,
+            pause_wait=pause_wait)
     except ValidationError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)
+    if config.backend in ("vllm", "sglang", "openai"):
+        from envhub.gateway.errors import GatewayError
+        from envhub.gateway.router import fleet_specs
+
+        try:
+            fleet_specs(config)
+        except (GatewayError, ValueError) as e:
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(2)
     if not config.model_path().exists():
         typer.echo(f"error: model folder {config.model_path()} does not exist; pass --model "
                    "PATH to a Hugging Face model folder", err=True)

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
+import random
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -27,6 +28,15 @@ from envhub.gateway.render.messages import message_hash, tools_hash
 from envhub.gateway.render.toolcalls import ParsedCompletion
 from envhub.gateway.sessions import LiveSession
 from envhub.sdk.types import CMAction, Signal
+
+
+_ids = random.Random(int.from_bytes(os.urandom(16), "big"))
+
+
+def response_id() -> str:
+    """A unique, non-secret id for responses and tool calls (os.urandom per call is slow on
+    some VMs; session keys still come from `secrets`)."""
+    return f"{_ids.getrandbits(96):024x}"
 
 
 @dataclass
@@ -69,7 +79,7 @@ class ChatAnswer:
     choices: list[Choice]
     prompt_tokens: int
     backend_ms: float = 0.0  # time spent waiting for the engine
-    id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex[:24]}")
+    id: str = field(default_factory=lambda: f"chatcmpl-{response_id()}")
     created: int = field(default_factory=lambda: int(time.time()))
 
 
@@ -187,14 +197,14 @@ class ChatService:
     async def _execute(self, live: LiveSession, history: Any, p: _Prepared,
                        t0: float) -> ChatAnswer:
         tb = time.perf_counter()
+        calls = [self.backend.generate(GenerateRequest(
+            prompt_ids=p.prompt,
+            params=p.params if p.params.seed is None or i == 0 else replace(
+                p.params, seed=p.params.seed + i),
+            request_id=f"{live.id}-{seq}", session_id=live.id))
+            for i, seq in enumerate(p.seqs)]
         try:
-            results = await asyncio.gather(*(
-                self.backend.generate(GenerateRequest(
-                    prompt_ids=p.prompt,
-                    params=p.params if p.params.seed is None or i == 0 else replace(
-                        p.params, seed=p.params.seed + i),
-                    request_id=f"{live.id}-{seq}", session_id=live.id))
-                for i, seq in enumerate(p.seqs)))
+            results = [await calls[0]] if len(calls) == 1 else await asyncio.gather(*calls)
         except GatewayError:
             p.release()
             raise
@@ -273,7 +283,7 @@ class ChatService:
         for j, c in enumerate(parsed.tool_calls):
             if tool_names and c["name"] not in tool_names:
                 signals.append(Signal(name="unknown_tool", seq=seq, info={"tool": c["name"]}))
-            calls.append({"id": f"call_{uuid.uuid4().hex[:20]}", "type": "function",
+            calls.append({"id": f"call_{response_id()}", "type": "function",
                           "function": {"name": c["name"], "arguments": c["arguments"]}})
         finish = "tool_calls" if calls else res.finish_reason
         return Choice(seq, res, parsed, calls, finish), signals

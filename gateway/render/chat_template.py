@@ -46,6 +46,13 @@ class ChatRenderer:
                              "(a jinja template) or use a model folder whose "
                              "tokenizer_config.json carries one")
         self.chat_template = template
+        # transformers' sandboxed, cached compile; rendering it directly skips the per-call
+        # copying apply_chat_template does (the same template, globals and variables)
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+
+        self._compiled = _compile_jinja_template(template)
+        self._variables = {k: str(v) for k, v in tokenizer.special_tokens_map.items()
+                           if isinstance(v, str) or hasattr(v, "content")}
         self.tool_format = tool_format or detect_format(template)
         self._parse = PARSERS[self.tool_format]
         self._fast = tokenizer.backend_tokenizer  # the Rust tokenizer: no Python overhead
@@ -71,9 +78,8 @@ class ChatRenderer:
 
     def _template(self, messages: list[dict], tools: list[dict] | None, gen: bool) -> str:
         try:
-            return self.tokenizer.apply_chat_template(
-                messages, tools=tools, chat_template=self.chat_template,
-                add_generation_prompt=gen, tokenize=False)
+            return self._compiled.render(messages=messages, tools=tools,
+                                         add_generation_prompt=gen, **self._variables)
         except Exception as e:  # template errors are the request's fault (e.g. role order)
             raise BadRequest(f"the chat template rejected these messages: {e}",
                              param="messages") from None

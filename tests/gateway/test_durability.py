@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -20,10 +21,12 @@ SESSIONS = 32
 
 
 def start_gateway(db: str, port: int, extra: list[str] | None = None) -> subprocess.Popen:
+    # output to a file: an undrained pipe would block the server once its buffer fills
+    log = tempfile.NamedTemporaryFile(prefix="envhub-gw-", suffix=".log", delete=False)
     proc = subprocess.Popen(
         [sys.executable, "-m", "envhub", "gateway", "--backend", "zero", "--port", str(port),
          "--db", db, *(extra or [])],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        stdout=log, stderr=subprocess.STDOUT)
     deadline = time.time() + 90
     while time.time() < deadline:
         try:
@@ -32,7 +35,7 @@ def start_gateway(db: str, port: int, extra: list[str] | None = None) -> subproc
         except httpx.HTTPError:
             pass
         if proc.poll() is not None:
-            raise RuntimeError(proc.stderr.read().decode())
+            raise RuntimeError(open(log.name).read())
         time.sleep(0.2)
     proc.kill()
     raise RuntimeError("gateway did not start")

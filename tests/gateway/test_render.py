@@ -83,3 +83,21 @@ def test_template_required(renderer):
     tok = PreTrainedTokenizerFast(tokenizer_object=renderer.tokenizer.backend_tokenizer)
     with pytest.raises(ValueError, match="chat_template"):
         ChatRenderer(tok)
+
+
+@pytest.mark.parametrize("family", ["chatml", "deepseek"])
+def test_direct_render_equals_transformers(family, renderer, deepseek):
+    """The gateway renders the compiled template itself; transformers' apply_chat_template
+    on the same template and messages gives the same text."""
+    r = renderer if family == "chatml" else deepseek
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "List."},
+            {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
+                "name": "bash", "arguments": {"cmd": "ls"}}}]},
+            {"role": "tool", "tool_call_id": "a", "content": "x"}]
+    for tools in (None, TOOLS):
+        for gen in (True, False):
+            ours = r._template(msgs, tools, gen)
+            theirs = r.tokenizer.apply_chat_template(msgs, tools=tools, tokenize=False,
+                                                     add_generation_prompt=gen,
+                                                     chat_template=r.chat_template)
+            assert ours == theirs

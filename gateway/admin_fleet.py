@@ -1,0 +1,124 @@
+"""Fleet operations: pause, weight updates, resume, and the fleet's state.
+
+    POST /admin/pause   {"drain": true, "timeout": 60}  new calls wait (bounded by the
+                        gateway's pause_wait, then 429 + Retry-After); running calls finish.
+                        With drain, answers once nothing is in flight (or the timeout hit).
+    POST /admin/weights {"path": "...", "version": 5}   pause, drain, every instance loads
+                        the weights (`POST /update_weights_from_disk {model_path,
+                        weight_version}` on envhub engine and SGLang), the version becomes 5
+                        (default: current + 1), resume (unless paused before).
+                        Without `path` (only `version`): record the version of weights
+                        pushed out of band, e.g. vLLM's NCCL weight transfer.
+    POST /admin/resume
+    GET  /admin/fleet   per-instance state: in rotation, version, load, failures, tokens/s.
+
+Real vLLM has no documented HTTP endpoint that loads weights from a path (its dev-mode RLHF
+endpoints, VLLM_SERVER_DEV_MODE=1, move weights from a trainer over NCCL/IPC): `/admin/weights`
+with a path fails on a vLLM instance (it leaves rotation). For vLLM fleets: `/admin/pause`
+with drain, push the weights with vLLM's own API, `/admin/weights {"version": N}`, resume.
+With the `local` backend, `/admin/weights` swaps the embedded engine's weights; pause/resume
+need a fleet.
+Every route needs the admin key when the gateway has one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from envhub.gateway.admin_api import _parse, _require_admin
+from envhub.gateway.errors import BadRequest
+from envhub.gateway.openai_api import json_response, read_json
+from envhub.gateway.router import Fleet
+
+router = APIRouter()
+
+
+class PauseSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    drain: bool = Field(False, description="answer only once no call is in flight")
+    timeout: float = Field(60.0, ge=0, le=3600, description="longest drain wait (s)")
+
+
+class WeightsSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    path: str | None = Field(None, min_length=1,
+                             description="checkpoint path as the engines see it; omit to "
+                                         "record the version of weights pushed out of band")
+    version: int | None = Field(None, ge=0, description="new weight version (default: +1)")
+    drain_timeout: float = Field(300.0, ge=0, le=3600,
+                                 description="longest wait for running calls (s)")
+
+
+async def start(state: Any) -> None:
+    """Gateway startup: expose the fleet's metrics and start its heartbeats."""
+    backend = state.backend
+    if isinstance(backend, Fleet):
+        backend.metrics.attach(state.metrics.registry)
+        await backend.start()
+
+
+async def stop(state: Any) -> None:
+    if isinstance(state.backend, Fleet):
+        await state.backend.stop()
+
+
+def _fleet(request: Request) -> Fleet:
+    backend = request.app.state.gw.backend
+    if not isinstance(backend, Fleet):
+        raise BadRequest(f"the gateway's backend is {backend.name!r}, not a fleet: pause and "
+                         "resume need --backend vllm|sglang with --upstream URLs")
+    return backend
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    return await read_json(request) if raw.strip() else {}
+
+
+@router.post("/admin/pause")
+async def pause(request: Request) -> Response:
+    _require_admin(request)
+    fleet = _fleet(request)
+    spec = _parse(PauseSpec, await _body(request))
+    fleet.pause()
+    drained = await fleet.drain(spec.timeout) if spec.drain else fleet.in_flight == 0
+    return json_response({"paused": True, "drained": drained, "in_flight": fleet.in_flight,
+                          "weight_version": fleet.weight_version})
+
+
+@router.post("/admin/resume")
+async def resume(request: Request) -> Response:
+    _require_admin(request)
+    fleet = _fleet(request)
+    fleet.resume()
+    return json_response({"paused": False, "weight_version": fleet.weight_version})
+
+
+@router.post("/admin/weights")
+async def weights(request: Request) -> Response:
+    _require_admin(request)
+    spec = _parse(WeightsSpec, await read_json(request))
+    backend = request.app.state.gw.backend
+    if isinstance(backend, Fleet):
+        outcome = await backend.update_weights(spec.path, spec.version, spec.drain_timeout)
+        return json_response(outcome)
+    load = getattr(backend, "load_weights", None)
+    if spec.path is None:
+        raise BadRequest("give the checkpoint `path` to load", param="path")
+    if load is None:
+        raise BadRequest(f"the {backend.name!r} backend cannot load weights")
+    version = await load(spec.path, spec.version)
+    return json_response({"weight_version": version, "path": spec.path,
+                          "updated": [getattr(backend, "instance", backend.name)], "failed": {}})
+
+
+@router.get("/admin/fleet")
+async def fleet_state(request: Request) -> Response:
+    _require_admin(request)
+    return json_response(_fleet(request).describe())
