@@ -10,16 +10,26 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import orjson
-from sqlalchemy import create_engine, event, func, insert, select, update
+from sqlalchemy import create_engine, event, func, select, update
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
 from envhub.gateway.pool import schema as t
 
-WriteOp = Callable[[Connection], Any]
+@dataclass(frozen=True)
+class Insert:
+    """A row to insert. Inserts of a batch are grouped per table into one executemany with a
+    prepared statement: building a statement per row cost more than SQLite's own work."""
+
+    table: str
+    row: dict[str, Any]
+
+
+WriteOp = Callable[[Connection], Any] | Insert
 _MAX_BATCH = 512
 
 
@@ -57,16 +67,16 @@ class Store:
 
     # -- writes --------------------------------------------------------------------------------
 
-    async def write(self, *ops: WriteOp) -> list[Any]:
+    async def write(self, *ops: WriteOp) -> None:
         """Run `ops` in one transaction (grouped with other pending writes); wait for commit."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future = loop.create_future()
         self._queue.put((list(ops), loop, fut))
         return await fut
 
-    def write_sync(self, *ops: WriteOp) -> list[Any]:
+    def write_sync(self, *ops: WriteOp) -> None:
         with self.engine.begin() as conn:
-            return [op(conn) for op in ops]
+            _run(conn, list(ops))
 
     def _write_loop(self) -> None:
         while True:
@@ -88,11 +98,11 @@ class Store:
     def _commit(self, batch: list) -> None:
         try:
             with self.engine.begin() as conn:
-                results = [[op(conn) for op in ops] for ops, _, _ in batch]
+                _run(conn, [op for ops, _, _ in batch for op in ops])
             self.batches += 1
             self.writes += len(batch)
-            for (_, loop, fut), res in zip(batch, results):
-                loop.call_soon_threadsafe(_resolve, fut, res, None)
+            for _, loop, fut in batch:
+                loop.call_soon_threadsafe(_resolve, fut, None, None)
         except Exception as e:  # one bad write must not fail its neighbours: retry one by one
             if len(batch) == 1:
                 _, loop, fut = batch[0]
@@ -148,6 +158,26 @@ class Store:
             }
 
 
+def _run(conn: Connection, ops: list[WriteOp]) -> None:
+    """Execute ops in order; runs of inserts into one table become one executemany."""
+    i = 0
+    while i < len(ops):
+        op = ops[i]
+        if not isinstance(op, Insert):
+            op(conn)
+            i += 1
+            continue
+        rows = {}  # table → rows, for the run of inserts starting here
+        while i < len(ops) and isinstance(ops[i], Insert):
+            rows.setdefault(ops[i].table, []).append(ops[i].row)  # type: ignore[union-attr]
+            i += 1
+        for table, batch in rows.items():
+            conn.execute(_INSERTS[table], batch)
+
+
+_INSERTS = {name: table.insert() for name, table in t.metadata.tables.items()}
+
+
 def _resolve(fut: asyncio.Future, result: Any, error: BaseException | None) -> None:
     if fut.done():
         return
@@ -160,8 +190,8 @@ def _resolve(fut: asyncio.Future, result: Any, error: BaseException | None) -> N
 # -- write ops (closures run inside the writer's transaction) ----------------------------------
 
 def op_insert(table_name: str, row: dict) -> WriteOp:
-    table = t.metadata.tables[table_name]
-    return lambda conn: conn.execute(insert(table).values(**row))
+    assert table_name in _INSERTS, table_name
+    return Insert(table_name, row)
 
 
 def op_event(table_name: str, session_id: str, body: dict) -> WriteOp:
