@@ -36,7 +36,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from envhub.gateway.backends.base import SamplingParams
 from envhub.gateway.errors import BadRequest, GatewayError, Overloaded
-from envhub.gateway.openai_api import check_model, read_json
+from envhub.gateway.openai_api import ClientGone, check_model, read_json, until_disconnect
 from envhub.gateway.render.messages import (
     normalize_message,
 )
@@ -432,12 +432,15 @@ async def messages(request: Request) -> Response:
         try:
             # normalised lazily by the service: messages seen earlier in the session are
             # neither re-validated nor re-hashed (cost ∝ new messages, as on the OpenAI route)
-            answer = await gw.service.chat(live, gw.sessions.history, ChatCall(
-                req.messages, req.tools, req.params, normalize=normalize_message))
+            answer = await until_disconnect(request, gw.service.chat(
+                live, gw.sessions.history, ChatCall(req.messages, req.tools, req.params,
+                                                    normalize=normalize_message)))
         finally:
             gw.metrics.in_flight.dec()
     except GatewayError as exc:
         return error_response(exc, request)
+    except ClientGone:
+        return Response(status_code=499)  # the client hung up; nobody reads this
     except Exception as exc:  # keep the Anthropic shape; the cause goes to the log
         log.exception("unexpected error on /v1/messages")
         return error_response(_internal(exc), request)

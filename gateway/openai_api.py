@@ -7,6 +7,7 @@ PR #29074 for why streaming through a tool parser is risky).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any, AsyncIterator
 
@@ -38,6 +39,32 @@ async def read_json(request: Request) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
     return body
+
+
+async def until_disconnect(request: Request, work: Any) -> Any:
+    """Run `work`; cancel it if the client hangs up first (the engine call is aborted, e.g.
+    SGLang's /abort_request, and nothing is recorded for an answer nobody will read)."""
+    task = asyncio.ensure_future(work)
+
+    async def watch() -> None:
+        # the body is read, so the next receive() returns only when the client disconnects
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        task.cancel()
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if task.cancelled() and not watcher.done():
+            raise  # the server itself is cancelling us
+        raise ClientGone() from None
+    finally:
+        watcher.cancel()
+
+
+class ClientGone(Exception):
+    """The client disconnected before its answer was ready."""
 
 
 def _number(body: dict, name: str, default: float, lo: float, hi: float) -> float:
@@ -129,8 +156,8 @@ async def chat_completions(request: Request) -> Response:
     live = await gw.sessions.authenticate(request.state.api_key)
     gw.metrics.in_flight.inc()
     try:
-        answer = await gw.service.chat(live, gw.sessions.history,
-                                       ChatCall(messages, tools, params, n, normalize_message))
+        answer = await until_disconnect(request, gw.service.chat(
+            live, gw.sessions.history, ChatCall(messages, tools, params, n, normalize_message)))
     finally:
         gw.metrics.in_flight.dec()
     want_lp = bool(body.get("logprobs"))

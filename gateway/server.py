@@ -136,7 +136,8 @@ def create_app(config: GatewayConfig, backend: Backend | None = None) -> FastAPI
     sessions = Sessions(store, config.admin_key)
     state = GatewayState(
         config=config, renderer=renderer, backend=backend, store=store, sessions=sessions,
-        service=ChatService(renderer, backend, store, metrics, config.max_model_len),
+        service=ChatService(renderer, backend, store, metrics, config.max_model_len,
+                            text_backend=config.backend == "openai"),
         metrics=metrics, model_names={config.served_name(), "default"})
 
     @asynccontextmanager
@@ -163,6 +164,10 @@ def create_app(config: GatewayConfig, backend: Backend | None = None) -> FastAPI
         return Response(_error_body(exc.message, exc.type, exc.param, exc.code),
                         status_code=exc.status_code, media_type="application/json",
                         headers=headers)
+
+    @app.exception_handler(openai_api.ClientGone)
+    async def _client_gone(request: Request, exc: Exception) -> Response:
+        return Response(status_code=499)  # nobody is listening; nginx's "client closed"
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:

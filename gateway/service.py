@@ -85,12 +85,13 @@ class ChatAnswer:
 
 class ChatService:
     def __init__(self, renderer: ChatRenderer, backend: Backend, store: Store, metrics: Metrics,
-                 max_model_len: int):
+                 max_model_len: int, text_backend: bool = False):
         self.renderer = renderer
         self.backend = backend
         self.store = store
         self.metrics = metrics
         self.max_model_len = max_model_len
+        self.text_backend = text_backend  # hosted models take messages, not ids
 
     async def chat(self, live: LiveSession, history_loader: Any, call: ChatCall) -> ChatAnswer:
         if live.status != "open":
@@ -131,7 +132,9 @@ class ChatService:
             action=plan.action, new_segment=plan.new_segment, params=params,
             n_messages=n_messages,
             tool_names={tool["function"]["name"] for tool in call.tools or []},
-            undo=plan.parent if plan.kind == "extend" else None), t0)
+            undo=plan.parent if plan.kind == "extend" else None,
+            messages=[message(i) for i in range(n_messages)] if self.text_backend else None,
+            tools=call.tools), t0)
 
     def _prompt(self, plan: Any, message: Callable[[int], dict], n_messages: int,
                 tools: list[dict] | None) -> tuple[list[int], list[int]]:
@@ -201,11 +204,12 @@ class ChatService:
             prompt_ids=p.prompt,
             params=p.params if p.params.seed is None or i == 0 else replace(
                 p.params, seed=p.params.seed + i),
-            request_id=f"{live.id}-{seq}", session_id=live.id))
+            request_id=f"{live.id}-{seq}", session_id=live.id, messages=p.messages,
+            tools=p.tools if p.messages is not None else None))
             for i, seq in enumerate(p.seqs)]
         try:
             results = [await calls[0]] if len(calls) == 1 else await asyncio.gather(*calls)
-        except GatewayError:
+        except (GatewayError, asyncio.CancelledError):  # cancelled: the agent hung up
             p.release()
             raise
         except Exception as e:
@@ -324,6 +328,8 @@ class _Prepared:
     tool_names: set[str]
     undo: TurnState | None  # a parent marked extended for this call; released on failure
     raw: bool = False
+    messages: list[dict] | None = None  # for text-only backends
+    tools: list[dict] | None = None
 
     def release(self) -> None:
         if self.undo is not None:

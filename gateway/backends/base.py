@@ -23,6 +23,9 @@ class GenerateRequest:
     params: SamplingParams
     request_id: str = ""
     session_id: str = ""  # routing key: a session sticks to one instance
+    # the conversation, for text-only backends (hosted models); token engines ignore them
+    messages: list[dict] | None = None
+    tools: list[dict] | None = None
 
 
 @dataclass
