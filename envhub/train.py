@@ -1,0 +1,124 @@
+"""`envhub train ENV`: the whole RL loop on one machine.
+
+    gateway (embedded engine, SQLite pool) ← rollouts of the built-in agent (runner)
+        → finished groups read back over the gateway's HTTP API (windowed FIFO)
+        → Trainer.step (filters, GRPO + reward-to-go, IS-masked loss, prefix-tree packing)
+        → weights exported and pushed to the engine through POST /admin/weights (version+1)
+
+Per-step metrics, with the step's mean reward, are appended to `OUT/metrics.jsonl`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import secrets
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class TrainLoopConfig(BaseModel):
+    env: str = Field("arith", description="environment to train on")
+    steps: int = Field(20, ge=1, description="optimizer steps (one rollout batch each)")
+    seed: int = Field(0, description="seeds torch, task order and sampling")
+    out: Path = Field(Path("runs/train"), description="metrics.jsonl, pool.db, weights/")
+    groups: int = Field(4, ge=1, description="tasks (groups) per step")
+    k: int = Field(4, ge=2, description="samples per task (group size)")
+    concurrency: int = Field(16, ge=1, description="rollouts in flight")
+    lr: float = Field(3e-4, gt=0, description="AdamW learning rate")
+    tau: int | None = Field(2, ge=0, description="staleness bound (versions)")
+    window: int | None = Field(None, ge=1, description="windowed-FIFO size (None: greedy)")
+    model: str | None = Field(None, description="HF model folder (default: the bundled one)")
+    max_turns: int | None = Field(None, ge=1, description="override the env's max_turns")
+
+
+def _mean(xs: list[float]) -> float:
+    return statistics.fmean(xs) if xs else 0.0
+
+
+def train(cfg: TrainLoopConfig, log: Any = print) -> list[dict[str, Any]]:
+    """Run the loop; returns the per-step metrics (also written to OUT/metrics.jsonl)."""
+    import httpx
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from envhub.envs.loader import load_env
+    from envhub.envs.runner.config import EnvChoice, RunConfig
+    from envhub.envs.runner.run import run
+    from envhub.gateway.config import GatewayConfig
+    from envhub.gateway.server import run_in_thread
+    from envhub.trainer.config import FilterConfig, OptimConfig, TrainerConfig
+    from envhub.trainer.source import HttpSource
+    from envhub.trainer.trainer import Trainer
+    from envhub.trainer.window import GroupWindow
+
+    from huggingface_hub.utils import disable_progress_bars
+    from transformers.utils import logging as hf_logging
+
+    disable_progress_bars()
+    hf_logging.disable_progress_bar()
+    torch.manual_seed(cfg.seed)
+    rng = random.Random(cfg.seed)
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    metrics_path = cfg.out / "metrics.jsonl"
+    metrics_path.write_text("")
+    admin = "envhub-admin-" + secrets.token_urlsafe(16)
+    gw_config = GatewayConfig(port=0, db=f"sqlite:///{cfg.out / 'pool.db'}", admin_key=admin,
+                              model=cfg.model)
+    tasks = [t.id for t in load_env(cfg.env).env.load_tasks()]
+    rng.shuffle(tasks)
+    model = AutoModelForCausalLM.from_pretrained(str(gw_config.model_path()),
+                                                 dtype=torch.float32)
+    trainer = Trainer(model, TrainerConfig(
+        optim=OptimConfig(lr=cfg.lr),
+        filters=FilterConfig(tau=cfg.tau, group_size=cfg.k)))
+    history: list[dict[str, Any]] = []
+    gw = run_in_thread(gw_config)
+    source = HttpSource(gw.url, admin)
+    window = GroupWindow(source, cfg.window)
+    try:
+        for step in range(cfg.steps):
+            t0 = time.perf_counter()
+            ids = [tasks[(step * cfg.groups + j) % len(tasks)] for j in range(cfg.groups)]
+            outcome = asyncio.run(run(RunConfig(
+                envs=[EnvChoice(ref=cfg.env)], k=cfg.k, tasks=ids, n=cfg.groups,
+                gateway=gw.url, admin_key=admin, concurrency=cfg.concurrency,
+                max_turns=cfg.max_turns), progress=False))
+            t_roll = time.perf_counter() - t0
+            groups = window.take(len(window.ready()))
+            stats = trainer.step(groups)
+            t_train = time.perf_counter() - t0 - t_roll
+
+            def push(path: str) -> None:
+                r = httpx.post(f"{gw.url}/admin/weights", json={"path": path},
+                               headers={"authorization": f"Bearer {admin}"}, timeout=600)
+                r.raise_for_status()
+
+            trainer.sync(cfg.out / "weights", push=push)
+            done = [r for r in outcome.records if r.status == "done"]
+            row = {
+                **{f"trainer/{k}": v for k, v in stats.items() if isinstance(v, (int, float))},
+                "step": step, "weight_version": trainer.version,
+                "reward_mean": _mean([r.components.get("total", 0.0) for r in done]),
+                "outcome_mean": _mean([r.outcome or 0.0 for r in done]),
+                "resolved_rate": _mean([1.0 if r.resolved else 0.0 for r in done]),
+                "rollouts": len(outcome.records),
+                "env_failures": sum(r.status == "env_failure" for r in outcome.records),
+                "groups_trained": len(groups), "rollout_s": round(t_roll, 2),
+                "train_s": round(t_train, 2),
+            }
+            history.append(row)
+            with open(metrics_path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(row) + "\n")
+            log(f"step {step:>3}  reward {row['reward_mean']:+.3f}  resolved "
+                f"{row['resolved_rate']:.2f}  groups {len(groups)}  "
+                f"rollout {t_roll:.1f}s  train {t_train:.1f}s  v{trainer.version}")
+    finally:
+        source.close()
+        gw.close()
+    return history
