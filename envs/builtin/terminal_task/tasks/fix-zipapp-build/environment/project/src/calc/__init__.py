@@ -1,0 +1,1 @@
+"""calc: adds and multiplies numbers from the command line."""

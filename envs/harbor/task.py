@@ -1,0 +1,138 @@
+"""Reading one Harbor task folder into a validated `HarborTask`.
+
+`task.toml` follows Harbor's schema: `[task]`/`[metadata]` are free-form, `[verifier]`,
+`[agent]` and `[environment]` carry timeouts and resources. Harbor's older spellings
+(`memory = "4G"`, `storage = "10G"`) are accepted; unknown keys are ignored, as Harbor does.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*$", re.IGNORECASE)
+UNIT_MB = {"": 1 / (1 << 20), "K": 1 / 1024, "M": 1, "G": 1024, "T": 1 << 20}
+
+
+class HarborTaskError(ValueError):
+    """A task folder that is not a valid Harbor task; the message names the file and fix."""
+
+
+def size_mb(value: Any) -> int:
+    """'4G' / '512M' / 2048 → megabytes."""
+    if isinstance(value, (int, float)):
+        return int(value)
+    match = SIZE_RE.match(str(value))
+    if not match:
+        raise ValueError(f"cannot read size {value!r}; use e.g. 2048 (MB) or '4G'")
+    return int(float(match.group(1)) * UNIT_MB[match.group(2).upper()])
+
+
+class VerifierConfig(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    timeout_sec: float = Field(600.0, gt=0)
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class AgentConfig(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    timeout_sec: float = Field(600.0, gt=0)
+
+
+class EnvironmentConfig(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    build_timeout_sec: float = Field(600.0, gt=0)
+    docker_image: str | None = None
+    cpus: float = Field(1.0, gt=0)
+    memory_mb: int = Field(2048, ge=64)
+    storage_mb: int = Field(10240, ge=1)
+    allow_internet: bool = True
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            data = dict(data)
+            if "memory" in data and "memory_mb" not in data:
+                data["memory_mb"] = size_mb(data.pop("memory"))
+            if "storage" in data and "storage_mb" not in data:
+                data["storage_mb"] = size_mb(data.pop("storage"))
+        return data
+
+
+class TaskConfig(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    task: dict[str, Any] = Field(default_factory=dict)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    verifier: VerifierConfig = Field(default_factory=lambda: VerifierConfig.model_validate({}))
+    agent: AgentConfig = Field(default_factory=lambda: AgentConfig.model_validate({}))
+    environment: EnvironmentConfig = Field(
+        default_factory=lambda: EnvironmentConfig.model_validate({}))
+
+
+@dataclass
+class HarborTask:
+    folder: Path
+    name: str
+    instruction: str
+    config: TaskConfig
+    workdir: str  # the Dockerfile's last WORKDIR (where solve.sh and test.sh start)
+
+    @property
+    def dockerfile(self) -> Path:
+        return self.folder / "environment" / "Dockerfile"
+
+    @property
+    def tests_dir(self) -> Path:
+        return self.folder / "tests"
+
+    @property
+    def solution_dir(self) -> Path:
+        return self.folder / "solution"
+
+    @property
+    def has_solution(self) -> bool:
+        return (self.solution_dir / "solve.sh").is_file()
+
+
+def _workdir(dockerfile: Path) -> str:
+    found = re.findall(r"(?im)^\s*WORKDIR\s+(\S+)\s*$", dockerfile.read_text(encoding="utf-8"))
+    return found[-1] if found else "/"
+
+
+def load_harbor_task(folder: str | Path) -> HarborTask:
+    folder = Path(folder)
+    for rel in ("task.toml", "instruction.md", "environment/Dockerfile", "tests/test.sh"):
+        if not (folder / rel).is_file():
+            raise HarborTaskError(f"{folder}: missing {rel}; a Harbor task folder needs "
+                                  "task.toml, instruction.md, environment/Dockerfile and "
+                                  "tests/test.sh")
+    try:
+        raw = tomllib.loads((folder / "task.toml").read_text(encoding="utf-8"))
+        config = TaskConfig.model_validate(raw)
+    except tomllib.TOMLDecodeError as e:
+        raise HarborTaskError(f"{folder}/task.toml: not valid TOML: {e}") from None
+    except (ValidationError, ValueError) as e:
+        raise HarborTaskError(f"{folder}/task.toml: {e}") from None
+    name = str(config.task.get("name") or folder.name)
+    return HarborTask(folder=folder, name=name,
+                      instruction=(folder / "instruction.md").read_text(encoding="utf-8"),
+                      config=config, workdir=_workdir(folder / "environment" / "Dockerfile"))
+
+
+def load_harbor_tasks(root: str | Path) -> list[HarborTask]:
+    """Every task folder directly under `root` (sorted by folder name); names must be unique."""
+    root = Path(root)
+    if not root.is_dir():
+        raise HarborTaskError(f"{root}: no such folder of Harbor tasks")
+    tasks = [load_harbor_task(p) for p in sorted(root.iterdir()) if (p / "task.toml").is_file()]
+    names = [t.name for t in tasks]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise HarborTaskError(f"{root}: duplicate task names {', '.join(duplicates)}")
+    return tasks

@@ -1,0 +1,92 @@
+"""Running a Harbor task's oracle solution and its verifier in a sandbox.
+
+Verifier contract (Harbor's): tests/ is uploaded to /tests only after the agent finished,
+`bash /tests/test.sh` runs from the task's WORKDIR and writes /logs/verifier/reward.txt (a
+number) or reward.json (`{"reward": x}`, or named rewards that are averaged). Hardening:
+/tests and /logs/verifier are wiped first, so files the agent planted there do not count;
+a verifier that times out or a sandbox error is `env_failure`, a missing reward is 0.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from envhub.envs.environment import EnvFailure, Verdict
+from envhub.envs.harbor.task import HarborTask
+from envhub.envs.sandbox.base import Sandbox
+from envhub.envs.sandbox.errors import SandboxError, SandboxFileError
+
+REWARD_DIR = "/logs/verifier"
+SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+async def run_solution(task: HarborTask, sandbox: Sandbox) -> None:
+    """Upload solution/ to /solution and run solve.sh (the oracle). EnvFailure if it fails."""
+    if not task.has_solution:
+        raise EnvFailure(f"{task.name}: no solution/solve.sh, so the oracle cannot run")
+    await sandbox.exec("rm -rf /solution", timeout=60, cwd="/")
+    await sandbox.upload(str(task.solution_dir), "/solution")
+    result = await sandbox.exec("bash /solution/solve.sh", timeout=task.config.agent.timeout_sec,
+                                cwd=task.workdir)
+    if result.exit_code != 0:
+        raise EnvFailure(f"{task.name}: solution/solve.sh exited {result.exit_code}: "
+                         f"{(result.stderr or result.stdout).strip()[-800:]}")
+
+
+def parse_reward(text: str, json_text: str | None) -> tuple[float | None, dict]:
+    """The reward from reward.txt (preferred) or reward.json, and the named parts."""
+    if text.strip():
+        try:
+            return float(text.strip().split()[0]), {}
+        except ValueError:
+            return None, {"reward_error": f"reward.txt is not a number: {text.strip()[:80]!r}"}
+    if json_text is None:
+        return None, {}
+    try:
+        data = json.loads(json_text)
+    except json.JSONDecodeError:
+        return None, {"reward_error": "reward.json is not JSON"}
+    if isinstance(data, (int, float)):
+        return float(data), {}
+    if isinstance(data, dict):
+        numbers = {k: float(v) for k, v in data.items() if isinstance(v, (int, float))}
+        if "reward" in numbers:
+            return numbers["reward"], {"rewards": numbers}
+        if numbers:
+            return sum(numbers.values()) / len(numbers), {"rewards": numbers}
+    return None, {"reward_error": "reward.json holds no number"}
+
+
+async def _read(sandbox: Sandbox, path: str) -> str | None:
+    try:
+        return (await sandbox.read_file(path)).decode(errors="replace")
+    except SandboxFileError:
+        return None
+
+
+async def run_verifier(task: HarborTask, sandbox: Sandbox) -> Verdict:
+    start = time.monotonic()
+    try:
+        await sandbox.exec(f"rm -rf /tests {REWARD_DIR} && mkdir -p {REWARD_DIR} /logs/agent",
+                           timeout=60, cwd="/")
+        await sandbox.upload(str(task.tests_dir), "/tests")
+        env = {"PATH": SAFE_PATH, **task.config.verifier.env}
+        result = await sandbox.exec("bash /tests/test.sh", timeout=task.config.verifier.timeout_sec,
+                                    cwd=task.workdir, env=env)
+        txt = await _read(sandbox, f"{REWARD_DIR}/reward.txt")
+        js = await _read(sandbox, f"{REWARD_DIR}/reward.json")
+    except SandboxError as e:
+        return Verdict(0.0, False, {}, env_failure=f"verifier sandbox failed: {e}")
+    info = {"exit_code": result.exit_code, "verifier_s": round(time.monotonic() - start, 3),
+            "test_log_tail": (result.stdout + result.stderr)[-3000:]}
+    if result.timed_out:
+        return Verdict(0.0, False, info, env_failure=(
+            f"tests/test.sh did not finish within {task.config.verifier.timeout_sec:g}s"))
+    reward, extra = parse_reward(txt or "", js)
+    info.update(extra)
+    if reward is None:
+        info.setdefault("reward_error", f"test.sh wrote no reward (exit {result.exit_code})")
+        return Verdict(0.0, False, info)
+    outcome = min(1.0, max(0.0, reward))
+    return Verdict(outcome, outcome >= 1.0, info)

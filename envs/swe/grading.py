@@ -1,0 +1,157 @@
+"""SWE-bench grading, hardened against hostile patches.
+
+Contract of `grade`:
+* the patch is applied in a FRESH sandbox holding the pristine repository (never the agent's);
+* protected files (tests, conftest.py, test config, start-up hooks, runner shadows, symlinks,
+  paths outside the repo) are dropped from the patch first, so they stay pristine; then the
+  task's test_patch puts the hidden tests in place; a patch whose source changes name the
+  test runner (pytest, _pytest, pluggy, PYTEST_*, our plugin) is not resolved: it can only be
+  tampering in-process, which no log check could catch;
+* resolved ⇔ every FAIL_TO_PASS and PASS_TO_PASS test is PASSED in the log's final summary
+  (missing, FAILED, ERROR, SKIPPED, XFAIL all count as failure), the log's lines agree with
+  its counts, and the exit code agrees with the log;
+* each test has a time limit (it fails when exceeded); a run that cannot complete (sandbox
+  error, the whole command timing out, test_patch not applying) is `env_failure`, never 0.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shlex
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from envhub.envs.environment import EnvFailure, Verdict
+from envhub.envs.sandbox.base import Sandbox
+from envhub.envs.sandbox.errors import SandboxError, SandboxFileError
+from envhub.envs.swe.diff import changed_paths, filter_patch, runner_references
+from envhub.envs.swe.logparse import ERROR, FAILED, PASSED, TestLog, parse_log
+from envhub.envs.swe.repo import GIT, GIT_ENV, SCRATCH, pytest_env
+from envhub.envs.swe.task import SWETask
+
+LOG_TAIL = 4000
+
+
+def judge(task: SWETask, log: TestLog, exit_code: int,
+          record: dict[str, Any] | None) -> tuple[bool, dict[str, Any]]:
+    """Apply the SWE-bench rules plus the consistency checks between the log, the exit code
+    and the plugin's sealed record (`record`: None when it is missing or forged)."""
+    sealed = (record or {}).get("outcomes", {})
+
+    def status(test: str) -> str:
+        logged = log.status(test) or "MISSING"
+        if record is not None and logged == PASSED and sealed.get(test) != PASSED:
+            return f"{logged} in the log but {sealed.get(test, 'MISSING')} in the record"
+        return logged
+
+    f2p = {t: status(t) for t in task.FAIL_TO_PASS}
+    p2p = {t: status(t) for t in task.PASS_TO_PASS}
+    f2p_ok = sum(s == PASSED for s in f2p.values())
+    p2p_ok = sum(s == PASSED for s in p2p.values())
+    problems: list[str] = []
+    consistent, why = log.consistent()
+    if not consistent:
+        problems.append(why)
+    failures = [t for t, s in log.statuses.items() if s in (FAILED, ERROR)]
+    if exit_code == 0 and failures:
+        problems.append(f"exit code 0 but {len(failures)} tests failed in the log")
+    if exit_code == 1 and not failures:
+        problems.append("exit code 1 (tests failed) but the log lists no failure")
+    if record is None:
+        problems.append("pytest left no sealed record of the run (it did not finish normally, "
+                        "or the record was tampered with)")
+    elif record.get("exitstatus") != exit_code:
+        problems.append(f"the command exited {exit_code} but pytest ended with "
+                        f"{record.get('exitstatus')}")
+    if exit_code not in (0, 1):
+        problems.append(f"the test command exited {exit_code} (pytest: interrupted, internal "
+                        "error, usage error or no tests collected)")
+    resolved = (not problems and f2p_ok == len(f2p) and p2p_ok == len(p2p))
+    info = {
+        "f2p_passed": f2p_ok, "f2p_total": len(f2p), "p2p_passed": p2p_ok,
+        "p2p_total": len(p2p), "exit_code": exit_code, "problems": problems,
+        "failed_tests": dict(sorted((t, s) for t, s in {**f2p, **p2p}.items()
+                                    if s != PASSED)[:50]),
+    }
+    return resolved, info
+
+
+async def read_record(sandbox: Sandbox, path: str, nonce: str) -> dict[str, Any] | None:
+    """The plugin's sealed record, or None when missing, unreadable or without our nonce."""
+    try:
+        data = json.loads(await sandbox.read_file(path))
+    except (SandboxFileError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("nonce") != nonce:
+        return None
+    if not isinstance(data.get("outcomes"), dict):
+        return None
+    return data
+
+
+async def apply_patch(sandbox: Sandbox, repo_dir: str, patch: str, name: str) -> tuple[bool, str]:
+    """`git apply` a patch in the repository; (ok, error text)."""
+    if not patch.strip():
+        return True, ""
+    path = f"{SCRATCH}/{name}.diff"
+    await sandbox.write_file(path, patch.encode("utf-8", errors="surrogateescape"))
+    result = await sandbox.exec(
+        f"cd {shlex.quote(repo_dir)} && {GIT} apply --binary --whitespace=nowarn {path}",
+        timeout=120, env=GIT_ENV)
+    return result.exit_code == 0, (result.stderr or result.stdout).strip()[-1000:]
+
+
+async def grade(
+    task: SWETask, patch: str, open_pristine: Callable[[], Awaitable[Sandbox]],
+) -> Verdict:
+    """Grade `patch` (the agent's diff) in a fresh sandbox from `open_pristine`."""
+    start = time.monotonic()
+    kept, dropped = filter_patch(patch, frozenset(changed_paths(task.test_patch)))
+    info: dict[str, Any] = {"dropped_files": dropped, "patch_bytes": len(patch)}
+    tampering = runner_references(kept)
+    if tampering:
+        info["problems"] = [f"the patch references the test runner in source code ("
+                            f"{'; '.join(tampering[:3])}); graded as not resolved"]
+        return Verdict(0.0, False, info)
+    try:
+        sandbox = await open_pristine()
+    except (SandboxError, EnvFailure) as e:
+        return Verdict(0.0, False, info, env_failure=f"opening the grading sandbox: {e}")
+    try:
+        ok, error = await apply_patch(sandbox, task.repo_dir, kept, "agent")
+        if not ok:
+            info["problems"] = [f"the patch does not apply: {error}"]
+            return Verdict(0.0, False, info)
+        ok, error = await apply_patch(sandbox, task.repo_dir, task.test_patch, "tests")
+        if not ok:
+            return Verdict(0.0, False, info, env_failure=f"the task's test_patch does not "
+                                                         f"apply (task data broken): {error}")
+        nonce = secrets.token_hex(16)
+        record_path = f"{SCRATCH}/record-{secrets.token_hex(8)}.json"
+        env = {**await pytest_env(sandbox), **GIT_ENV, **task.test_env,
+               "ENVHUB_TEST_TIMEOUT": f"{task.test_timeout:g}",
+               "ENVHUB_GRADE_NONCE": nonce, "ENVHUB_GRADE_RESULTS": record_path,
+               "PYTEST_ADDOPTS": "-p envhub_test_timeout",
+               "COLUMNS": "240"}  # summary lines keep their failure messages readable
+        result = await sandbox.exec(f"cd {shlex.quote(task.repo_dir)} && {task.command()}",
+                                    timeout=task.timeout, env=env)
+        record = await read_record(sandbox, record_path, nonce)
+    except (SandboxError, EnvFailure) as e:
+        return Verdict(0.0, False, info, env_failure=f"grading sandbox failed: {e}")
+    finally:
+        try:
+            await sandbox.close()
+        except SandboxError:
+            pass
+    info["test_log_tail"] = (result.stdout + result.stderr)[-LOG_TAIL:]
+    info["grading_s"] = round(time.monotonic() - start, 3)
+    if result.timed_out:
+        return Verdict(0.0, False, info, env_failure=(
+            f"the test command did not finish within {task.timeout:g}s although every test "
+            "has its own time limit; the sandbox is overloaded or the run is stuck"))
+    log = parse_log(task.log_parser, result.stdout)
+    resolved, judged = judge(task, log, result.exit_code, record)
+    info.update(judged)
+    return Verdict(1.0 if resolved else 0.0, resolved, info)
