@@ -73,6 +73,26 @@ def _host_binds(mount: str) -> list[str]:
     return args
 
 
+def _private_paths() -> list[str]:
+    """Host folders an agent must not read: envhub's own source and data (built-in
+    environments hold gold patches and hidden tests), the whole checkout for an editable
+    install, and ENVHUB_HOME (installed packages, credentials)."""
+    import importlib
+
+    paths: set[Path] = set()
+    for name in ("envhub", "envhub.sdk", "envhub.gateway", "envhub.envs", "envhub.registry",
+                 "envhub.trainer"):
+        module = importlib.import_module(name)
+        folder = Path(module.__file__ or "").resolve().parent
+        paths.add(folder)
+        if (folder.parent / "pyproject.toml").is_file() and (folder.parent / "setup.py").is_file():
+            paths.add(folder.parent)  # an editable install: hide the checkout itself
+    paths.add(Path(os.environ.get("ENVHUB_HOME", Path.home() / ".envhub")).resolve())
+    kept = sorted(p for p in paths if p.is_dir() and str(p) != "/")
+    # a folder inside another hidden one is hidden already (and bwrap could not mkdir it)
+    return [str(p) for p in kept if not any(q != p and q in p.parents for q in kept)]
+
+
 class LocalSandbox:
     """A private workdir on this machine; commands run under bwrap (or, loudly, without)."""
 
@@ -123,6 +143,8 @@ class LocalSandbox:
         for path in MASKED_EMPTY:
             if not self.mount.startswith(path + "/"):
                 argv += ["--tmpfs", path, "--remount-ro", path]
+        for path in _private_paths():
+            argv += ["--tmpfs", path, "--remount-ro", path]
         argv += ["--tmpfs", "/tmp", "--tmpfs", "/run",
                  "--bind", str(self.host_dir), self.mount, "--chdir", cwd,
                  "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",

@@ -193,3 +193,29 @@ def test_workdirs_of_a_killed_owner_are_reaped() -> None:
     assert workdir.is_dir()
     assert reap(run_id, stale_only=True) == [str(workdir)]
     assert not workdir.exists()
+
+
+@pytest.mark.bwrap
+def test_envhub_sources_and_task_data_are_hidden():
+    """Built-in environments hold gold patches and hidden tests: an agent in a local sandbox
+    must not read them (nor the checkout of an editable install)."""
+    import envhub.envs
+
+    require_tool("bwrap")
+    tasks = Path(envhub.envs.__file__).parent / "builtin" / "swe_task" / "data" / "tasks.jsonl"
+    assert tasks.is_file()
+
+    async def probe() -> tuple:
+        sb = await LocalSandbox.create(SandboxSpec(), run_id="hide-test")
+        try:
+            read = await sb.exec(f"cat {tasks} | head -c 100", timeout=30)
+            listing = await sb.exec(f"ls {Path(envhub.envs.__file__).parent}", timeout=30)
+            py = await sb.exec("python3 -c 'print(1+1)'", timeout=30)
+            return read, listing, py
+        finally:
+            await sb.close()
+
+    read, listing, py = asyncio.run(probe())
+    assert read.exit_code != 0 or read.stdout == ""
+    assert "builtin" not in listing.stdout
+    assert py.stdout.strip() == "2"  # the system interpreter still works
