@@ -52,6 +52,21 @@ def compare(a: Path, b: Path) -> list[str]:
                                      and filecmp.cmp(a / n, b / n, shallow=False))]
 
 
+def _explain_difference(shipped: Path, fresh: Path) -> None:
+    """Which tasks and fields differ (the rebuild runs real test suites: say what moved)."""
+    import json
+
+    old = {r["instance_id"]: r for r in map(json.loads, shipped.read_text().splitlines())}
+    new = {r["instance_id"]: r for r in map(json.loads, fresh.read_text().splitlines())}
+    for iid in sorted(old.keys() | new.keys()):
+        if iid not in old or iid not in new:
+            print(f"  {iid}: only in {'the shipped set' if iid in old else 'the rebuild'}")
+            continue
+        fields = [k for k in old[iid] if old[iid][k] != new[iid].get(k)]
+        if fields:
+            print(f"  {iid}: {', '.join(fields)} differ")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[1])
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
@@ -71,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
                 build(args.config, fresh, args.cache)
                 differ = compare(args.out, fresh)
                 print("identical" if not differ else f"DIFFERENT: {', '.join(differ)}")
+                if "tasks.jsonl" in differ:
+                    _explain_difference(args.out / "tasks.jsonl", fresh / "tasks.jsonl")
                 return 1 if differ else 0
         if not args.validate_only:
             build(args.config, args.out, args.cache)
