@@ -4,4 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/venv.sh engine,docker
-exec .venv/bin/envhub run swe-task "$@"
+# four tasks by default (a full pass over all 30 with the tiny CPU model takes ~40 min);
+# flags given here override it, e.g. `bash scripts/main.sh -n 30`
+exec .venv/bin/envhub run swe-task -n 4 "$@"
