@@ -1,0 +1,81 @@
+"""`envhub export --format verl|trl`: flat Parquet from a JSONL pool or a live gateway API."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from tests.trainer.handmade import trajectory
+from tests.trainer.pool_server import serve
+
+
+def _pool() -> list:
+    ts = [trajectory(f"a{i}", "ga", index=i, reward=float(i)) for i in range(2)]
+    ts += [trajectory(f"b{i}", "gb", index=i, status="env_failure" if i else "done",
+                      created_at=5.0) for i in range(2)]
+    return ts
+
+
+def _envhub(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "envhub", *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_export_verl_from_jsonl(tmp_path: Path) -> None:
+    pool = tmp_path / "pool.jsonl"
+    pool.write_text("".join(t.model_dump_json() + "\n" for t in _pool()))
+    out = tmp_path / "verl.parquet"
+    r = _envhub("export", "--format", "verl", "--jsonl", str(pool), "--out", str(out),
+                "--no-std")
+    assert r.returncode == 0, r.stderr
+    assert "wrote 2 sequences from 1 groups" in r.stdout
+    assert "drop/env_failure=1" in r.stdout and "drop_groups/group_under_half=1" in r.stdout
+    rows = pq.read_table(out).to_pylist()
+    assert [row["session_id"] for row in rows] == ["a0", "a1"]
+    row = rows[0]
+    # tokens [1,2,3 | 10,11,4,12], sampled 10, 11, 12; rewards 0 and 1 -> advantage -0.5
+    assert row["prompts"] == [1, 2, 3] and row["responses"] == [10, 11, 4, 12]
+    assert row["input_ids"] == [1, 2, 3, 10, 11, 4, 12] and row["uid"] == "ga"
+    assert row["response_mask"] == [1, 1, 0, 1]
+    assert row["rollout_log_probs"] == [-0.5, -0.25, 0.0, -1.0]
+    assert row["advantages"] == [-0.5, -0.5, 0.0, -0.5]
+
+
+def test_export_trl_from_a_live_gateway_api(tmp_path: Path) -> None:
+    out = tmp_path / "trl.parquet"
+    with serve(_pool(), admin_key="k") as (url, _):
+        r = _envhub("export", "-f", "trl", "--gateway", url, "--admin-key", "k", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    rows = pq.read_table(out).to_pylist()
+    assert {row["session_id"] for row in rows} == {"a0", "a1"}
+    a1 = next(row for row in rows if row["session_id"] == "a1")
+    assert a1["prompt_ids"] == [1, 2, 3] and a1["completion_mask"] == [1, 1, 0, 1]
+    assert a1["sampling_per_token_logps"] == [-0.5, -0.25, 0.0, -1.0]
+    assert a1["advantages"] == pytest.approx(1.0, rel=1e-5)  # (1 - 0.5) / 0.5
+    assert a1["token_advantages"][2] == 0.0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--format", "csv", "--jsonl", "x"], "verl or --format trl"),
+    (["--format", "trl"], "exactly one of --gateway URL or --jsonl"),
+    (["--jsonl", "/nonexistent.jsonl"], "does not exist"),
+])
+def test_bad_arguments_exit_2_with_the_fix(tmp_path: Path, args: list[str], message: str) -> None:
+    r = _envhub("export", "--out", str(tmp_path / "x.parquet"), *args)
+    flat = " ".join(re.sub(r"[│╭╮╰╯─]", " ", r.stderr).split())  # undo rich's box wrapping
+    assert r.returncode == 2 and message in flat, r.stderr
+    assert not (tmp_path / "x.parquet").exists()
+
+
+def test_unreachable_gateway_exits_2(tmp_path: Path) -> None:
+    from tests.support import free_port
+
+    r = _envhub("export", "--gateway", f"http://127.0.0.1:{free_port()}", "-o",
+                str(tmp_path / "x.parquet"))
+    assert r.returncode == 2 and "cannot reach the gateway" in r.stderr
+    assert not list(tmp_path.iterdir())

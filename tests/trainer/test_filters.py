@@ -1,0 +1,75 @@
+"""Staleness cut, env-failure exclusion and group padding against hand-computed cases."""
+
+from __future__ import annotations
+
+from envhub.trainer.batch import build_batch
+from envhub.trainer.config import FilterConfig, TrainerConfig
+from envhub.trainer.filters import DropCounts, drop_reason, filter_group, oldest_version
+from envhub.trainer.source import Group
+from tests.trainer.handmade import trajectory
+
+
+def test_staleness_uses_the_oldest_sampled_version() -> None:
+    t = trajectory("a", versions=(3, 5))
+    assert oldest_version(t) == 3
+    cfg = FilterConfig(tau=2)
+    # w' - w0 > tau drops: 5 - 3 = 2 keeps, 6 - 3 = 3 drops.
+    assert drop_reason(t, cfg, trainer_version=5) is None
+    assert drop_reason(t, cfg, trainer_version=6) == "stale"
+    assert drop_reason(t, FilterConfig(tau=None), trainer_version=100) is None
+    assert drop_reason(t, FilterConfig(tau=0), trainer_version=3) is None
+    assert drop_reason(t, FilterConfig(tau=0), trainer_version=4) == "stale"
+
+
+def test_env_failure_excluded_and_agent_error_kept() -> None:
+    cfg = FilterConfig()
+    assert drop_reason(trajectory("a", status="env_failure"), cfg, 0) == "env_failure"
+    assert drop_reason(trajectory("b", status="agent_error"), cfg, 0) is None
+    assert drop_reason(trajectory("c", status="open"), cfg, 0) == "open"
+    keep = FilterConfig(exclude_env_failures=False)
+    assert drop_reason(trajectory("a", status="env_failure"), keep, 0) is None
+
+
+def test_group_padding_repeats_valid_samples_in_order() -> None:
+    # 8 samples: 2 env failures, 1 stale -> 5 valid > 8/2 -> padded with valid[0..2].
+    ts = [trajectory(f"s{i}", index=i, reward=float(i), versions=(3, 4)) for i in range(8)]
+    ts[1] = trajectory("s1", index=1, status="env_failure")
+    ts[4] = trajectory("s4", index=4, status="env_failure")
+    ts[6] = trajectory("s6", index=6, versions=(0, 9))  # 5 - 0 > 4: stale (others 5 - 3)
+    drops = DropCounts()
+    out = filter_group(Group("g", ts), FilterConfig(tau=4), trainer_version=5, drops=drops)
+    assert out is not None and out.n_valid == 5
+    assert [t.session.id for t in out.samples] == ["s0", "s2", "s3", "s5", "s7", "s0", "s2", "s3"]
+    assert drops.samples == {"env_failure": 2, "stale": 1}
+    assert drops.padded == 3
+
+
+def test_group_with_half_valid_is_dropped() -> None:
+    # 4 of 8 valid is not "more than half": the whole group goes, and is counted.
+    ts = [trajectory(f"s{i}", index=i, status="env_failure" if i % 2 else "done")
+          for i in range(8)]
+    drops = DropCounts()
+    assert filter_group(Group("g", ts), FilterConfig(), 0, drops) is None
+    assert drops.samples == {"env_failure": 4, "group_dropped_samples": 4}
+    assert drops.groups == {"group_under_half": 1}
+    m = drops.metrics()
+    assert m["drop/env_failure"] == 4 and m["drop_groups/group_under_half"] == 1
+
+
+def test_expected_group_size_pads_a_short_group() -> None:
+    # Only 3 sessions listed but 4 expected: 3 > 2 -> pad one copy of valid[0].
+    ts = [trajectory(f"s{i}", index=i) for i in range(3)]
+    drops = DropCounts()
+    out = filter_group(Group("g", ts), FilterConfig(group_size=4), 0, drops)
+    assert out is not None and [t.session.id for t in out.samples] == ["s0", "s1", "s2", "s0"]
+
+
+def test_batch_metrics_count_every_drop() -> None:
+    g1 = Group("g1", [trajectory(f"a{i}", "g1", index=i, reward=i) for i in range(4)])
+    g2 = Group("g2", [trajectory(f"b{i}", "g2", index=i, status="env_failure") for i in range(4)])
+    batch = build_batch([g1, g2], TrainerConfig(), trainer_version=0)
+    m = batch.metrics()
+    assert m["batch/groups"] == 1 and m["batch/sequences"] == 4
+    assert m["drop/env_failure"] == 4 and m["drop_groups/group_under_half"] == 1
+    assert m["drop/group_dropped_samples"] == 0
+    assert m["reward/mean"] == 1.5

@@ -1,0 +1,74 @@
+"""Trainer configuration (pydantic). CLI flags map 1:1 onto these fields."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+
+class FilterConfig(BaseModel):
+    """Which samples and groups reach the loss (issue 7, item 2)."""
+
+    tau: int | None = Field(
+        default=None, ge=0,
+        description="Staleness bound: drop a sample when trainer_version - w0 > tau, w0 being "
+        "the oldest weight version among its sampled tokens. None disables the cut.")
+    group_size: int | None = Field(
+        default=None, ge=1,
+        description="Expected samples per group; None means the number of sessions listed.")
+    exclude_env_failures: bool = Field(
+        default=True, description="Drop sessions whose status is env_failure (infrastructure, "
+        "not the policy, failed; a reward of 0 would bias the group baseline).")
+
+
+class AdvantageConfig(BaseModel):
+    """GRPO group advantages plus per-turn reward-to-go (issue 7, item 3)."""
+
+    normalize_std: bool = Field(default=True, description="Divide by the group's reward std.")
+    eps: float = Field(default=1e-6, gt=0, description="Added to the std before dividing.")
+    reward_weights: dict[str, float] = Field(
+        default_factory=dict,
+        description="Weight per reward kind for the composite (default 1.0 for each kind; an "
+        "event's own `weight` wins).")
+    turn_coef: float = Field(
+        default=1.0, description="Scale of the per-turn reward-to-go term on each turn's tokens.")
+
+
+class LossConfig(BaseModel):
+    """IS-masked policy-gradient loss against the rollout policy (issue 7, item 4)."""
+
+    eps_low: float = Field(default=0.2, ge=0, lt=1,
+                           description="Tokens with ratio < 1 - eps_low are masked out.")
+    eps_high: float = Field(default=0.28, ge=0,
+                            description="Tokens with ratio > 1 + eps_high are masked out.")
+    kl_coef: float = Field(default=0.0, ge=0, description="Weight of the k3 KL(train || "
+                           "reference) penalty; needs a reference model when > 0.")
+
+
+class OptimConfig(BaseModel):
+    """AdamW, clipping and what happens at a weight sync (issue 7, item 6)."""
+
+    lr: float = Field(default=1e-6, gt=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = Field(default=0.0, ge=0)
+    adam_eps: float = Field(default=1e-8, gt=0)
+    max_grad_norm: float | None = Field(default=1.0, gt=0,
+                                        description="None disables clipping.")
+    reset_optimizer_on_sync: bool = Field(
+        default=False, description="Clear AdamW moments after each weight sync.")
+
+
+class TrainerConfig(BaseModel):
+    filters: FilterConfig = Field(default_factory=FilterConfig)
+    advantages: AdvantageConfig = Field(default_factory=AdvantageConfig)
+    loss: LossConfig = Field(default_factory=LossConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    max_tokens_per_forward: int = Field(
+        default=8192, ge=1,
+        description="Budget of packed (unique) tokens per forward pass; a step is split into "
+        "several packed trees beyond it (gradients accumulate, the math is unchanged).")
+    sparse_attention: bool = Field(
+        default=True, description="Block-sparse tree attention (cost ~ ancestors per query "
+        "block instead of N^2); used where the model supports transformers' "
+        "AttentionInterface, dense masked attention otherwise.")
+    prefix_merge: bool = Field(default=True, description="Pack shared prefixes as one tree "
+                               "(off: one branch per sequence, for comparison).")

@@ -1,0 +1,200 @@
+"""`Trainer`: one optimisation step from finished groups (issue 7, items 2-6).
+
+    groups -> filters -> advantages -> packed (prefix-tree) forward/backward -> AdamW step
+           -> metrics dict
+
+`Trainer.step(groups)` is the whole pipeline; `Trainer.train_sequences(seqs)` is the part
+after advantages (used by benchmarks and by callers with their own batching). `sync(...)`
+exports the weights, calls `push(path)` and bumps the weight version; checkpoints resume the
+model, the optimizer, the version and the consumed groups of a `GroupWindow`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from envhub.trainer.batch import TrainSequence, build_batch
+from envhub.trainer.checkpoint import read_checkpoint, write_checkpoint
+from envhub.trainer.config import TrainerConfig
+from envhub.trainer.distributed import DataParallel
+from envhub.trainer.errors import require_torch
+from envhub.trainer.forward import tree_logprobs
+from envhub.trainer.loss import LossSums, is_masked_loss
+from envhub.trainer.prefix_tree import pack, plan_trees
+from envhub.trainer.source import Group
+from envhub.trainer.weights import export_weights
+
+if TYPE_CHECKING:
+    import torch
+
+    from envhub.trainer.window import GroupWindow
+
+
+class Trainer:
+    """Owns the policy model, its optimizer and the weight version."""
+
+    def __init__(self, model: Any, config: TrainerConfig | None = None, *,
+                 reference: Any = None, version: int = 0,
+                 data_parallel: DataParallel | None = None, tokenizer: Any = None) -> None:
+        require_torch()
+        self.model = model
+        self.config = config or TrainerConfig()
+        if self.config.loss.kl_coef > 0 and reference is None:
+            raise ValueError("loss.kl_coef > 0 needs a reference model: pass reference=... "
+                             "or set kl_coef to 0")
+        self.reference = reference
+        self.version = version
+        self.steps = 0
+        self.dp = data_parallel
+        self.tokenizer = tokenizer
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = self._new_optimizer()
+
+    def _new_optimizer(self) -> torch.optim.Optimizer:
+        import torch
+
+        o = self.config.optim
+        return torch.optim.AdamW(self.params, lr=o.lr, betas=o.betas, eps=o.adam_eps,
+                                 weight_decay=o.weight_decay)
+
+    # -- the step ---------------------------------------------------------------------------
+
+    def step(self, groups: list[Group]) -> dict[str, float]:
+        """Filters, advantages, one optimizer step over every surviving group."""
+        batch = build_batch(groups, self.config, self.version)
+        metrics = batch.metrics()
+        metrics.update(self.train_sequences(batch.sequences))
+        return metrics
+
+    def train_sequences(self, sequences: list[TrainSequence]) -> dict[str, float]:
+        """Forward/backward over `sequences` (this rank's shard when data-parallel) + update.
+
+        Skips the optimizer step (metric `step/skipped` = 1) when no rank has a loss token.
+        """
+        import torch
+
+        local = self._local_shard(sequences)
+        n_local = sum(s.n_loss_tokens for s in local)
+        n_total = self.dp.sum_floats([float(n_local)])[0] if self.dp else float(n_local)
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        sums, packed, naive = self._accumulate(local, n_total)
+        if self.dp:
+            packed, naive = self.dp.sum_floats([packed, naive])
+        metrics = self._reduce_metrics(sums)
+        metrics.update({"tokens/packed": packed, "tokens/naive": naive,
+                        "step/skipped": float(n_total == 0)})
+        if n_total == 0:
+            return metrics
+        if self.dp:
+            self.dp.sum_gradients(self.params)
+        clip = self.config.optim.max_grad_norm
+        norm = torch.nn.utils.clip_grad_norm_(self.params, clip if clip else float("inf"))
+        self.optimizer.step()
+        self.steps += 1
+        metrics.update({"grad/norm": float(norm), "step": float(self.steps),
+                        "weights/version": float(self.version)})
+        return metrics
+
+    def _local_shard(self, sequences: list[TrainSequence]) -> list[TrainSequence]:
+        if self.dp is None or self.dp.world == 1:
+            return sequences
+        # Shard whole groups so a group's shared prefix stays in one tree.
+        order: dict[str, list[TrainSequence]] = {}
+        for s in sequences:
+            order.setdefault(s.group_id, []).append(s)
+        groups = list(order.values())
+        mine = self.dp.shard([sum(len(s.token_ids) for s in g) for g in groups])
+        return [s for i in mine for s in groups[i]]
+
+    def _accumulate(self, local: list[TrainSequence], n_total: float
+                    ) -> tuple[LossSums, float, float]:
+        """Backward over every packed tree of this rank; gradients accumulate in .grad."""
+        import torch
+
+        cfg = self.config
+        sums = LossSums()
+        packed = naive = 0.0
+        scale = self.dp.loss_scale() if self.dp else 1.0
+        bins = plan_trees([s.token_ids for s in local], cfg.max_tokens_per_forward,
+                          cfg.prefix_merge)
+        for indices in bins:
+            seqs = [local[i] for i in indices]
+            tree = pack([s.token_ids for s in seqs], merge=cfg.prefix_merge)
+            masks = [s.loss_mask for s in seqs]
+            packed += tree.n_nodes
+            naive += tree.n_sequence_tokens
+            sparse = None if cfg.sparse_attention else False
+            out = tree_logprobs(self.model, tree, masks, sparse_attention=sparse)
+            device = out.logprobs.device
+            flat = _flat_index(seqs, out.seq_index, out.token_index)
+            rollout = torch.tensor([x for s in seqs for x in s.rollout_logprobs],
+                                   dtype=torch.float32)[flat].to(device)
+            adv = torch.tensor([x for s in seqs for x in s.advantages],
+                               dtype=torch.float32)[flat].to(device)
+            ref = None
+            if self.reference is not None and cfg.loss.kl_coef > 0:
+                with torch.no_grad():
+                    ref = tree_logprobs(self.reference, tree, masks, with_entropy=False,
+                                        sparse_attention=sparse).logprobs
+            loss, s = is_masked_loss(out.logprobs, rollout, adv, n_total, cfg.loss,
+                                     entropy=out.entropy, ref_logprobs=ref)
+            (loss * scale).backward()
+            sums.add(s)
+        return sums, packed, naive
+
+    def _reduce_metrics(self, sums: LossSums) -> dict[str, float]:
+        if self.dp:
+            names = ["tokens", "kept", "ratio", "ratio_sq", "entropy", "kl_k1", "kl_k3",
+                     "ref_kl", "pg_loss"]
+            totals = self.dp.sum_floats([getattr(sums, n) for n in names])
+            for name, value in zip(names, totals, strict=True):
+                setattr(sums, name, value)
+            sums.ratio_min, sums.ratio_max = self.dp.min_max(sums.ratio_min, sums.ratio_max)
+        return sums.metrics()
+
+    # -- weights, checkpoints ---------------------------------------------------------------
+
+    def sync(self, root: str | Path, push: Callable[[str], None] | None = None) -> Path | None:
+        """Export weights as version+1 under `root`, push them, bump the version.
+
+        Only rank 0 writes and pushes (the others wait at a barrier); returns the folder on
+        rank 0 and None elsewhere. Resets the optimizer when `reset_optimizer_on_sync`.
+        """
+        path = None
+        if self.dp is None or self.dp.rank == 0:
+            path = export_weights(self.model, root, self.version + 1, self.tokenizer)
+            if push is not None:
+                push(str(path))
+        if self.dp is not None:
+            import torch.distributed as dist
+
+            dist.barrier()
+        self.version += 1
+        if self.config.optim.reset_optimizer_on_sync:
+            self.optimizer.state.clear()
+        return path
+
+    def save_checkpoint(self, folder: str | Path, window: GroupWindow | None = None) -> Path:
+        state = {"version": self.version, "steps": self.steps,
+                 "config": self.config.model_dump(mode="json"),
+                 "consumed_groups": sorted(window.consumed) if window else []}
+        return write_checkpoint(folder, self.model, self.optimizer, state)
+
+    def load_checkpoint(self, folder: str | Path, window: GroupWindow | None = None) -> None:
+        state = read_checkpoint(folder, self.model, self.optimizer)
+        self.version = int(state["version"])
+        self.steps = int(state["steps"])
+        if window is not None:
+            window.consumed = set(state.get("consumed_groups", []))
+
+
+def _flat_index(seqs: list[TrainSequence], seq_index: torch.Tensor,
+                token_index: torch.Tensor) -> torch.Tensor:
+    """Index into the concatenation of the sequences' per-token arrays."""
+    import torch
+
+    offsets = torch.tensor([0] + [len(s.token_ids) for s in seqs[:-1]]).cumsum(0)
+    return offsets[seq_index] + token_index
