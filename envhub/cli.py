@@ -70,6 +70,63 @@ def train_command(
     train(cfg, log=typer.echo)
 
 
+@app.command("export")
+def export_command(
+    out: str = typer.Option(..., "--out", "-o", help="file to write"),
+    fmt: str = typer.Option(None, "--format", "-f", help="jsonl | parquet (the pool's "
+                            "trajectories) | verl | trl (training rows with advantages); "
+                            "default: verl with --gateway/--jsonl, else jsonl"),
+    db: str = typer.Option(None, help="pool URL to read (sqlite:///FILE or postgresql://...)"),
+    gateway: str = typer.Option(None, help="a gateway's URL to read the pool from"),
+    admin_key: str = typer.Option(None, envvar="ENVHUB_ADMIN_KEY", help="its admin key"),
+    jsonl: str = typer.Option(None, help="verl/trl: read trajectories from a JSONL export"),
+    group_id: str = typer.Option(None, help="jsonl/parquet: only this group"),
+    status: str = typer.Option(None, help="jsonl/parquet: only sessions with this status"),
+    window: int = typer.Option(None, min=1, help="verl/trl: windowed-FIFO size"),
+    max_groups: int = typer.Option(None, min=1, help="verl/trl: at most this many groups"),
+    group_size: int = typer.Option(None, min=1, help="verl/trl: expected samples per group"),
+    tau: int = typer.Option(None, min=0, help="verl/trl: staleness bound"),
+    trainer_version: int = typer.Option(0, min=0, help="verl/trl: the trainer's version"),
+    no_std: bool = typer.Option(False, "--no-std", help="verl/trl: GRPO without std"),
+) -> None:
+    """Export trajectories: the pool as JSONL/Parquet, or verl/TRL training rows."""
+    from pathlib import Path
+
+    if fmt is None:
+        fmt = "verl" if (gateway or jsonl) else "jsonl"
+    if fmt in ("verl", "trl"):
+        from envhub.trainer.cli import export
+
+        if db is not None:
+            typer.echo("error: verl/trl read from --gateway URL or --jsonl FILE (export the "
+                       "pool with --format jsonl first)", err=True)
+            raise typer.Exit(2)
+        export(out=Path(out), fmt=fmt, gateway=gateway, admin_key=admin_key,
+               jsonl=Path(jsonl) if jsonl else None, window=window, max_groups=max_groups,
+               group_size=group_size, tau=tau, trainer_version=trainer_version, no_std=no_std)
+        return
+    if fmt not in ("jsonl", "parquet"):
+        typer.echo(f"error: --format {fmt!r}: use jsonl, parquet, verl or trl", err=True)
+        raise typer.Exit(2)
+    if db is None:
+        typer.echo("error: jsonl/parquet read the pool directly: pass --db URL, e.g. "
+                   "--db sqlite:///envhub-pool.db", err=True)
+        raise typer.Exit(2)
+    if db.startswith("sqlite:///") and not Path(db[len("sqlite:///"):]).is_file():
+        typer.echo(f"error: {db}: no such pool file", err=True)
+        raise typer.Exit(2)
+    from envhub.gateway.pool.export import export_jsonl, export_parquet
+    from envhub.gateway.pool.store import Store
+
+    store = Store(db)
+    try:
+        writer = export_jsonl if fmt == "jsonl" else export_parquet
+        n = writer(store, Path(out), group_id, status)
+    finally:
+        store.close()
+    typer.echo(f"wrote {n} {'trajectories' if fmt == 'jsonl' else 'segments'} to {out}")
+
+
 def _register_all() -> None:
     from envhub.envs import cli as envs_cli
     from envhub.gateway import cli as gateway_cli

@@ -10,8 +10,8 @@ import typer
 
 
 def register(app: typer.Typer) -> None:
-    """Add this component's commands to the top-level app."""
-    app.command("export")(export)
+    """Add this component's commands to the top-level app. (`export` is wired by
+    envhub/cli.py, which also serves the pool's own jsonl/parquet formats.)"""
 
 
 def export(

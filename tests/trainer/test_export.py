@@ -61,9 +61,9 @@ def test_export_trl_from_a_live_gateway_api(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--format", "csv", "--jsonl", "x"], "verl or --format trl"),
+    (["--format", "csv", "--jsonl", "x"], "use jsonl, parquet, verl or trl"),
     (["--format", "trl"], "exactly one of --gateway URL or --jsonl"),
-    (["--jsonl", "/nonexistent.jsonl"], "does not exist"),
+    (["--format", "verl", "--jsonl", "/nonexistent.jsonl"], "does not exist"),
 ])
 def test_bad_arguments_exit_2_with_the_fix(tmp_path: Path, args: list[str], message: str) -> None:
     r = _envhub("export", "--out", str(tmp_path / "x.parquet"), *args)
