@@ -62,6 +62,10 @@ async def close_session(session: Any, status: str, reason: str | None) -> None:
         await session.close(status=status, reason=reason)
     except Exception as e:  # noqa: BLE001 - the record on disk still carries the status
         log.warning("closing session %s failed: %s", getattr(session, "id", "?"), e)
+    finally:
+        aclose = getattr(session, "aclose", None)  # the SDK session's HTTP client
+        if aclose is not None:
+            await aclose()
 
 
 async def _post_rewards(session: Any, events: list[RewardEvent]) -> None:
