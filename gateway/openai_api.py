@@ -168,6 +168,7 @@ async def chat_completions(request: Request) -> Response:
     out = _chat_body(gw, answer, model, want_lp, body.get("return_token_ids"))
     # time the gateway itself spent (parse, render, record), without the engine's time
     out["envhub"]["gateway_ms"] = round((time.perf_counter() - t0) * 1000 - answer.backend_ms, 3)
+    out["envhub"]["render_ms"] = round(answer.render_ms, 3)
     return json_response(out)
 
 

@@ -79,6 +79,7 @@ class ChatAnswer:
     choices: list[Choice]
     prompt_tokens: int
     backend_ms: float = 0.0  # time spent waiting for the engine
+    render_ms: float = 0.0  # plan (match against the history) + render of the prompt
     id: str = field(default_factory=lambda: f"chatcmpl-{response_id()}")
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -125,8 +126,9 @@ class ChatService:
                     history.next_segment += 1
             if plan.kind == "extend":
                 plan.parent.extended = True  # type: ignore[union-attr]
-        self.metrics.render_ms.observe((time.perf_counter() - t0) * 1000)
-        return await self._execute(live, history, _Prepared(
+        render_ms = (time.perf_counter() - t0) * 1000
+        self.metrics.render_ms.observe(render_ms)
+        answer = await self._execute(live, history, _Prepared(
             prompt=prompt, delta=delta, parent=parent, seqs=seqs, segments=segments,
             appended_hashes=appended_hashes, tools_key=tools_key, request_key=request_key,
             action=plan.action, new_segment=plan.new_segment, params=params,
@@ -135,6 +137,8 @@ class ChatService:
             undo=plan.parent if plan.kind == "extend" else None,
             messages=[message(i) for i in range(n_messages)] if self.text_backend else None,
             tools=call.tools), t0)
+        answer.render_ms = render_ms
+        return answer
 
     def _prompt(self, plan: Any, message: Callable[[int], dict], n_messages: int,
                 tools: list[dict] | None) -> tuple[list[int], list[int]]:
