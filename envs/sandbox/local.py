@@ -26,6 +26,7 @@ import socket
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 from envhub.envs.manifest import SandboxSpec
@@ -91,6 +92,48 @@ def _private_paths() -> list[str]:
     kept = sorted(p for p in paths if p.is_dir() and str(p) != "/")
     # a folder inside another hidden one is hidden already (and bwrap could not mkdir it)
     return [str(p) for p in kept if not any(q != p and q in p.parents for q in kept)]
+
+
+PIDS_LIMIT = 512  # processes (and threads) one call may have alive: a fork bomb stops here
+_PIDS_V1 = Path("/sys/fs/cgroup/pids")
+
+
+def _pids_cgroup() -> Path | None:
+    """A fresh pids cgroup (v1 controller) capping one call's processes; None where this
+    process cannot make one (not root, no pids controller) — then only the timeout bounds a
+    fork bomb."""
+    if os.geteuid() != 0 or not (_PIDS_V1 / "cgroup.procs").exists():
+        return None
+    try:
+        group = _PIDS_V1 / "envhub" / f"exec-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        group.mkdir(parents=True)
+        (group / "pids.max").write_text(str(PIDS_LIMIT))
+        return group
+    except OSError as e:
+        log.warning("no pids cgroup for local sandbox calls (%s); fork bombs are bounded by "
+                    "the exec timeout only", e)
+        return None
+
+
+def _release_cgroup(group: Path) -> None:
+    """Kill whatever is left in the call's cgroup, then remove it."""
+    for _ in range(50):
+        try:
+            pids = [int(x) for x in (group / "cgroup.procs").read_text().split()]
+        except OSError:
+            return
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.02)
+    try:
+        group.rmdir()
+    except OSError:
+        pass
 
 
 class LocalSandbox:
@@ -166,8 +209,13 @@ class LocalSandbox:
         full_env = {**BASE_ENV, "HOME": self.workdir, **(env or {})}
         if self.bwrap is None and not os.path.isdir(cwd):
             return ExecResult(2, "", f"cd: {cwd}: No such file or directory")
+        argv = self._argv(cmd, cwd, full_env)
+        group = _pids_cgroup()
+        if group is not None:  # join the capped cgroup before exec'ing the sandbox
+            argv = ["sh", "-c", f'echo $$ > "{group}/cgroup.procs" && exec "$@"', "envhub-exec",
+                    *argv]
         proc = await asyncio.create_subprocess_exec(
-            *self._argv(cmd, cwd, full_env), stdin=asyncio.subprocess.DEVNULL,
+            *argv, stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             cwd=str(self.host_dir) if self.bwrap is None else None,
             env=full_env if self.bwrap is None else BASE_ENV,
@@ -186,6 +234,8 @@ class LocalSandbox:
             # would otherwise hold our pipes open (with bwrap the pid namespace is gone).
             _killpg(proc.pid)
             await proc.wait()
+            if group is not None:
+                await asyncio.to_thread(_release_cgroup, group)
         try:
             out, err = await asyncio.wait_for(readers, 10)
         except TimeoutError:  # a grandchild escaped the group (only possible without bwrap)

@@ -146,10 +146,8 @@ def test_local_fork_bomb_is_ended_by_the_timeout_and_leaves_nothing(local_box) -
 
 
 @pytest.mark.bwrap
-@pytest.mark.xfail(strict=True, reason="the local sandbox sets no process-count limit (no pids "
-                   "cgroup; RLIMIT_NPROC is not enforced for root): a fork bomb is only ended by "
-                   "the exec timeout, meanwhile it can fill the host's pid table")
 def test_local_caps_the_number_of_processes(local_box) -> None:
+    """Each call runs in its own pids cgroup (PIDS_LIMIT): forks beyond it fail."""
     token = f"envhub-forks-{uuid.uuid4().hex[:8]}"
     (local_box.host_dir / "forks.py").write_text(FORK_COUNTER)
     r = run(local_box.exec(f"python3 forks.py {FORK_TARGET} {token}", timeout=60))
