@@ -45,7 +45,9 @@ def train(cfg: TrainLoopConfig, log: Any = print) -> list[dict[str, Any]]:
     """Run the loop; returns the per-step metrics (also written to OUT/metrics.jsonl)."""
     import httpx
     import torch
+    from huggingface_hub.utils import disable_progress_bars
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
     from envhub.envs.loader import load_env
     from envhub.envs.runner.config import EnvChoice, RunConfig
@@ -56,9 +58,6 @@ def train(cfg: TrainLoopConfig, log: Any = print) -> list[dict[str, Any]]:
     from envhub.trainer.source import HttpSource
     from envhub.trainer.trainer import Trainer
     from envhub.trainer.window import GroupWindow
-
-    from huggingface_hub.utils import disable_progress_bars
-    from transformers.utils import logging as hf_logging
 
     disable_progress_bars()
     hf_logging.disable_progress_bar()

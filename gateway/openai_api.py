@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 import orjson
 from fastapi import APIRouter, Request
@@ -18,7 +19,9 @@ from fastapi.responses import Response, StreamingResponse
 from envhub.gateway.backends.base import SamplingParams
 from envhub.gateway.errors import BadRequest, NotFound
 from envhub.gateway.render.messages import (
-    check_message_list, normalize_message, validate_tools,
+    check_message_list,
+    normalize_message,
+    validate_tools,
 )
 from envhub.gateway.service import ChatAnswer, ChatCall
 

@@ -7,9 +7,10 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any
 
 import orjson
 import uvicorn
@@ -197,7 +198,7 @@ class GatewayHandle:
         self._server.should_exit = True
         self._thread.join(timeout=30)
 
-    def __enter__(self) -> "GatewayHandle":
+    def __enter__(self) -> GatewayHandle:
         return self
 
     def __exit__(self, *exc: Any) -> None:

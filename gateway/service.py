@@ -29,7 +29,6 @@ from envhub.gateway.render.toolcalls import ParsedCompletion
 from envhub.gateway.sessions import LiveSession
 from envhub.sdk.types import CMAction, Signal
 
-
 _ids = random.Random(int.from_bytes(os.urandom(16), "big"))
 
 

@@ -78,7 +78,7 @@ class Session(_Base):
     def open(cls, gateway_url: str, *, admin_key: str | None = None,
              group_id: str | None = None, task_id: str | None = None, env: str | None = None,
              sample_index: int = 0, metadata: dict | None = None,
-             session_id: str | None = None) -> "Session":
+             session_id: str | None = None) -> Session:
         http = httpx.Client(timeout=60)
         headers = {"authorization": f"Bearer {admin_key}"} if admin_key else {}
         data = _check(http.post(f"{gateway_url.rstrip('/')}/sessions", headers=headers,
@@ -116,7 +116,7 @@ class Session(_Base):
         _check(self._http.post(self._path("close"), headers=self._headers(),
                                json={"status": status, "reason": reason}))
 
-    def __enter__(self) -> "Session":
+    def __enter__(self) -> Session:
         return self
 
     def __exit__(self, exc_type: Any, *_: Any) -> None:
@@ -137,7 +137,7 @@ class AsyncSession(_Base):
     async def open(cls, gateway_url: str, *, admin_key: str | None = None,
                    group_id: str | None = None, task_id: str | None = None,
                    env: str | None = None, sample_index: int = 0, metadata: dict | None = None,
-                   session_id: str | None = None) -> "AsyncSession":
+                   session_id: str | None = None) -> AsyncSession:
         http = httpx.AsyncClient(timeout=60)
         headers = {"authorization": f"Bearer {admin_key}"} if admin_key else {}
         data = _check(await http.post(f"{gateway_url.rstrip('/')}/sessions", headers=headers,
@@ -179,7 +179,7 @@ class AsyncSession(_Base):
         """Close the HTTP client (not the session)."""
         await self._http.aclose()
 
-    async def __aenter__(self) -> "AsyncSession":
+    async def __aenter__(self) -> AsyncSession:
         return self
 
     async def __aexit__(self, exc_type: Any, *_: Any) -> None:

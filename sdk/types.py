@@ -66,7 +66,7 @@ class Turn(BaseModel):
     completion_text: str | None = None
 
     @model_validator(mode="after")
-    def _lengths(self) -> "Turn":
+    def _lengths(self) -> Turn:
         if len(self.completion_ids) != len(self.completion_logprobs):
             raise ValueError(
                 f"turn {self.seq}: {len(self.completion_ids)} completion ids but "
@@ -90,7 +90,7 @@ class Segment(BaseModel):
     turn_seqs: list[int] = Field(default_factory=list)
 
     @model_validator(mode="after")
-    def _lengths(self) -> "Segment":
+    def _lengths(self) -> Segment:
         n = len(self.token_ids)
         lens = (len(self.loss_mask), len(self.logprobs), len(self.weight_versions))
         if any(x != n for x in lens):

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from envhub.gateway.backends.base import GenerateRequest, GenerateResult
+from envhub.gateway.backends.in_process import InProcessBackend
 from envhub.gateway.engine.config import EngineConfig
 
 if TYPE_CHECKING:
@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from envhub.gateway.engine.engine import Engine
 
 
-class LocalBackend:
+class LocalBackend(InProcessBackend):
     """Runs requests on an in-process `Engine`; concurrent calls are batched by the engine."""
 
     name = "local"
@@ -34,23 +34,6 @@ class LocalBackend:
             model=str(config.model_path()), tokenizer=config.tokenizer,
             device=config.device or "auto", max_batch_size=config.engine_max_batch,
             max_model_len=config.max_model_len, name=config.served_name()))
-
-    @property
-    def weight_version(self) -> int:
-        return self.engine.weight_version
-
-    async def generate(self, request: GenerateRequest) -> GenerateResult:
-        result = await self.engine.generate(request)
-        result.instance = self.instance
-        return result
-
-    async def load_weights(self, path: str, version: int | None = None) -> int:
-        """Swap weights between batches; returns the new weight version."""
-        return await self.engine.load_weights(path, version)
-
-    async def health(self) -> dict[str, Any]:
-        return {"backend": self.name, "instance": self.instance, "status": "ok",
-                **self.engine.stats()}
 
     async def aclose(self) -> None:
         await asyncio.to_thread(self.engine.close)

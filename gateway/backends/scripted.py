@@ -9,7 +9,7 @@ model that has learned to call tools. Logprobs are not a model's: each sampled t
 from __future__ import annotations
 
 import asyncio
-from typing import Callable
+from collections.abc import Callable
 
 from envhub.gateway.backends.base import GenerateRequest, GenerateResult
 

@@ -3,8 +3,8 @@ per segment, arrays as list columns, session fields and the composite reward bes
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import orjson
 

@@ -7,7 +7,16 @@ from __future__ import annotations
 from array import array
 
 from sqlalchemy import (
-    Boolean, Column, Float, Index, Integer, LargeBinary, MetaData, String, Table, Text,
+    Boolean,
+    Column,
+    Float,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
 )
 
 metadata = MetaData()

@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import orjson
 from sqlalchemy import create_engine, event, func, select, update
@@ -19,6 +20,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
 from envhub.gateway.pool import schema as t
+
 
 @dataclass(frozen=True)
 class Insert:

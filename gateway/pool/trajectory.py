@@ -9,7 +9,14 @@ from envhub.gateway.pool import schema as t
 from envhub.gateway.pool.store import Store
 from envhub.gateway.render.messages import HASH_BYTES
 from envhub.sdk.types import (
-    CMAction, RewardEvent, Segment, SessionInfo, SessionStatus, Signal, ToolCall, Trajectory,
+    CMAction,
+    RewardEvent,
+    Segment,
+    SessionInfo,
+    SessionStatus,
+    Signal,
+    ToolCall,
+    Trajectory,
     Turn,
 )
 

@@ -62,7 +62,7 @@ class ChatRenderer:
 
     @classmethod
     def from_pretrained(cls, path: str | Path, chat_template: str | Path | None = None,
-                        tool_format: str | None = None) -> "ChatRenderer":
+                        tool_format: str | None = None) -> ChatRenderer:
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(str(path))

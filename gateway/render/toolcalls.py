@@ -7,8 +7,9 @@ A parser never raises: output it cannot parse comes back as plain content with
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import orjson
 
