@@ -50,7 +50,9 @@ def test_openai_client_token_prompt(server: EngineProcess) -> None:
 
 
 def test_raw_http_shapes_many_prompts_and_n(server: EngineProcess) -> None:
-    body = {"prompt": [PROMPT, PROMPT[:5]], "n": 2, "max_tokens": 6, "temperature": 1.0,
+    # 32 tokens: the fine-tuned model opens every answer with the same `<tool_call>` lead-in,
+    # so two seeds differ only once the digits come
+    body = {"prompt": [PROMPT, PROMPT[:5]], "n": 2, "max_tokens": 32, "temperature": 1.0,
             "seed": 11, "logprobs": 1, "return_token_ids": True,
             "return_tokens_as_token_ids": True, "add_special_tokens": False}
     first, again = post(server, body).json(), post(server, body).json()
@@ -63,8 +65,10 @@ def test_raw_http_shapes_many_prompts_and_n(server: EngineProcess) -> None:
     assert c["logprobs"]["tokens"] == [f"token_id:{t}" for t in c["token_ids"]]
     assert all(f"token_id:{t}" in top for t, top in zip(c["token_ids"],
                                                         c["logprobs"]["top_logprobs"]))
-    assert first["usage"] == {"prompt_tokens": len(PROMPT) + 5, "completion_tokens": 24,
-                              "total_tokens": len(PROMPT) + 5 + 24}
+    sampled = sum(len(c["token_ids"]) for c in first["choices"])
+    assert 4 <= sampled <= 4 * 32
+    assert first["usage"] == {"prompt_tokens": len(PROMPT) + 5, "completion_tokens": sampled,
+                              "total_tokens": len(PROMPT) + 5 + sampled}
     plain = post(server, {"prompt": PROMPT, "max_tokens": 3}).json()["choices"][0]
     assert "token_ids" not in plain and plain["logprobs"] is None
 
