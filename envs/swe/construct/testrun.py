@@ -14,6 +14,9 @@ from envhub.envs.swe.logparse import TestLog, parse_pytest_log
 
 RUN_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONDONTWRITEBYTECODE": "1",
            "PYTHONHASHSEED": "0", "LC_ALL": "C.UTF-8", "NO_COLOR": "1"}
+# Variables that change pytest's output: on CI (`CI`, `BUILD_NUMBER`) pytest stops truncating
+# assertion explanations, which would change the problem statements a rebuild writes.
+OUTPUT_CHANGING = ("CI", "BUILD_NUMBER", "TERM", "FORCE_COLOR", "PY_COLORS", "COLUMNS", "LINES")
 SECTION_RE = re.compile(r"^_{3,} (.+?) _{3,}$")
 FRAME_RE = re.compile(r"^(\S+\.py):(\d+): in (\S+)$")
 ADDRESS_RE = re.compile(r"0x[0-9a-fA-F]{6,}")
@@ -29,7 +32,8 @@ def write_tree(root: Path, files: dict[str, bytes]) -> None:
 def run_pytest(root: Path, args: list[str], pythonpath: str,
                timeout: float = 120) -> tuple[int, str]:
     """(exit code, stdout) of `python -P -m pytest ARGS` in `root`; -1 on timeout."""
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("PYTEST", "PYTHON"))},
+    env = {**{k: v for k, v in os.environ.items()
+              if not k.startswith(("PYTEST", "PYTHON")) and k not in OUTPUT_CHANGING},
            **RUN_ENV}
     if pythonpath:
         env["PYTHONPATH"] = str(root / pythonpath)
