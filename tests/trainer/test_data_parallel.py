@@ -42,6 +42,9 @@ def _worker(rank: int, world: int, port: int, work: str) -> None:
             torch.save({n: p.detach() for n, p in model.named_parameters()},
                        Path(work) / "dp.pt")
             (Path(work) / "dp_metrics.json").write_text(json.dumps(metrics))
+        # both ranks leave together: a rank tearing gloo down while its peer still holds the
+        # connection aborted the peer ("terminate called without an active exception")
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
