@@ -58,29 +58,21 @@ turns = Table(
     Column("created_at", Float, nullable=False),
 )
 
-cm_actions = Table(
-    "cm_actions", metadata,
-    Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("session_id", String(128), nullable=False),
-    Column("body", Text, nullable=False),  # CMAction JSON
-    Index("ix_cm_session", "session_id"),
-)
 
-rewards = Table(
-    "rewards", metadata,
-    Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("session_id", String(128), nullable=False),
-    Column("body", Text, nullable=False),  # RewardEvent JSON
-    Index("ix_rewards_session", "session_id"),
-)
+def _events(name: str, index: str) -> Table:
+    """An append-only event table: one JSON body per row, read back per session in order."""
+    return Table(
+        name, metadata,
+        Column("id", Integer, primary_key=True, autoincrement=True),
+        Column("session_id", String(128), nullable=False),
+        Column("body", Text, nullable=False),
+        Index(index, "session_id"),
+    )
 
-signals = Table(
-    "signals", metadata,
-    Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("session_id", String(128), nullable=False),
-    Column("body", Text, nullable=False),  # Signal JSON
-    Index("ix_signals_session", "session_id"),
-)
+
+cm_actions = _events("cm_actions", "ix_cm_session")  # bodies: CMAction JSON
+rewards = _events("rewards", "ix_rewards_session")  # RewardEvent JSON
+signals = _events("signals", "ix_signals_session")  # Signal JSON
 
 
 def pack_ids(ids: list[int]) -> bytes:
