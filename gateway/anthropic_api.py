@@ -36,7 +36,13 @@ from fastapi.responses import Response, StreamingResponse
 
 from envhub.gateway.backends.base import SamplingParams
 from envhub.gateway.errors import BadRequest, GatewayError, Overloaded
-from envhub.gateway.openai_api import ClientGone, check_model, read_json, until_disconnect
+from envhub.gateway.openai_api import (
+    ClientGone,
+    check_model,
+    number,
+    read_json,
+    until_disconnect,
+)
 from envhub.gateway.render.messages import (
     normalize_message,
 )
@@ -276,15 +282,6 @@ def _tool_choice(raw: Any, tools: list[dict[str, Any]] | None) -> list[dict[str,
     return tools
 
 
-def _number(body: dict, name: str, lo: float, hi: float) -> float | None:
-    v = body.get(name)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
-        raise BadRequest(f"'{name}' must be a number in [{lo}, {hi}]", param=name)
-    return float(v)
-
-
 def _params(body: dict, stop_token_ids: list[int]) -> SamplingParams:
     max_tokens = body.get("max_tokens")
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) \
@@ -297,14 +294,13 @@ def _params(body: dict, stop_token_ids: list[int]) -> SamplingParams:
         raise BadRequest("'stop_sequences' must be a list of up to 16 non-empty strings",
                          param="stop_sequences")
     # Anthropic caps temperature at 1; the engines take up to 2 (as on the OpenAI route)
-    temperature = _number(body, "temperature", 0.0, 2.0)
-    top_p = _number(body, "top_p", 1e-9, 1.0)
-    _number(body, "top_k", 0, 1 << 20)
+    temperature = number(body, "temperature", 1.0, 0.0, 2.0)
+    top_p = number(body, "top_p", 1.0, 1e-9, 1.0)
+    number(body, "top_k", None, 0, 1 << 20)
     if body.get("metadata") is not None and not isinstance(body["metadata"], dict):
         raise BadRequest("'metadata' must be an object", param="metadata")
     return SamplingParams(max_tokens=max_tokens, stop=list(stops), stop_token_ids=stop_token_ids,
-                          temperature=1.0 if temperature is None else temperature,
-                          top_p=1.0 if top_p is None else top_p)
+                          temperature=temperature, top_p=top_p)
 
 
 def parse_request(request: Request, body: dict[str, Any], *, counting: bool = False

@@ -70,7 +70,8 @@ class ClientGone(Exception):
     """The client disconnected before its answer was ready."""
 
 
-def _number(body: dict, name: str, default: float, lo: float, hi: float) -> float:
+def number(body: dict, name: str, default: float | None, lo: float, hi: float) -> float | None:
+    """body[name] as a float in [lo, hi], `default` when absent; BadRequest otherwise."""
     v = body.get(name)
     if v is None:
         return default
@@ -112,8 +113,8 @@ def sampling_params(body: dict, default_max_tokens: int, stop_token_ids: list[in
             raise BadRequest("'logprobs' must be a boolean", param="logprobs")
     params = SamplingParams(
         max_tokens=max_tokens or default_max_tokens,
-        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
-        top_p=_number(body, "top_p", 1.0, 1e-9, 1.0),
+        temperature=number(body, "temperature", 1.0, 0.0, 2.0),
+        top_p=number(body, "top_p", 1.0, 1e-9, 1.0),
         stop=stop, stop_token_ids=stop_token_ids, seed=seed, top_logprobs=top_logprobs)
     return params, n
 
