@@ -16,7 +16,7 @@ def test_multi_turn_record_matches_what_the_engine_received(tmp_path):
     with EngineProcess(["--threads", "1"], log_path=tmp_path / "engine.log") as engine:
         port = free_port()
         gw = start_gateway(f"sqlite:///{tmp_path}/pool.db", port,
-                           ["--backend", "vllm", "--upstream", f"vllm={engine.url}"])
+                           ["--upstream", f"vllm={engine.url}"], backend="vllm")
         try:
             url = f"http://127.0.0.1:{port}"
             client = openai.OpenAI(base_url=f"{url}/v1", api_key="run-42", max_retries=0)

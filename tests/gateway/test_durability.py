@@ -20,11 +20,12 @@ from tests.support import free_port
 SESSIONS = 32
 
 
-def start_gateway(db: str, port: int, extra: list[str] | None = None) -> subprocess.Popen:
+def start_gateway(db: str, port: int, extra: list[str] | None = None,
+                  backend: str = "zero") -> subprocess.Popen:
     # output to a file: an undrained pipe would block the server once its buffer fills
     log = tempfile.NamedTemporaryFile(prefix="envhub-gw-", suffix=".log", delete=False)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "envhub", "gateway", "--backend", "zero", "--port", str(port),
+        [sys.executable, "-m", "envhub", "gateway", "--backend", backend, "--port", str(port),
          "--db", db, *(extra or [])],
         stdout=log, stderr=subprocess.STDOUT)
     deadline = time.time() + 90
