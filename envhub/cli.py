@@ -47,6 +47,8 @@ def train_command(
     window: int = typer.Option(0, min=0, help="windowed-FIFO size (0: greedy)"),
     model: str = typer.Option(None, help="HF model folder (default: the bundled model)"),
     max_turns: int = typer.Option(None, min=1, help="override the env's max_turns"),
+    tasks: int = typer.Option(None, min=1, help="train on the env's first N tasks (default: "
+                              "all); each pass over them is in a fresh seeded order"),
 ) -> None:
     """Train on an environment: gateway + rollouts + trainer + weight sync, on CPU."""
     from pathlib import Path
@@ -59,7 +61,7 @@ def train_command(
         raise typer.Exit(2)
     cfg = TrainLoopConfig(env=env, steps=steps, seed=seed, out=Path(out), groups=groups, k=k,
                           concurrency=concurrency, lr=lr, tau=tau, window=window or None,
-                          model=model, max_turns=max_turns)
+                          model=model, max_turns=max_turns, tasks=tasks)
     try:
         from envhub.envs.loader import load_env
 

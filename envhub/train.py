@@ -35,6 +35,22 @@ class TrainLoopConfig(BaseModel):
     window: int | None = Field(None, ge=1, description="windowed-FIFO size (None: greedy)")
     model: str | None = Field(None, description="HF model folder (default: the bundled one)")
     max_turns: int | None = Field(None, ge=1, description="override the env's max_turns")
+    tasks: int | None = Field(None, ge=1, description="train on the env's first N tasks "
+                              "(None: all of them)")
+
+
+def task_schedule(task_ids: list[str], steps: int, groups: int, seed: int) -> list[list[str]]:
+    """The tasks of each step: passes (epochs) over `task_ids`, each pass in a fresh seeded
+    order, cut into steps of `groups` tasks (a step may span two passes). When the task count
+    is a multiple of `groups`, every run of len/groups consecutive steps from a pass boundary
+    sees each task exactly once, so reward windows of that length compare like with like."""
+    rng = random.Random(seed)
+    order: list[str] = []
+    while len(order) < steps * groups:
+        epoch = list(task_ids)
+        rng.shuffle(epoch)
+        order += epoch
+    return [order[i * groups:(i + 1) * groups] for i in range(steps)]
 
 
 def _mean(xs: list[float]) -> float:
@@ -62,15 +78,14 @@ def train(cfg: TrainLoopConfig, log: Any = print) -> list[dict[str, Any]]:
     disable_progress_bars()
     hf_logging.disable_progress_bar()
     torch.manual_seed(cfg.seed)
-    rng = random.Random(cfg.seed)
     cfg.out.mkdir(parents=True, exist_ok=True)
     metrics_path = cfg.out / "metrics.jsonl"
     metrics_path.write_text("")
     admin = "envhub-admin-" + secrets.token_urlsafe(16)
     gw_config = GatewayConfig(port=0, db=f"sqlite:///{cfg.out / 'pool.db'}", admin_key=admin,
                               model=cfg.model)
-    tasks = [t.id for t in load_env(cfg.env).env.load_tasks()]
-    rng.shuffle(tasks)
+    all_tasks = [t.id for t in load_env(cfg.env).env.load_tasks()]
+    schedule = task_schedule(all_tasks[:cfg.tasks], cfg.steps, cfg.groups, cfg.seed)
     model = AutoModelForCausalLM.from_pretrained(str(gw_config.model_path()),
                                                  dtype=torch.float32)
     trainer = Trainer(model, TrainerConfig(
@@ -83,7 +98,7 @@ def train(cfg: TrainLoopConfig, log: Any = print) -> list[dict[str, Any]]:
     try:
         for step in range(cfg.steps):
             t0 = time.perf_counter()
-            ids = [tasks[(step * cfg.groups + j) % len(tasks)] for j in range(cfg.groups)]
+            ids = schedule[step]
             outcome = asyncio.run(run(RunConfig(
                 envs=[EnvChoice(ref=cfg.env)], k=cfg.k, tasks=ids, n=cfg.groups,
                 gateway=gw.url, admin_key=admin, concurrency=cfg.concurrency,

@@ -305,13 +305,14 @@ def verify(out: Path, ranks: dict[bytes, int]) -> int:
     return checked
 
 
-def build_model(out: Path, seed: int, vocab_size: int, embed_std: float, init_std: float) -> None:
+def build_model(out: Path, seed: int, vocab_size: int, embed_std: float, init_std: float,
+                layers: int = 2) -> None:
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
     config = Qwen2Config(
-        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32768,
         rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
         bos_token_id=ENDOFTEXT_ID, eos_token_id=IM_END_ID, use_sliding_window=False,
@@ -340,6 +341,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="weight init seed")
     parser.add_argument("--embed-std", type=float, default=1.0, help="embedding init std")
     parser.add_argument("--init-std", type=float, default=0.3, help="linear layers init std")
+    parser.add_argument("--layers", type=int, default=2, help="transformer layers")
     parser.add_argument("--skip-verify", action="store_true", help="skip the tiktoken check")
     args = parser.parse_args()
 
@@ -355,7 +357,7 @@ def main() -> None:
     # Model vocab == tokenizer vocab (151665): every id the model can sample is a real token.
     # (Qwen2.5 pads its embedding to 151936; we do not, to keep sampled ids decodable.)
     build_model(out, args.seed, len(QWEN25_ADDED_TOKENS) + len(ranks), args.embed_std,
-                args.init_std)
+                args.init_std, args.layers)
     if not args.skip_verify:
         n = verify(out, ranks)
         print(f"verified: {n} tokens identical to tiktoken; {len(KNOWN_IDS)} known Qwen2 id lists")

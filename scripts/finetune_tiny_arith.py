@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import copy
+import gzip
 import hashlib
 import json
 import math
@@ -60,6 +61,7 @@ class Example:
 
     ids: list[int]
     loss_mask: list[int]
+    family: str = ""  # the arith problem family (reported separately by `score`)
 
     def __post_init__(self) -> None:
         assert len(self.ids) == len(self.loss_mask), "ids and loss_mask must be parallel"
@@ -122,7 +124,7 @@ async def conversation(env: Any, task: Any, renderer: Any) -> Example:
         cont = renderer.render_continuation(completion, [tool_msg], tools).ids
         ids += cont
         mask += [0] * len(cont)
-    return Example(ids, mask)
+    return Example(ids, mask, task.data.get("family", ""))
 
 
 def build_examples(base: Path, seed: int, count: int) -> list[Example]:
@@ -139,7 +141,7 @@ def build_examples(base: Path, seed: int, count: int) -> list[Example]:
 
 # -- training ------------------------------------------------------------------------------------
 
-def batch_tensors(batch: list[Example]) -> tuple[Any, Any, Any]:
+def batch_tensors(batch: list[Example], device: str = "cpu") -> tuple[Any, Any, Any]:
     """Right-padded ids [B, T], attention mask [B, T], loss mask [B, T] (all torch.long)."""
     import torch
 
@@ -151,7 +153,7 @@ def batch_tensors(batch: list[Example]) -> tuple[Any, Any, Any]:
         ids[row, :len(e.ids)] = torch.tensor(e.ids)
         attn[row, :len(e.ids)] = 1
         loss[row, :len(e.ids)] = torch.tensor(e.loss_mask)
-    return ids, attn, loss
+    return ids.to(device), attn.to(device), loss.to(device)
 
 
 def sft_loss(model: Any, ids: Any, attn: Any, loss: Any, head: HeadSample | None = None
@@ -195,7 +197,7 @@ class HeadSample:
     def draw(cls, targets: Any, others: Any, index: Any, k: int, generator: Any) -> HeadSample:
         import torch
 
-        picks = torch.randint(len(others), (k,), generator=generator)
+        picks = torch.randint(len(others), (k,), generator=generator, device=others.device)
         return cls(targets, others[picks], index, math.log(len(others) / k))
 
 
@@ -207,23 +209,24 @@ def learning_rate(step: int, steps: int, peak: float, warmup: int) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def train(base: Path, examples: list[Example], args: argparse.Namespace) -> tuple[Any, float]:
-    """AdamW in fp32 on CPU; returns (model, mean loss of the last 10% of steps)."""
+def train(base: Path, examples: list[Example], args: argparse.Namespace,
+          held_out: list[Example] = ()) -> tuple[Any, float]:  # type: ignore[assignment]
+    """AdamW in fp32 (on --device); returns (model, mean loss of the last 10% of steps)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(args.seed)
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).to(args.device)
     model.train()
     rescale_body(model, args.body_scale)
     vocab = model.get_output_embeddings().weight.shape[0]
     targets = sorted({i for e in examples for i, m in zip(e.ids, e.loss_mask, strict=True)
                       if m})
-    target_ids = torch.tensor(targets)
-    index = torch.full((vocab,), -1, dtype=torch.long)
-    index[target_ids] = torch.arange(len(targets))
+    target_ids = torch.tensor(targets, device=args.device)
+    index = torch.full((vocab,), -1, dtype=torch.long, device=args.device)
+    index[target_ids] = torch.arange(len(targets), device=args.device)
     others = (index < 0).nonzero().squeeze(1)
-    generator = torch.Generator().manual_seed(args.seed)
+    generator = torch.Generator(device=args.device).manual_seed(args.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95),
                                   weight_decay=0.0)
     order = random.Random(args.seed)
@@ -235,7 +238,7 @@ def train(base: Path, examples: list[Example], args: argparse.Namespace) -> tupl
         batch = order.sample(examples, min(args.batch, len(examples)))
         head = None if args.negatives <= 0 else HeadSample.draw(
             target_ids, others, index, args.negatives, generator)
-        losses, targets_n = sft_loss(model, *batch_tensors(batch), head)
+        losses, targets_n = sft_loss(model, *batch_tensors(batch, args.device), head)
         value = losses.mean()
         optimizer.zero_grad(set_to_none=True)
         value.backward()
@@ -247,6 +250,9 @@ def train(base: Path, examples: list[Example], args: argparse.Namespace) -> tupl
             digits = losses[(targets_n >= DIGIT_IDS[0]) & (targets_n <= DIGIT_IDS[1])]
             print(f"step {step:4d}  loss {value.item():.4f}  digits {digits.mean().item():.3f}  "
                   f"{time.monotonic() - started:.0f}s", flush=True)
+        if held_out and args.score_every and (step + 1) % args.score_every == 0:
+            print(f"step {step:4d}  held-out {json.dumps(score(model, held_out, args.device))}",
+                  flush=True)
     return model, sum(tail) / len(tail)
 
 
@@ -272,7 +278,7 @@ def rescale_body(model: Any, scale: float) -> None:
                         module.bias.mul_(scale)
 
 
-def full_loss(model: Any, examples: list[Example], batch: int) -> float:
+def full_loss(model: Any, examples: list[Example], batch: int, device: str = "cpu") -> float:
     """Exact full-vocabulary SFT loss over `examples` (token-weighted)."""
     import torch
 
@@ -281,9 +287,37 @@ def full_loss(model: Any, examples: list[Example], batch: int) -> float:
         for i in range(0, len(examples), batch):
             chunk = examples[i:i + batch]
             n = sum(sum(e.loss_mask) for e in chunk)
-            total += sft_loss(model, *batch_tensors(chunk))[0].sum().item()
+            total += sft_loss(model, *batch_tensors(chunk, device))[0].sum().item()
             count += n
     return total / count
+
+
+def score(model: Any, examples: list[Example], device: str = "cpu") -> dict[str, dict[str, float]]:
+    """Per problem family, teacher-forced on the gold conversations (exact full vocabulary):
+    `greedy` = share whose every sampled token is the argmax (the greedy agent would reproduce
+    the gold rollout), `sampled` = mean probability of sampling the whole gold rollout at
+    temperature 1 (a lower bound on the T=1 success rate), `nll` = mean nats per conversation."""
+    import torch
+
+    rows: dict[str, list[tuple[bool, float]]] = {}
+    model.eval()
+    with torch.no_grad():
+        for e in examples:
+            ids, attn, loss = batch_tensors([e], device)
+            hidden = model.model(input_ids=ids, attention_mask=attn).last_hidden_state[0, :-1]
+            at = loss[0, 1:].bool()
+            logits = hidden[at] @ model.get_output_embeddings().weight.T  # [N, V]
+            targets = ids[0, 1:][at]
+            nll = torch.nn.functional.cross_entropy(logits, targets, reduction="sum").item()
+            greedy = bool((logits.argmax(-1) == targets).all())
+            for key in (e.family or "all", "all"):
+                rows.setdefault(key, []).append((greedy, nll))
+            if not e.family:
+                rows["all"].pop()
+    model.train()
+    return {k: {"n": len(v), "greedy": sum(g for g, _ in v) / len(v),
+                "sampled": sum(math.exp(-n) for _, n in v) / len(v),
+                "nll": sum(n for _, n in v) / len(v)} for k, v in sorted(rows.items())}
 
 
 def save_weights(model: Any, base: Path, out: Path) -> None:
@@ -296,7 +330,7 @@ def save_weights(model: Any, base: Path, out: Path) -> None:
     with safe_open(str(base / WEIGHTS), "pt") as f:
         names, metadata = list(f.keys()), f.metadata()
     state = model.state_dict()
-    tensors = {n: state[n].detach().to(torch.bfloat16).contiguous() for n in names}
+    tensors = {n: state[n].detach().to("cpu", torch.bfloat16).contiguous() for n in names}
     tmp = out / (WEIGHTS + ".tmp")
     save_file(tensors, str(tmp), metadata=metadata)
     tmp.chmod(0o644)
@@ -313,7 +347,7 @@ def random_base(folder: Path) -> Path:
 
     recorded = json.loads((BUNDLED / PROVENANCE).read_text())["base"]
     build.build_model(folder, recorded["seed"], recorded["vocab_size"], recorded["embed_std"],
-                      recorded["init_std"])
+                      recorded["init_std"], recorded.get("layers", 2))
     for name in FOLDER_FILES:
         shutil.copyfile(BUNDLED / name, folder / name)
     digest = sha256(folder / WEIGHTS)
@@ -421,6 +455,14 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=20, help="linear warmup steps")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads (fixed: the "
                    "result is deterministic for a given thread count)")
+    p.add_argument("--device", default="cpu", help="torch device to train on (cpu, cuda)")
+    p.add_argument("--score-every", type=int, default=0, help="print the held-out `score` "
+                   "every N steps (0: only at the end)")
+    p.add_argument("--save-examples", type=Path, metavar="FILE", help="only build the SFT "
+                   "conversations (and held-out ones) and write them to FILE as JSON (.gz: "
+                   "gzipped)")
+    p.add_argument("--examples", type=Path, metavar="FILE", help="train on conversations "
+                   "written by --save-examples (needs only torch + transformers: no envhub)")
     p.add_argument("--log-every", type=int, default=20, help="print the loss every N steps")
     p.add_argument("--eval", type=Path, metavar="FOLDER", help="only evaluate FOLDER on the "
                    "arith evaluation tasks with the built-in agent and print JSON")
@@ -438,11 +480,13 @@ def main() -> None:
         print(json.dumps(evaluate(args.eval, args.temperature, args.eval_tasks,
                                   args.concurrency)))
         return
-    if args.out is None:
+    if args.out is None and args.save_examples is None:
         p.error("--out DIR is required (e.g. --out gateway/engine/tiny)")
     if args.steps < 1 or args.batch < 1 or args.problems < 1 or args.heldout < 0:
         p.error("--steps, --batch and --problems must be >= 1 and --heldout >= 0")
-    if args.data_seed == arith_env().seed:
+    if args.examples is not None and not args.examples.is_file():
+        p.error(f"--examples {args.examples}: no such file (write one with --save-examples)")
+    if args.examples is None and args.data_seed == arith_env().seed:
         p.error(f"--data-seed {args.data_seed} is the arith evaluation seed "
                 "(envs/builtin/arith/envhub.toml [metadata] seed); pick another one")
     if args.base != "random" and not (Path(args.base) / "config.json").is_file():
@@ -450,22 +494,42 @@ def main() -> None:
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         base = random_base(Path(tmp)) if args.base == "random" else Path(args.base)
-        examples = build_examples(base, args.data_seed, args.problems + args.heldout)
+        if args.examples is not None:  # built elsewhere: the file says from which data
+            data = json.loads(gzip.decompress(args.examples.read_bytes())
+                              if args.examples.suffix == ".gz" else args.examples.read_bytes())
+            args.data_seed, args.problems, args.heldout = \
+                data["data_seed"], data["problems"], data["heldout"]
+            examples = [Example(**e) for e in data["examples"]]
+        else:
+            examples = build_examples(base, args.data_seed, args.problems + args.heldout)
+        if args.save_examples is not None:
+            blob = json.dumps({"data_seed": args.data_seed, "problems": args.problems,
+                               "heldout": args.heldout,
+                               "examples": [e.__dict__ for e in examples]}).encode()
+            args.save_examples.write_bytes(gzip.compress(blob, mtime=0)
+                                           if args.save_examples.suffix == ".gz" else blob)
+            print(f"wrote {len(examples)} conversations to {args.save_examples}")
+            return
         held_out, examples = examples[len(examples) - args.heldout:], \
             examples[:len(examples) - args.heldout]
         sampled = sum(sum(e.loss_mask) for e in examples)
         print(f"{len(examples)} conversations, {sum(len(e.ids) for e in examples)} tokens, "
               f"{sampled} with loss", flush=True)
-        model, final_loss = train(base, examples, args)
-        held_loss = full_loss(model, held_out, args.batch) if held_out else float("nan")
+        model, final_loss = train(base, examples, args, held_out)
+        held_loss = (full_loss(model, held_out, args.batch, args.device) if held_out
+                     else float("nan"))
+        held_score = score(model, held_out, args.device) if held_out else {}
         print(f"held-out full-vocabulary loss {held_loss:.4f} ({len(held_out)} conversations)")
+        print(f"held-out score {json.dumps(held_score)}")
         record = {"script": "scripts/finetune_tiny_arith.py", "base_sha256": sha256(
             base / WEIGHTS), "seed": args.seed, "data_seed": args.data_seed,
             "problems": args.problems, "steps": args.steps, "batch": args.batch,
             "lr": args.lr, "warmup": args.warmup, "threads": args.threads,
-            "negatives": args.negatives, "body_scale": args.body_scale,
-            "final_loss": round(final_loss, 4),
-            "held_out_loss": round(held_loss, 4)}
+            "device": args.device, "negatives": args.negatives,
+            "body_scale": args.body_scale, "final_loss": round(final_loss, 4),
+            "held_out_loss": round(held_loss, 4),
+            "held_out_score": {k: {m: round(x, 4) for m, x in v.items()}
+                               for k, v in held_score.items()}}
         write_folder(model, base, args.out,
                      {"base": base_record(base, args.base == "random"), "finetune": record})
     print(f"final loss {final_loss:.4f}; wrote {args.out / WEIGHTS} "

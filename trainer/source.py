@@ -1,20 +1,26 @@
-"""Where trajectories come from: the `TrajectorySource` protocol and two implementations.
+"""Where trajectories come from: the `TrajectorySource` protocol and three implementations.
 
 - `InMemorySource`: a dict of trajectories (tests, benchmarks, JSONL files).
 - `HttpSource`: the gateway's HTTP API (`GET /sessions`, `GET /sessions/{id}/trajectory`,
-  admin bearer key).
-The lead adds a third one on the gateway's store API; nothing else here needs to change.
+  admin bearer key), for a trainer on another machine.
+- `StoreSource`: the pool itself, in-process (a gateway's `Store`, or a pool URL such as
+  `sqlite:///pool.db` / `postgresql://...`), read with the gateway's own trajectory builder.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, Self, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, Self, runtime_checkable
 
 from envhub.sdk.types import SessionInfo, SessionStatus, Trajectory
 from envhub.trainer.errors import SourceError
+
+if TYPE_CHECKING:
+    from envhub.gateway.pool.store import Store
+
+_PAGE = 1000  # sessions per listing call (the gateway's default page)
 
 
 @dataclass(frozen=True)
@@ -146,13 +152,7 @@ class HttpSource:
             params["group_id"] = group_id
         if status is not None:
             params["status"] = SessionStatus(status).value
-        body = self._get_json("/sessions", params)
-        if isinstance(body, dict) and "data" in body:  # tolerate an OpenAI-style list envelope
-            body = body["data"]
-        if not isinstance(body, list):
-            raise SourceError(f"{self.base_url}/sessions returned {type(body).__name__}, "
-                              "expected a JSON list of sessions; is this an envhub gateway?")
-        return [SessionInfo.model_validate(item) for item in body]
+        return [SessionInfo.model_validate(item) for item in self._pages(params)]
 
     def list_groups(self) -> list[GroupInfo]:
         return groups_from_sessions(self.sessions())
@@ -160,6 +160,22 @@ class HttpSource:
     def fetch(self, session_ids: Sequence[str]) -> list[Trajectory]:
         return [Trajectory.model_validate(self._get_json(f"/sessions/{sid}/trajectory"))
                 for sid in session_ids]
+
+    def _pages(self, params: dict[str, str]) -> Iterator[object]:
+        """`GET /sessions` page by page (the gateway answers at most `limit` rows a call)."""
+        offset = 0
+        while True:
+            body = self._get_json("/sessions", {**params, "limit": str(_PAGE),
+                                                "offset": str(offset)})
+            if isinstance(body, dict) and "data" in body:  # an OpenAI-style list envelope
+                body = body["data"]
+            if not isinstance(body, list):
+                raise SourceError(f"{self.base_url}/sessions returned {type(body).__name__}, "
+                                  "expected a JSON list of sessions; is this an envhub gateway?")
+            yield from body
+            if len(body) < _PAGE:
+                return
+            offset += len(body)
 
     def _get_json(self, path: str, params: dict[str, str] | None = None) -> object:
         import httpx
@@ -179,3 +195,50 @@ class HttpSource:
         except ValueError as exc:
             raise SourceError(f"GET {path} did not return JSON; is {self.base_url} "
                               "an envhub gateway?") from exc
+
+
+class StoreSource:
+    """The data pool read in-process: pass the gateway's `Store` (shared, not closed here) or a
+    pool URL (opened here; `close` releases it). Trajectories are built by the same code that
+    serves `GET /sessions/{id}/trajectory`, so both sources give identical objects."""
+
+    def __init__(self, store: Store | str) -> None:
+        from envhub.gateway.pool.store import Store
+
+        self._owned = isinstance(store, str)
+        try:
+            self.store = Store(store) if isinstance(store, str) else store
+        except Exception as exc:  # bad URL, unreachable database: say which and how to fix
+            raise SourceError(f"cannot open the pool {store!r} ({exc}); pass a SQLAlchemy URL "
+                              "such as sqlite:///pool.db or postgresql://user@host/db") from exc
+
+    def close(self) -> None:
+        if self._owned:
+            self.store.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def list_groups(self) -> list[GroupInfo]:
+        from envhub.gateway.pool.trajectory import session_info
+
+        rows, offset = [], 0
+        while True:
+            page = self.store.list_sessions(limit=_PAGE, offset=offset)
+            rows += page
+            if len(page) < _PAGE:
+                break
+            offset += len(page)
+        return groups_from_sessions(session_info(r) for r in rows)
+
+    def fetch(self, session_ids: Sequence[str]) -> list[Trajectory]:
+        from envhub.gateway.pool.trajectory import build_trajectory
+
+        rows = [self.store.session_row(sid) for sid in session_ids]
+        missing = [sid for sid, row in zip(session_ids, rows, strict=True) if row is None]
+        if missing:
+            raise SourceError(f"unknown session ids {missing[:5]}; list groups again first")
+        return [build_trajectory(self.store, row) for row in rows if row is not None]

@@ -17,7 +17,7 @@ from envhub.envs.builtin.arith.calculator import (
     format_number,
     parse_answer,
 )
-from envhub.envs.builtin.arith.problems import generate
+from envhub.envs.builtin.arith.problems import FAMILIES, generate
 from envhub.envs.environment import RunContext, Task, ToolResult, Verdict
 from envhub.envs.manifest import Manifest
 from envhub.envs.sandbox.base import Sandbox
@@ -52,12 +52,18 @@ class ArithEnv:
         self.manifest = manifest
         self.seed = int(manifest.metadata.get("seed", 0))
         self.count = int(manifest.metadata.get("count", 64))
+        self.families = list(manifest.metadata.get("families", FAMILIES))
+        unknown = [f for f in self.families if f not in FAMILIES]
+        if unknown:
+            raise ValueError(f"arith [metadata] families: unknown {unknown}; choose from "
+                             f"{sorted(FAMILIES)}")
 
     def load_tasks(self) -> list[Task]:
         return [
             Task(id=p.id, instruction=f"{p.question}\n\n{SYSTEM_HINT}",
-                 data={"answer": p.answer, "steps": p.steps, "question": p.question})
-            for p in generate(self.seed, self.count)
+                 data={"answer": p.answer, "steps": p.steps, "question": p.question,
+                       "family": p.family})
+            for p in generate(self.seed, self.count, self.families)
         ]
 
     async def setup(self, task: Task, ctx: RunContext) -> Sandbox:

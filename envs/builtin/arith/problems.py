@@ -1,13 +1,19 @@
-"""Deterministic arithmetic word problems: the same (seed, count) always gives the same list.
+"""Deterministic arithmetic problems: the same (seed, count, families) always gives the same list.
 
-Each problem needs two to four calculations, so a model that uses the calculator works over
-several turns. Values are chosen so every answer is a whole number.
+Three families, from easy to hard, so one task set holds problems a small model solves sometimes
+and problems it rarely solves (room for RL to improve on both):
+- `expression`: "What is 37 * 12 - 45?" — one calculation, the expression copied from the question;
+- `two_step`: "Multiply 37 by 12, then subtract 45 from the result." — the second calculation
+  uses the first one's result;
+- `word`: word problems needing three calculations over several turns.
+Every problem is solved by calculator calls and then `submit`, so a model that uses the
+calculator works over several turns. Values are chosen so every answer is a whole number.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 
@@ -17,6 +23,7 @@ class Problem:
     question: str
     answer: int
     steps: list[str]  # the calculations of the gold solution, in order
+    family: str = ""  # expression | two_step | word
 
 
 def _shop(r: random.Random) -> Problem:
@@ -82,14 +89,49 @@ def _tickets(r: random.Random) -> Problem:
                    [f"{adults} * {adult_price}", f"{children} * {child_price}", total])
 
 
-TEMPLATES: list[Callable[[random.Random], Problem]] = [_shop, _savings, _trip, _orchard, _tickets]
+_OPS = {"+": ("add", "to"), "-": ("subtract", "from")}
 
 
-def generate(seed: int, count: int) -> list[Problem]:
-    """`count` problems from `seed`; ids are `arith-<seed>-<index>`."""
+def _operands(r: random.Random) -> tuple[int, int, int, str]:
+    """a (2 digits), b (1 digit), c (2 digits) and + or -; answers are positive whole numbers.
+    Fixed widths keep the token layout of a question constant, which a tiny model learns to
+    copy from much sooner than numbers of varying length."""
+    a, b, op = r.randint(10, 99), r.randint(2, 9), r.choice("+-")
+    return a, b, r.randint(10, min(99, a * b - 1)), op
+
+
+def _expression(r: random.Random) -> Problem:
+    a, b, c, op = _operands(r)
+    expression = f"{a} * {b} {op} {c}"
+    answer = a * b + c if op == "+" else a * b - c
+    return Problem("", f"What is {expression}?", answer, [expression])
+
+
+def _two_step(r: random.Random) -> Problem:
+    a, b, c, op = _operands(r)
+    verb, prep = _OPS[op]
+    answer = a * b + c if op == "+" else a * b - c
+    q = f"Multiply {a} by {b}, then {verb} {c} {prep} the result. What number do you get?"
+    return Problem("", q, answer, [f"{a} * {b}", f"{a * b} {op} {c}"])
+
+
+FAMILIES: dict[str, list[Callable[[random.Random], Problem]]] = {
+    "expression": [_expression],
+    "two_step": [_two_step],
+    "word": [_shop, _savings, _trip, _orchard, _tickets],
+}
+
+
+def generate(seed: int, count: int, families: Sequence[str] = tuple(FAMILIES)) -> list[Problem]:
+    """`count` problems from `seed`, each from a family drawn uniformly from `families` (then a
+    template uniformly within it); ids are `arith-<seed>-<index>`."""
+    unknown = [f for f in families if f not in FAMILIES]
+    if unknown or not families:
+        raise ValueError(f"unknown arith families {unknown}; choose from {sorted(FAMILIES)}")
     r = random.Random(seed)
     problems = []
     for i in range(count):
-        p = r.choice(TEMPLATES)(r)
-        problems.append(Problem(f"arith-{seed}-{i:04d}", p.question, p.answer, p.steps))
+        family = r.choice(list(families))
+        p = r.choice(FAMILIES[family])(r)
+        problems.append(Problem(f"arith-{seed}-{i:04d}", p.question, p.answer, p.steps, family))
     return problems

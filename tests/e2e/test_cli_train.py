@@ -1,0 +1,68 @@
+"""`envhub train` driven like a user: the real command line runs the whole loop — embedded
+gateway and engine, built-in agent rollouts, trainer step, weights pushed back to the engine —
+and what it leaves in OUT (metrics, pool, weights) shows each piece did its part."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from envhub.train import task_schedule
+from envhub.trainer.source import StoreSource
+
+pytest.importorskip("torch")
+
+
+def envhub(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "envhub", *args], cwd=cwd, text=True,
+                          capture_output=True, timeout=timeout, check=False)
+
+
+@pytest.mark.slow
+def test_train_arith_runs_the_loop_and_the_engine_samples_the_new_weights(tmp_path):
+    out = tmp_path / "run"
+    done = envhub("train", "arith", "--steps", "2", "--seed", "3", "--out", str(out),
+                  "--groups", "2", "--k", "2", "--tasks", "2", "--max-turns", "3", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1]
+    assert [r["weight_version"] for r in rows] == [1, 2]  # one sync per step
+    for r in rows:
+        assert r["rollouts"] == 4 and r["env_failures"] == 0 and r["groups_trained"] >= 1
+        assert 0.0 <= r["resolved_rate"] <= 1.0 and isinstance(r["reward_mean"], float)
+        assert r["trainer/tokens/packed"] > 0  # the step trained on recorded tokens
+    assert list((out / "weights").iterdir())  # the pushed weights are on disk
+    with StoreSource(f"sqlite:///{out / 'pool.db'}") as pool:
+        groups = pool.list_groups()
+        assert len(groups) == 4 and all(g.finished() for g in groups)
+        versions = [{t.weight_version for tr in pool.fetch([s.id for s in g.sessions])
+                     for t in tr.turns} for g in groups]
+    # The first step's rollouts were sampled by version 0, the second step's by version 1:
+    # the trainer's update reached the engine through POST /admin/weights.
+    assert versions[:2] == [{0}, {0}] and versions[2:] == [{1}, {1}], versions
+
+
+def test_train_rejects_bad_input_with_exit_2(tmp_path):
+    unknown = envhub("train", "no-such-env", "--steps", "1", "--out", str(tmp_path / "a"),
+                     cwd=tmp_path, timeout=120)
+    assert unknown.returncode == 2 and "no-such-env" in unknown.stderr
+    missing = envhub("train", "arith", "--model", str(tmp_path / "nowhere"), cwd=tmp_path,
+                     timeout=120)
+    assert missing.returncode == 2 and "--model" in missing.stderr
+    zero = envhub("train", "arith", "--steps", "0", cwd=tmp_path, timeout=120)
+    assert zero.returncode == 2
+    assert not (tmp_path / "a").exists() and not (tmp_path / "runs").exists()  # nothing written
+
+
+def test_task_schedule_passes_over_every_task_once_per_epoch():
+    ids = [f"t{i}" for i in range(8)]
+    steps = task_schedule(ids, steps=6, groups=4, seed=1)
+    assert all(len(s) == 4 for s in steps)
+    for epoch in range(3):  # 8 tasks / 4 per step: each two steps hold every task once
+        assert sorted(steps[2 * epoch] + steps[2 * epoch + 1]) == sorted(ids)
+    assert steps[:2] != steps[2:4]  # a fresh order each pass
+    assert steps == task_schedule(ids, steps=6, groups=4, seed=1)  # and seeded
