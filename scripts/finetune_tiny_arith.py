@@ -52,6 +52,7 @@ WEIGHTS = "model.safetensors"
 # Files of a model folder the fine-tune never changes (copied from the base as they are).
 FOLDER_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
 DIGIT_IDS = (15, 24)  # "0".."9" in Qwen2's vocabulary (digits are single tokens)
+USER_TURN_TOKENS = 3  # "<|im_start|>" "user" "\n"
 PAD_ID = 151643  # <|endoftext|>; padded positions are masked out of attention and loss
 
 
@@ -230,12 +231,16 @@ def train(base: Path, examples: list[Example], args: argparse.Namespace,
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95),
                                   weight_decay=0.0)
     order = random.Random(args.seed)
+    short = shortened(examples) if args.short_share > 0 else []
+    n_short = round(args.batch * args.short_share)
     tail: list[float] = []
     started = time.monotonic()
     for step in range(args.steps):
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, args.steps, args.lr, args.warmup)
-        batch = order.sample(examples, min(args.batch, len(examples)))
+        batch = order.sample(examples, min(args.batch, len(examples)) - n_short)
+        if n_short:
+            batch += order.sample(short, n_short)
         head = None if args.negatives <= 0 else HeadSample.draw(
             target_ids, others, index, args.negatives, generator)
         losses, targets_n = sft_loss(model, *batch_tensors(batch, args.device), head)
@@ -254,6 +259,19 @@ def train(base: Path, examples: list[Example], args: argparse.Namespace,
             print(f"step {step:4d}  held-out {json.dumps(score(model, held_out, args.device))}",
                   flush=True)
     return model, sum(tail) / len(tail)
+
+
+def shortened(examples: list[Example]) -> list[Example]:
+    """The examples without the prefix they all share (system prompt + tool schemas), from the
+    user turn on. Rotary positions make attention depend only on distances, so what a head
+    learns to copy here holds in the full conversation, and the shorter context spreads
+    attention (and its gradient) over ~5x fewer positions at first."""
+    first = examples[0].ids
+    common = min(next((i for i, (a, b) in enumerate(zip(first, e.ids, strict=False)) if a != b),
+                      min(len(first), len(e.ids))) for e in examples[1:]) if len(examples) > 1 \
+        else 0
+    start = max(0, common - USER_TURN_TOKENS)  # keep "<|im_start|>user\n"
+    return [Example(e.ids[start:], e.loss_mask[start:], e.family) for e in examples]
 
 
 def rescale_body(model: Any, scale: float) -> None:
@@ -452,6 +470,8 @@ def main() -> None:
                    "training to report the exact full-vocabulary loss")
     p.add_argument("--body-scale", type=float, default=0.1, help="scale of the base's linear "
                    "layers before training (1: unchanged; see rescale_body)")
+    p.add_argument("--short-share", type=float, default=0.0, help="share of each batch taken "
+                   "from the conversations without their common prefix (see `shortened`)")
     p.add_argument("--warmup", type=int, default=20, help="linear warmup steps")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads (fixed: the "
                    "result is deterministic for a given thread count)")

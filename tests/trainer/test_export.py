@@ -11,7 +11,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.trainer.handmade import trajectory
-from tests.trainer.pool_server import serve
 
 
 def _pool() -> list:
@@ -46,18 +45,45 @@ def test_export_verl_from_jsonl(tmp_path: Path) -> None:
     assert row["advantages"] == [-0.5, -0.5, 0.0, -0.5]
 
 
-def test_export_trl_from_a_live_gateway_api(tmp_path: Path) -> None:
-    out = tmp_path / "trl.parquet"
-    with serve(_pool(), admin_key="k") as (url, _):
-        r = _envhub("export", "-f", "trl", "--gateway", url, "--admin-key", "k", "-o", str(out))
-    assert r.returncode == 0, r.stderr
+def test_export_trl_from_a_real_gateway(tmp_path: Path) -> None:
+    """Sessions played through a real gateway (scripted completions, real tokenizer): the TRL
+    rows hold exactly the ids, masks and rollout logprobs the pool recorded, with GRPO
+    advantages; the env_failure group is left out."""
+    from envhub.sdk import Session
+    from envhub.trainer.source import StoreSource
+    from tests.envs.runtime_fixtures.gateway import ADMIN_KEY, start_gateway
+
+    gw, _ = start_gateway(tmp_path, ["The answer is 2.", "Let me think: 2."])
+    try:
+        ids = []
+        for group, status in (("ga", "done"), ("gb", "env_failure")):
+            for i in range(2):
+                session = Session.open(gw.url, admin_key=ADMIN_KEY, group_id=group,
+                                       task_id=group, sample_index=i)
+                session.openai().chat.completions.create(
+                    model="default", messages=[{"role": "user", "content": "1 + 1?"}])
+                session.reward("outcome", float(i))
+                session.close(status if i else "done")
+                ids.append(session.id)
+        out = tmp_path / "trl.parquet"
+        r = _envhub("export", "-f", "trl", "--gateway", gw.url, "--admin-key", ADMIN_KEY,
+                    "-o", str(out))
+        assert r.returncode == 0, r.stderr
+        with StoreSource(gw.app.state.gw.store) as pool:
+            recorded = {t.session.id: t for t in pool.fetch(ids)}
+    finally:
+        gw.close()
     rows = pq.read_table(out).to_pylist()
-    assert {row["session_id"] for row in rows} == {"a0", "a1"}
-    a1 = next(row for row in rows if row["session_id"] == "a1")
-    assert a1["prompt_ids"] == [1, 2, 3] and a1["completion_mask"] == [1, 1, 0, 1]
-    assert a1["sampling_per_token_logps"] == [-0.5, -0.25, 0.0, -1.0]
-    assert a1["advantages"] == pytest.approx(1.0, rel=1e-5)  # (1 - 0.5) / 0.5
-    assert a1["token_advantages"][2] == 0.0
+    assert sorted(row["session_id"] for row in rows) == sorted(ids[:2])  # gb: under half valid
+    for row in rows:
+        seg = recorded[row["session_id"]].segments[0]
+        n_prompt = len(row["prompt_ids"])
+        assert row["prompt_ids"] + row["completion_ids"] == seg.token_ids
+        assert row["completion_mask"] == seg.loss_mask[n_prompt:]
+        assert row["sampling_per_token_logps"] == pytest.approx(seg.logprobs[n_prompt:])
+    advantages = {row["session_id"]: row["advantages"] for row in rows}
+    assert advantages[ids[1]] == pytest.approx(1.0, rel=1e-5)  # rewards 0, 1: (1 - .5) / .5
+    assert advantages[ids[0]] == pytest.approx(-1.0, rel=1e-5)
 
 
 @pytest.mark.parametrize("args, message", [

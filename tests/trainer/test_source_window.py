@@ -1,4 +1,4 @@
-"""Windowed-FIFO choice of groups, in memory and through the gateway's HTTP API."""
+"""Windowed-FIFO choice of groups (in memory; against a real gateway: test_sources_real_gateway)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from envhub.trainer.errors import SourceError
 from envhub.trainer.source import HttpSource, InMemorySource
 from envhub.trainer.window import GroupWindow
 from tests.trainer.handmade import trajectory
-from tests.trainer.pool_server import serve
 
 
 def _pool(finished: dict[str, bool]) -> list:
@@ -51,24 +50,6 @@ def test_greedy_window_takes_any_finished_group() -> None:
 def test_groups_are_ordered_by_start_time_not_name() -> None:
     pool = _pool({"zeta": True, "alpha": True})  # zeta started first
     assert [g.group_id for g in GroupWindow(InMemorySource(pool), 1).take(2)] == ["zeta", "alpha"]
-
-
-def test_http_source_against_a_live_server() -> None:
-    pool = _pool({"g0": True, "g1": False, "g2": True})
-    with serve(pool, admin_key="k") as (url, _):
-        with HttpSource(url, admin_key="k") as source:
-            infos = source.list_groups()
-            assert [g.group_id for g in infos] == ["g0", "g1", "g2"]
-            assert [g.finished() for g in infos] == [True, False, True]
-            assert [s.id for s in source.sessions(group_id="g1", status="open")] == ["g1-1"]
-            groups = GroupWindow(source, window=2).take(3)
-            assert [g.group_id for g in groups] == ["g0", "g2"]  # head moved to g1
-            assert groups[0].trajectories[0] == pool[0]  # round-trips exactly
-        with HttpSource(url, admin_key="wrong") as bad, pytest.raises(SourceError,
-                                                                       match="admin key"):
-            bad.list_groups()
-        with HttpSource(url, admin_key="k") as source, pytest.raises(SourceError, match="404"):
-            source.fetch(["nope"])
 
 
 def test_unreachable_gateway_says_what_to_check() -> None:

@@ -12,7 +12,6 @@ from envhub.trainer.trainer import Trainer
 from envhub.trainer.weights import http_pusher
 from envhub.trainer.window import GroupWindow
 from tests.trainer.models import tiny_model
-from tests.trainer.pool_server import serve
 
 SHAPE = RolloutShape(sessions=4, turns=4, prompt_len=16, cm_every=2, keep_prompt=8)
 
@@ -93,21 +92,42 @@ def test_checkpoint_resume_continues_identically(groups, tmp_path) -> None:
     a.save_checkpoint(ckpt)  # overwriting an existing checkpoint works too
 
 
-def test_sync_exports_pushes_and_bumps_version(groups, tmp_path) -> None:
+def test_sync_exports_pushes_and_bumps_version(tmp_path) -> None:
+    """The trainer's weights reach a real `envhub engine` (bundled model) over SGLang's
+    /update_weights_from_disk: the engine reports the new version and samples exactly what the
+    trained model computes (greedy tokens of a prompt)."""
+    import httpx
     from transformers import AutoModelForCausalLM
 
-    model = tiny_model("qwen2")
+    from envhub.gateway.engine.process import EngineProcess
+    from tests.trainer.models import TINY
+
+    model = AutoModelForCausalLM.from_pretrained(TINY, dtype=torch.float32)
     cfg = _config()
     cfg.optim.reset_optimizer_on_sync = True
     trainer = Trainer(model, cfg)
-    trainer.step(groups[:1])
+    sampler = AutoModelForCausalLM.from_pretrained(TINY, dtype=torch.float32)
+    trainer.step([Group("g", sample_group(sampler, "g", RolloutShape(sessions=2, turns=2,
+                                                                       prompt_len=8), seed=0))])
     assert trainer.optimizer.state
-    with serve([]) as (url, pushes):
-        path = trainer.sync(tmp_path / "weights", http_pusher(f"{url}/update_weights_from_disk"))
+    prompt = [151644, 872, 198, 9707, 151645, 198, 151644, 77091, 198]
+    body = {"prompt": prompt, "max_tokens": 6, "temperature": 0, "return_token_ids": True}
+    with EngineProcess(["--threads", "1"], log_path=tmp_path / "engine.log") as engine:
+        before = httpx.post(engine.url + "/v1/completions", json=body, timeout=120).json()
+        path = trainer.sync(tmp_path / "weights",
+                            http_pusher(f"{engine.url}/update_weights_from_disk"))
+        version = httpx.get(engine.url + "/get_weight_version", timeout=30).json()
+        after = httpx.post(engine.url + "/v1/completions", json=body, timeout=120).json()
     assert trainer.version == 1 and not trainer.optimizer.state
-    assert pushes == [{"model_path": str(path), "weight_version": "1"}]
+    assert str(version.get("weight_version")) == "1", version
+    assert after["weight_version"] == 1 and before["weight_version"] == 0
     reloaded = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     assert _max_diff(_params(model), _params(reloaded)) == 0
+    with torch.no_grad():  # greedy decode with the exported weights
+        ids = list(prompt)
+        for _ in range(6):
+            ids.append(int(reloaded(torch.tensor([ids])).logits[0, -1].argmax()))
+    assert after["choices"][0]["token_ids"] == ids[len(prompt):]
 
 
 def test_failed_push_names_the_url(tmp_path) -> None:
