@@ -90,7 +90,7 @@ def train(cfg: TrainLoopConfig, log: Any = print) -> list[dict[str, Any]]:
                                                  dtype=torch.float32)
     trainer = Trainer(model, TrainerConfig(
         optim=OptimConfig(lr=cfg.lr),
-        filters=FilterConfig(tau=cfg.tau, group_size=cfg.k)))
+        filters=FilterConfig(tau=cfg.tau, group_size=cfg.k, drop_no_signal=True)))
     history: list[dict[str, Any]] = []
     gw = run_in_thread(gw_config)
     source = HttpSource(gw.url, admin)

@@ -557,7 +557,9 @@ def main() -> None:
             "problems": args.problems, "steps": args.steps, "batch": args.batch,
             "lr": args.lr, "warmup": args.warmup, "threads": args.threads,
             "device": args.device, "negatives": args.negatives,
-            "body_scale": args.body_scale, "final_loss": round(final_loss, 4),
+            "body_scale": args.body_scale, "short_share": args.short_share,
+            "heldout": args.heldout, "families": args.families,
+            "final_loss": round(final_loss, 4),
             "held_out_loss": round(held_loss, 4),
             "held_out_score": {k: {m: round(x, 4) for m, x in v.items()}
                                for k, v in held_score.items()}}

@@ -69,14 +69,22 @@ def build_batch(groups: list[Group], config: TrainerConfig, trainer_version: int
         a_sample, turn_terms = group_advantages(kept.samples, config.advantages)
         valid = kept.samples[:kept.n_valid]
         batch.rewards += [composite_reward(t, config.advantages) for t in valid]
+        sequences: list[TrainSequence] = []
         for t, a, terms in zip(kept.samples, a_sample, turn_terms, strict=True):
             for seg in t.segments:
                 if not any(seg.loss_mask):
                     continue  # a segment with nothing sampled contributes nothing
-                batch.sequences.append(TrainSequence(
+                sequences.append(TrainSequence(
                     session_id=t.session.id, group_id=group.group_id, segment=seg.index,
                     token_ids=list(seg.token_ids), loss_mask=list(seg.loss_mask),
                     rollout_logprobs=list(seg.logprobs),
                     advantages=token_advantages(t, seg, a, terms),
                     reward=composite_reward(t, config.advantages), sample_advantage=a))
+        if config.filters.drop_no_signal and not any(
+                x for seq in sequences for x, m in zip(seq.advantages, seq.loss_mask,
+                                                       strict=True) if m):
+            batch.drops.groups["no_signal"] += 1  # every advantage 0: no policy gradient
+            batch.n_groups -= 1
+            continue
+        batch.sequences += sequences
     return batch

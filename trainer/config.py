@@ -15,6 +15,11 @@ class FilterConfig(BaseModel):
     group_size: int | None = Field(
         default=None, ge=1,
         description="Expected samples per group; None means the number of sessions listed.")
+    drop_no_signal: bool = Field(
+        default=False, description="Drop a group whose every token advantage is 0 (all "
+        "samples scored alike and no turn-level reward): it has no policy gradient, and "
+        "keeping it only dilutes the token normalisation (DAPO's dynamic-sampling filter). "
+        "Counted as drop_groups/no_signal; a step left with nothing skips the optimizer.")
     exclude_env_failures: bool = Field(
         default=True, description="Drop sessions whose status is env_failure (infrastructure, "
         "not the policy, failed; a reward of 0 would bias the group baseline).")

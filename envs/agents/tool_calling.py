@@ -37,10 +37,15 @@ class ToolCallingAgent:
         self.temperature = temperature
 
     async def run(self, ctx: AgentContext) -> AgentResult:
-        toolbox = Toolbox(ctx.env, ctx.task, ctx.sandbox)
         # No client retries: the gateway's router owns retries (STYLE: retry in one place), and
-        # a retried call would be recorded as a second turn.
-        client = ctx.session.openai(max_retries=0)
+        # a retried call would be recorded as a second turn. Closed on the way out: a client
+        # left to the garbage collector closes its connections on whatever event loop runs
+        # then, which fails once the rollout's own loop is gone.
+        async with ctx.session.openai(max_retries=0) as client:
+            return await self._run(ctx, client)
+
+    async def _run(self, ctx: AgentContext, client: Any) -> AgentResult:
+        toolbox = Toolbox(ctx.env, ctx.task, ctx.sandbox)
         messages: list[dict[str, Any]] = [
             {"role": "system", "content": SYSTEM_PROMPT},
             {"role": "user", "content": ctx.task.instruction},

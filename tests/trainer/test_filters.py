@@ -73,3 +73,24 @@ def test_batch_metrics_count_every_drop() -> None:
     assert m["drop/env_failure"] == 4 and m["drop_groups/group_under_half"] == 1
     assert m["drop/group_dropped_samples"] == 0
     assert m["reward/mean"] == 1.5
+
+
+def test_groups_without_signal_are_dropped_only_when_asked() -> None:
+    """All samples scored alike (rewards 1, 1): every advantage is 0, so with drop_no_signal the
+    group leaves the batch (its 3 sampled tokens x 2 no longer dilute the normaliser); a group
+    whose equal totals (1 - 1 and 0) come with a turn-level reward still has signal and stays."""
+    flat = Group("flat", [trajectory(f"f{i}", "flat", index=i, reward=1.0) for i in range(2)])
+    turn = Group("turn", [trajectory(f"t{i}", "turn", index=i, reward=1.0 - i,
+                                     turn_rewards={0: -1.0} if i == 0 else None)
+                          for i in range(2)])
+    varied = Group("varied", [trajectory(f"v{i}", "varied", index=i, reward=float(i))
+                              for i in range(2)])
+    kept = build_batch([flat, turn, varied], TrainerConfig(), 0)
+    assert kept.metrics()["batch/groups"] == 3 and len(kept.sequences) == 6
+    cfg = TrainerConfig(filters=FilterConfig(drop_no_signal=True))
+    batch = build_batch([flat, turn, varied], cfg, 0)
+    m = batch.metrics()
+    assert m["drop_groups/no_signal"] == 1 and m["batch/groups"] == 2
+    assert {s.group_id for s in batch.sequences} == {"turn", "varied"}
+    assert sum(s.n_loss_tokens for s in batch.sequences) == 4 * 3
+    assert m["reward/mean"] == (1 + 1 + 0 + 0 + 0 + 1) / 6  # rewards still reported
