@@ -7,6 +7,7 @@ reward (and solved rate) of the first and the last `--window` steps, their diffe
 the difference's mean and spread (sample std, min, max) over the seeds.
 
     .venv/bin/python bench/bench_train_arith.py [--seeds 0 1 2] [--steps 30] [--window 10]
+        [--tasks 40] [-- more envhub train options]
     .venv/bin/python bench/bench_train_arith.py --runs DIR   # summarise runs already made
 
 Each seed's run lands in DIR/seed-S (default: a fresh folder under runs/).
@@ -66,6 +67,9 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--window", type=int, default=10, help="steps averaged at each end")
+    ap.add_argument("--tasks", type=int, default=40, help="train on the first N arith tasks: "
+                    "with 8 groups a step, every 5 steps pass over all 40 once, so both "
+                    "10-step windows see the same tasks (twice each)")
     ap.add_argument("--runs", type=Path, help="folder of seed-S runs: summarise, run nothing")
     ap.add_argument("--out", type=Path, help="where the runs go (default runs/bench-train-*)")
     ap.add_argument("extra", nargs="*", help="more `envhub train` options, after --")
@@ -83,7 +87,8 @@ def main() -> None:
         folder = out / f"seed-{seed}"
         started = time.monotonic()
         cmd = [sys.executable, "-m", "envhub", "train", "arith", "--steps", str(args.steps),
-               "--seed", str(seed), "--out", str(folder), *args.extra]
+               "--seed", str(seed), "--out", str(folder), "--tasks", str(args.tasks),
+               *args.extra]
         print(f"seed {seed}: {' '.join(cmd[2:])}", flush=True)
         folder.mkdir(parents=True, exist_ok=True)
         with open(folder / "train.log", "w") as log:

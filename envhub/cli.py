@@ -39,10 +39,10 @@ def train_command(
     steps: int = typer.Option(20, min=1, help="optimizer steps, one rollout batch each"),
     seed: int = typer.Option(0, help="seed for torch, task order and sampling"),
     out: str = typer.Option("runs/train", help="folder for metrics.jsonl, pool.db, weights/"),
-    groups: int = typer.Option(4, min=1, help="tasks (groups) per step"),
-    k: int = typer.Option(4, min=2, help="samples per task (group size)"),
+    groups: int = typer.Option(8, min=1, help="tasks (groups) per step"),
+    k: int = typer.Option(8, min=2, help="samples per task (group size)"),
     concurrency: int = typer.Option(16, min=1, help="rollouts in flight"),
-    lr: float = typer.Option(3e-4, min=0, help="AdamW learning rate"),
+    lr: float = typer.Option(1e-3, min=0, help="AdamW learning rate"),
     tau: int = typer.Option(2, min=0, help="staleness bound in weight versions"),
     window: int = typer.Option(0, min=0, help="windowed-FIFO size (0: greedy)"),
     model: str = typer.Option(None, help="HF model folder (default: the bundled model)"),
@@ -68,7 +68,7 @@ def train_command(
         load_env(env)
     except Exception as e:  # unknown env, bad manifest: the loader's message says the fix
         typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from e
     train(cfg, log=typer.echo)
 
 
