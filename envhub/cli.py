@@ -49,6 +49,7 @@ def train_command(
     max_turns: int = typer.Option(None, min=1, help="override the env's max_turns"),
     tasks: int = typer.Option(None, min=1, help="train on the env's first N tasks (default: "
                               "all); each pass over them is in a fresh seeded order"),
+    keep_weights: int = typer.Option(2, min=1, help="weight versions kept in OUT/weights"),
 ) -> None:
     """Train on an environment: gateway + rollouts + trainer + weight sync, on CPU."""
     from pathlib import Path
@@ -61,7 +62,8 @@ def train_command(
         raise typer.Exit(2)
     cfg = TrainLoopConfig(env=env, steps=steps, seed=seed, out=Path(out), groups=groups, k=k,
                           concurrency=concurrency, lr=lr, tau=tau, window=window or None,
-                          model=model, max_turns=max_turns, tasks=tasks)
+                          model=model, max_turns=max_turns, tasks=tasks,
+                          keep_weights=keep_weights)
     try:
         from envhub.envs.loader import load_env
 

@@ -37,6 +37,17 @@ class TrainLoopConfig(BaseModel):
     max_turns: int | None = Field(None, ge=1, description="override the env's max_turns")
     tasks: int | None = Field(None, ge=1, description="train on the env's first N tasks "
                               "(None: all of them)")
+    keep_weights: int = Field(2, ge=1, description="weight versions kept in OUT/weights (the "
+                              "newest; older ones are deleted once a newer one is served)")
+
+
+def prune_weights(folder: Path, keep: int) -> None:
+    """Delete all but the newest `keep` version folders (v000001, ...) under `folder`."""
+    import shutil
+
+    versions = sorted(p for p in folder.glob("v[0-9]*") if p.is_dir())
+    for old in versions[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def task_schedule(task_ids: list[str], steps: int, groups: int, seed: int) -> list[list[str]]:
@@ -114,6 +125,7 @@ def train(cfg: TrainLoopConfig, log: Any = print) -> list[dict[str, Any]]:
                 r.raise_for_status()
 
             trainer.sync(cfg.out / "weights", push=push)
+            prune_weights(cfg.out / "weights", cfg.keep_weights)
             done = [r for r in outcome.records if r.status == "done"]
             row = {
                 **{f"trainer/{k}": v for k, v in stats.items() if isinstance(v, (int, float))},

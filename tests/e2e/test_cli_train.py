@@ -26,7 +26,8 @@ def envhub(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedP
 def test_train_arith_runs_the_loop_and_the_engine_samples_the_new_weights(tmp_path):
     out = tmp_path / "run"
     done = envhub("train", "arith", "--steps", "2", "--seed", "3", "--out", str(out),
-                  "--groups", "2", "--k", "2", "--tasks", "2", "--max-turns", "3", cwd=tmp_path)
+                  "--groups", "2", "--k", "2", "--tasks", "2", "--max-turns", "3",
+                  "--keep-weights", "1", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1]
@@ -38,7 +39,8 @@ def test_train_arith_runs_the_loop_and_the_engine_samples_the_new_weights(tmp_pa
         # the optimizer step was skipped, counted as such.
         assert r["trainer/tokens/packed"] > 0 or (
             r["trainer/step/skipped"] == 1 and r["trainer/drop_groups/no_signal"] == 2), r
-    assert list((out / "weights").iterdir())  # the pushed weights are on disk
+    kept = sorted(p.name for p in (out / "weights").iterdir())
+    assert kept == ["v000002"]  # the pushed weights: the newest kept, older ones pruned
     with StoreSource(f"sqlite:///{out / 'pool.db'}") as pool:
         groups = pool.list_groups()
         assert len(groups) == 4 and all(g.finished() for g in groups)
