@@ -128,7 +128,7 @@ def test_merged_equals_unmerged_bundled_model() -> None:
     if model is None:
         pytest.skip(f"{TINY} does not exist yet (the gateway's bundled model)")
     # Merged vs unmerged through the trainer's own forward and head: within 1e-5 (measured
-    # 3.8e-6 for logprobs, 8e-7 for gradients).
+    # 5.7e-6 for logprobs, 3.3e-7 for gradients of max 0.089; 27 sequences, 751 tokens -> 347).
     cfg = TrainerConfig()
     batch = build_batch(_groups(model, 1), cfg, trainer_version=0)
     lp_tree, g_tree, s_tree = _loss_and_grads(model, batch, True, cfg)
