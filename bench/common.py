@@ -10,7 +10,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import aiohttp
 

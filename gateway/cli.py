@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 
 from envhub.gateway.config import GatewayConfig
@@ -12,22 +10,22 @@ from envhub.gateway.config import GatewayConfig
 def gateway(
     host: str = typer.Option("127.0.0.1", help="address to listen on"),
     port: int = typer.Option(8400, help="port (0: a free one)"),
-    model: Optional[str] = typer.Option(None, help="HF model folder (default: bundled tiny)"),
-    model_name: Optional[str] = typer.Option(None, help="name served on /v1/models"),
-    tokenizer: Optional[str] = typer.Option(None, help="tokenizer folder, if not the model's"),
-    chat_template: Optional[str] = typer.Option(None, help="jinja file or 'deepseek_v3'"),
+    model: str | None = typer.Option(None, help="HF model folder (default: bundled tiny)"),
+    model_name: str | None = typer.Option(None, help="name served on /v1/models"),
+    tokenizer: str | None = typer.Option(None, help="tokenizer folder, if not the model's"),
+    chat_template: str | None = typer.Option(None, help="jinja file or 'deepseek_v3'"),
     backend: str = typer.Option("local", help="local | vllm | sglang | zero | openai"),
     upstream: list[str] = typer.Option([], help="engine URL (repeatable), e.g. "
                                                 "vllm=http://h1:8000"),
     db: str = typer.Option("sqlite:///envhub-pool.db", help="pool URL (sqlite:///FILE or "
                                                            "postgresql://...)"),
-    admin_key: Optional[str] = typer.Option(None, envvar="ENVHUB_ADMIN_KEY",
+    admin_key: str | None = typer.Option(None, envvar="ENVHUB_ADMIN_KEY",
                                             help="require this key for /sessions admin calls"),
     max_body_bytes: int = typer.Option(64 << 20, help="request body limit in bytes"),
     default_max_tokens: int = typer.Option(256, help="completion budget when none is set"),
     max_model_len: int = typer.Option(32768, help="prompt + completion token limit"),
-    device: Optional[str] = typer.Option(None, help="torch device for the local engine"),
-    fleet_config: Optional[str] = typer.Option(None, help="TOML/YAML file listing upstreams "
+    device: str | None = typer.Option(None, help="torch device for the local engine"),
+    fleet_config: str | None = typer.Option(None, help="TOML/YAML file listing upstreams "
                                                           "([[upstream]] kind, url, name)"),
     heartbeat_interval: float = typer.Option(1.0, help="seconds between engine health probes"),
     heartbeat_misses: int = typer.Option(2, help="missed beats / failed calls in a row that "
@@ -53,7 +51,7 @@ def gateway(
             pause_wait=pause_wait)
     except ValidationError as e:
         typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from e
     if config.backend in ("vllm", "sglang", "openai"):
         from envhub.gateway.errors import GatewayError
         from envhub.gateway.router import fleet_specs
@@ -62,7 +60,7 @@ def gateway(
             fleet_specs(config)
         except (GatewayError, ValueError) as e:
             typer.echo(f"error: {e}", err=True)
-            raise typer.Exit(2)
+            raise typer.Exit(2) from e
     if not config.model_path().exists():
         typer.echo(f"error: model folder {config.model_path()} does not exist; pass --model "
                    "PATH to a Hugging Face model folder", err=True)

@@ -187,7 +187,7 @@ def _logprobs(gw: Any, choice: Any) -> dict[str, Any]:
     res = choice.result
     tops = res.top_logprobs or [[] for _ in res.completion_ids]
     content = []
-    for tid, lp, alts in zip(res.completion_ids, res.logprobs, tops):
+    for tid, lp, alts in zip(res.completion_ids, res.logprobs, tops, strict=True):
         tok = dec([tid])
         content.append({"token": tok, "logprob": lp, "bytes": list(tok.encode()),
                         "top_logprobs": [{"token": dec([a]), "logprob": alp,

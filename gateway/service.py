@@ -224,7 +224,7 @@ class ChatService:
         choices, ops, states = [], [], []
         latency_ms = (time.perf_counter() - t0) * 1000
         self.metrics.latency_ms.observe(latency_ms)
-        for i, (seq, seg, res) in enumerate(zip(p.seqs, p.segments, results)):
+        for i, (seq, seg, res) in enumerate(zip(p.seqs, p.segments, results, strict=True)):
             choice, signals = self._choice(seq, res, p.tool_names, p.raw)
             choices.append(choice)
             state = TurnState(seq=seq, segment=seg, parent=p.parent,
@@ -287,7 +287,7 @@ class ChatService:
             signals.append(Signal(name="malformed_tool_call", seq=seq,
                                   info={"error": parsed.malformed}))
         calls = []
-        for j, c in enumerate(parsed.tool_calls):
+        for c in parsed.tool_calls:
             if tool_names and c["name"] not in tool_names:
                 signals.append(Signal(name="unknown_tool", seq=seq, info={"tool": c["name"]}))
             calls.append({"id": f"call_{response_id()}", "type": "function",

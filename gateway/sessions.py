@@ -107,7 +107,8 @@ class Sessions:
                 live, _ = await self.create(session_id=token[:_MAX_ID].replace("/", "_"),
                                             api_key=token)
             except Conflict:
-                raise Unauthorized("this token names an existing session with another key")
+                raise Unauthorized(
+                    "this token names an existing session with another key") from None
             return live
 
     async def get(self, session_id: str) -> LiveSession:

@@ -18,10 +18,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from packaging.requirements import InvalidRequirement, Requirement
+
 from envhub.envs.manifest import Manifest, ManifestError, load_manifest
 from envhub.registry.errors import BadPackage, TooLarge
 from envhub.registry.limits import Limits
-from packaging.requirements import InvalidRequirement, Requirement
 
 MANIFEST = "envhub.toml"
 # 1980-01-01: the earliest time a zip can hold; wheels use it too.

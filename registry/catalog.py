@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 
 import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError
+
 from envhub.registry.archive import check_dependencies, sha256_file
 from envhub.registry.blobs import BlobStore, check_digest
 from envhub.registry.errors import (
@@ -30,7 +32,6 @@ from envhub.registry.extract import scan
 from envhub.registry.limits import Limits
 from envhub.registry.models import PackageInfo, PublishResult, SearchHit, VersionInfo
 from envhub.registry.refs import PackageRef, Version, VersionSpec, check_name, check_owner
-from sqlalchemy.exc import IntegrityError
 
 MAX_VERSION_CHARS = 64
 MAX_QUERY_CHARS = 200

@@ -8,6 +8,8 @@ from types import TracebackType
 from typing import Any, Self, TypeVar
 
 import httpx
+from pydantic import BaseModel, ValidationError
+
 from envhub.registry.errors import DigestMismatch, RegistryError, Unavailable, from_wire
 from envhub.registry.models import (
     PackageInfo,
@@ -18,7 +20,6 @@ from envhub.registry.models import (
     WhoAmI,
 )
 from envhub.registry.refs import PackageRef
-from pydantic import BaseModel, ValidationError
 
 API = "/api/v1"
 M = TypeVar("M", bound=BaseModel)

@@ -7,8 +7,9 @@ import subprocess
 import sys
 from importlib import metadata
 
-from envhub.registry.errors import DependencyError
 from packaging.requirements import Requirement
+
+from envhub.registry.errors import DependencyError
 
 
 def unsatisfied(requirements: list[str]) -> list[str]:

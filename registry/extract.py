@@ -73,7 +73,8 @@ class _GuardedGunzip(io.RawIOBase):
         try:
             data = self.gz.read(min(len(buffer), CHUNK))
         except (OSError, EOFError, zlib.error) as e:
-            raise BadPackage(f"not a valid .tar.gz ({e}); build packages with `envhub pack`")
+            raise BadPackage(
+                f"not a valid .tar.gz ({e}); build packages with `envhub pack`") from e
         n = len(data)
         buffer[:n] = data
         self.out += n
@@ -213,7 +214,8 @@ def _walk(archive: Path, limits: Limits, sink: Sink) -> ArchiveInfo:
                     data = io.BytesIO(manifest)
                 sink(rel, m, data)
         except tarfile.TarError as e:
-            raise BadPackage(f"not a valid .tar.gz ({e}); build packages with `envhub pack`")
+            raise BadPackage(
+                f"not a valid .tar.gz ({e}); build packages with `envhub pack`") from e
     if manifest is None:
         raise BadPackage(f"the archive has no {MANIFEST} at its root; build packages with "
                          "`envhub pack` from the environment folder")

@@ -12,8 +12,9 @@ import os
 import tempfile
 from pathlib import Path
 
-from envhub.registry.errors import BadRequest
 from pydantic import BaseModel, Field, ValidationError
+
+from envhub.registry.errors import BadRequest
 
 LOCAL = "local"
 

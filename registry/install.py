@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, Field
+
 from envhub.registry.archive import sha256_file
 from envhub.registry.blobs import check_digest
 from envhub.registry.catalog import check_version
@@ -34,7 +36,6 @@ from envhub.registry.limits import Limits
 from envhub.registry.models import VersionInfo
 from envhub.registry.refs import PackageRef, Version
 from envhub.registry.sources import Registry, open_registry
-from pydantic import BaseModel, Field
 
 MARKER = ".envhub-install.json"
 
@@ -96,7 +97,8 @@ def _trusted(ref: PackageRef, info: VersionInfo, location: str) -> VersionInfo:
         check_version(info.version)
         check_digest(info.digest)
     except RegistryError as e:
-        raise BadPackage(f"{location} answered a bad version record ({e.message}); refused")
+        raise BadPackage(
+            f"{location} answered a bad version record ({e.message}); refused") from e
     wanted = (info.version == ref.spec.exact or ref.spec.text in ("latest", "*")
               or ref.spec.matches(Version.parse(info.version)))
     if (info.owner, info.name) != (ref.owner, ref.name) or not wanted:

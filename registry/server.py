@@ -13,6 +13,14 @@ import pathlib
 import socket
 from typing import Annotated, Any
 
+from fastapi import FastAPI, Header, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse
+from pydantic import BaseModel, Field
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from envhub import __version__
 from envhub.envs.manifest import SEMVER_RE
 from envhub.registry.blobs import DIGEST_RE
 from envhub.registry.catalog import Catalog, check_version
@@ -28,14 +36,6 @@ from envhub.registry.models import (
     YankRequest,
 )
 from envhub.registry.refs import PackageRef, VersionSpec, check_name, check_owner
-from fastapi import FastAPI, Header, Path, Query, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse
-from pydantic import BaseModel, Field
-from starlette.concurrency import run_in_threadpool
-from starlette.exceptions import HTTPException as StarletteHTTPException
-
-from envhub import __version__
 
 API = "/api/v1"
 _NAME = r"^[a-z0-9][a-z0-9._-]{0,63}$"

@@ -1,6 +1,6 @@
 """Fixtures shared by every test folder; helpers live in tests/support.py."""
 
-from typing import Iterator  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
 
 import pytest  # noqa: E402
 

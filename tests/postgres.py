@@ -41,7 +41,7 @@ class PostgresServer:
     def _run(self, *args: str) -> None:
         subprocess.run(self._as_user + list(args), check=True, capture_output=True, cwd="/")
 
-    def start(self) -> "PostgresServer":
+    def start(self) -> PostgresServer:
         self._run(f"{self.bindir}/initdb", "-D", self.data, "-U", "postgres", "-A", "trust",
                   "--no-sync")
         self._run(f"{self.bindir}/pg_ctl", "-D", self.data, "-l", f"{self.root}/log", "-w",

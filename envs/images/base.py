@@ -134,7 +134,8 @@ def _build(recipe: BaseRecipe) -> None:
         cmd = [tool, f"--variant={recipe.variant}", f"--include={','.join(recipe.packages)}",
                f"--cache-dir={debs}", recipe.suite, str(rootfs), recipe.mirror]
         with open(log_path, "wb") as out:
-            proc = subprocess.run(cmd, check=False, stdout=out, stderr=subprocess.STDOUT, timeout=1800)
+            proc = subprocess.run(cmd, check=False, stdout=out, stderr=subprocess.STDOUT,
+                                  timeout=1800)
         if proc.returncode != 0:
             tail = log_path.read_text(errors="replace")[-3000:]
             raise ImageBuildError(

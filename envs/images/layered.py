@@ -112,7 +112,8 @@ def build_env_image(
     try:
         base_id = client.images.get(base_tag).id
     except docker.errors.ImageNotFound:
-        raise ImageBuildError(f"base image {base_tag} not found; run `envhub image build-base`")
+        raise ImageBuildError(
+            f"base image {base_tag} not found; run `envhub image build-base`") from None
     if dockerfile is not None:
         path = Path(dockerfile)
         if not path.is_file():

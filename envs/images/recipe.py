@@ -31,7 +31,8 @@ class BaseRecipe(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     suite: str = Field(description="Debian release codename, e.g. 'bookworm'")
     mirror: str = Field(description="Debian archive URL the packages come from")
-    packages: tuple[str, ...] = Field(default=DEFAULT_PACKAGES, description="extra packages to include")
+    packages: tuple[str, ...] = Field(default=DEFAULT_PACKAGES,
+                                      description="extra packages to include")
     variant: str = Field(default="minbase", description="debootstrap --variant")
     script_version: int = SCRIPT_VERSION
 

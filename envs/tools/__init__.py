@@ -19,12 +19,13 @@ import json
 from collections.abc import Iterable, Mapping, MutableMapping
 from typing import Any
 
+from pydantic import BaseModel, ValidationError
+
 from envhub.envs.sandbox.base import Sandbox
 from envhub.envs.sandbox.errors import SandboxFileError
 from envhub.envs.tools import bash, editor, search, submit
 from envhub.envs.tools.result import ToolResult, ToolState
 from envhub.envs.tools.truncation import cut_middle
-from pydantic import BaseModel, ValidationError
 
 __all__ = ["TOOL_NAMES", "ToolResult", "ToolState", "call_tool", "cut_middle", "tool_schemas"]
 

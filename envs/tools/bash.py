@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from envhub.envs.sandbox.base import Sandbox
 from envhub.envs.tools.result import ToolResult, ToolState
 from envhub.envs.tools.truncation import cut_middle
-from pydantic import BaseModel, ConfigDict, Field
 
 MAX_TIMEOUT_S = 3600.0
 

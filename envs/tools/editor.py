@@ -10,11 +10,12 @@ from __future__ import annotations
 import shlex
 from typing import Literal
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from envhub.envs.sandbox.base import Sandbox
 from envhub.envs.sandbox.errors import SandboxFileError
 from envhub.envs.tools.result import ToolResult, ToolState
 from envhub.envs.tools.truncation import cut_middle
-from pydantic import BaseModel, ConfigDict, Field
 
 SNIPPET_LINES = 4  # context shown around an edit
 MAX_VIEW_CHARS = 16000

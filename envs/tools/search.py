@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import shlex
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from envhub.envs.sandbox.base import Sandbox
 from envhub.envs.tools.result import ToolResult, ToolState
 from envhub.envs.tools.truncation import cut_middle
-from pydantic import BaseModel, ConfigDict, Field
 
 MAX_MATCHES = 200
 MAX_LINE_CHARS = 300

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from envhub.envs.tools.result import ToolResult, ToolState
 from pydantic import BaseModel, ConfigDict
+
+from envhub.envs.tools.result import ToolResult, ToolState
 
 SCHEMA = {
     "type": "function",

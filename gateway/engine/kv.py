@@ -20,7 +20,7 @@ def read_layers(cache: Any) -> Layers:
     """(keys, values) per layer, each [B, H, T, D]."""
     if hasattr(cache, "layers"):
         return [(layer.keys, layer.values) for layer in cache.layers]
-    return list(zip(cache.key_cache, cache.value_cache))
+    return list(zip(cache.key_cache, cache.value_cache, strict=True))
 
 
 def build_cache(layers: Layers) -> DynamicCache:
@@ -45,7 +45,7 @@ def merge(a: Any, mask_a: torch.Tensor, b: Any, mask_b: torch.Tensor) -> tuple[A
     layers = [
         (torch.cat([_pad_left(ka, length, 2), _pad_left(kb, length, 2)]),
          torch.cat([_pad_left(va, length, 2), _pad_left(vb, length, 2)]))
-        for (ka, va), (kb, vb) in zip(read_layers(a), read_layers(b))
+        for (ka, va), (kb, vb) in zip(read_layers(a), read_layers(b), strict=True)
     ]
     mask = torch.cat([_pad_left(mask_a, length, 1), _pad_left(mask_b, length, 1)])
     return build_cache(layers), mask

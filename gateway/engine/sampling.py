@@ -43,7 +43,7 @@ def draw(logits: torch.Tensor, temperature: float, top_p: float, top_logprobs: i
     top = None
     if top_logprobs > 0:
         values, ids = torch.topk(logp, min(top_logprobs, logp.shape[-1]))
-        top = list(zip(ids.tolist(), values.tolist()))
+        top = list(zip(ids.tolist(), values.tolist(), strict=True))
     return Draw(token, float(logp[token]), top)
 
 

@@ -174,7 +174,7 @@ def _completion_body(engine: ServedEngine, body: CompletionRequest, request_id: 
                      jobs: list[GenerateRequest], results: list[EngineResult]) -> dict[str, Any]:
     tok = engine.tokenizer
     choices = []
-    for index, (job, r) in enumerate(zip(jobs, results)):
+    for index, (job, r) in enumerate(zip(jobs, results, strict=True)):
         text = tok.decode(r.completion_ids, skip_special_tokens=body.skip_special_tokens) \
             if tok is not None else ""
         if isinstance(r.stop_reason, str) and not body.include_stop_str_in_output:
@@ -213,6 +213,6 @@ def _logprobs(tok: Any, r: EngineResult, as_ids: bool) -> dict[str, Any]:
         at += len(s)
     rows = r.top_logprobs or [[] for _ in r.completion_ids]
     top = [{**{label(t): lp for t, lp in row}, label(tid): lp_s}
-           for row, tid, lp_s in zip(rows, r.completion_ids, r.logprobs)]
+           for row, tid, lp_s in zip(rows, r.completion_ids, r.logprobs, strict=True)]
     return {"tokens": tokens, "token_logprobs": r.logprobs, "top_logprobs": top,
             "text_offset": offsets}

@@ -62,7 +62,7 @@ class ZeroEngine:
             # The sampled token first, then made-up runners-up with lower logprobs.
             tops = [[(t, lp)] + [((t + k) % self.vocab_size, lp - 2.0 * k)
                                  for k in range(1, p.top_logprobs)]
-                    for t, lp in zip(ids, logprobs)]
+                    for t, lp in zip(ids, logprobs, strict=True)]
         self._requests += 1
         self._tokens += len(ids)
         return EngineResult(completion_ids=ids, logprobs=logprobs, finish_reason=finish,

@@ -12,9 +12,9 @@ import uuid
 from pathlib import Path
 
 import pytest
+
 from envhub.envs.manifest import SandboxSpec
 from envhub.envs.sandbox import SandboxClosed, SandboxError, SandboxFileError, open_sandbox, reap
-
 from tests.support import require_docker
 
 pytestmark = pytest.mark.docker

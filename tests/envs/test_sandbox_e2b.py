@@ -8,9 +8,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from envhub.envs.manifest import SandboxSpec
 from envhub.envs.sandbox import SandboxClosed, SandboxFileError, SandboxUnavailable, open_sandbox
-
 from tests.support import require, require_tool
 
 pytestmark = pytest.mark.bwrap  # the fake's sandboxes are LocalSandboxes under bubblewrap

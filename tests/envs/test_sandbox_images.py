@@ -7,10 +7,10 @@ import uuid
 from pathlib import Path
 
 import pytest
+
 from envhub.envs.images.recipe import BaseRecipe, host_mirror, host_suite
 from envhub.envs.manifest import SandboxSpec
 from envhub.envs.sandbox import ImageBuildError, open_sandbox, reap
-
 from tests.support import require_docker
 
 

@@ -9,10 +9,10 @@ import uuid
 from pathlib import Path
 
 import pytest
+
 from envhub.envs.manifest import SandboxSpec
 from envhub.envs.sandbox import SandboxClosed, SandboxFileError, open_sandbox
 from envhub.envs.sandbox.local import LocalSandbox
-
 from tests.support import require_tool
 
 pytestmark = pytest.mark.bwrap

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 import typer
-from envhub.envs.manifest import SandboxSpec
-from envhub.envs.sandbox import SandboxFileError, SandboxUnavailable, best_available, open_sandbox
 from typer.testing import CliRunner
 
+from envhub.envs.manifest import SandboxSpec
+from envhub.envs.sandbox import SandboxFileError, SandboxUnavailable, best_available, open_sandbox
 from tests.support import docker_reachable, require_docker, require_tool
 
 

@@ -10,10 +10,10 @@ import asyncio
 import json
 
 import pytest
+
 from envhub.envs.manifest import SandboxSpec
 from envhub.envs.sandbox import open_sandbox, reap
 from envhub.envs.tools import TOOL_NAMES, ToolState, call_tool, cut_middle, tool_schemas
-
 from tests.support import require_docker, require_tool
 
 

@@ -128,5 +128,5 @@ def test_matches_the_in_process_engine_and_updates_weights(tmp_path: Path) -> No
 
         got, version, after = run(scenario())
     assert got.completion_ids == expected.completion_ids
-    assert max(abs(a - b) for a, b in zip(got.logprobs, expected.logprobs)) < 1e-3
+    assert max(abs(a - b) for a, b in zip(got.logprobs, expected.logprobs, strict=True)) < 1e-3
     assert version == 9 and after.weight_version == 9

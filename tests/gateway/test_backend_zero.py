@@ -25,7 +25,7 @@ def test_fixed_completion_and_consistent_logprobs() -> None:
     assert r1.finish_reason == "stop" and r1.instance == "zero"
     assert r1.top_logprobs is not None
     assert all(row[0][0] == t and len(row) == 3 for row, t in zip(r1.top_logprobs,
-                                                                   r1.completion_ids))
+                                                                   r1.completion_ids, strict=True))
     assert r1.prompt_ids_seen == [1, 2, 3]
 
 

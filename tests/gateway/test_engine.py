@@ -55,7 +55,7 @@ def test_logprobs_are_the_sampling_distribution(engine: Engine, temperature: flo
     r = run(engine.generate(req(max_tokens=24, temperature=temperature, seed=3)))
     assert len(r.completion_ids) == len(r.logprobs) == 24 and r.finish_reason == "length"
     expected = full_forward_logprobs(engine, PROMPT, r.completion_ids, temperature)
-    assert max(abs(a - b) for a, b in zip(r.logprobs, expected)) < 1e-3
+    assert max(abs(a - b) for a, b in zip(r.logprobs, expected, strict=True)) < 1e-3
     assert all(lp <= 0 for lp in r.logprobs)
     assert r.prompt_ids_seen == PROMPT and r.weight_version == engine.weight_version
 
@@ -63,7 +63,7 @@ def test_logprobs_are_the_sampling_distribution(engine: Engine, temperature: flo
 def test_greedy_picks_the_argmax(engine: Engine) -> None:
     r = run(engine.generate(req(max_tokens=12, temperature=0, top_logprobs=3)))
     assert r.top_logprobs is not None and len(r.top_logprobs) == 12
-    for token, lp, top in zip(r.completion_ids, r.logprobs, r.top_logprobs):
+    for token, lp, top in zip(r.completion_ids, r.logprobs, r.top_logprobs, strict=True):
         assert top[0][0] == token and abs(top[0][1] - lp) < 1e-6
         assert [x[1] for x in top] == sorted((x[1] for x in top), reverse=True)
 
@@ -74,7 +74,7 @@ def test_top_p_truncates_sampling_but_not_the_reported_logprob(engine: Engine) -
     r = run(engine.generate(req(max_tokens=10, temperature=1.0, top_p=1e-6, seed=1)))
     assert r.completion_ids == greedy.completion_ids
     expected = full_forward_logprobs(engine, PROMPT, r.completion_ids, 1.0)
-    assert max(abs(a - b) for a, b in zip(r.logprobs, expected)) < 1e-3
+    assert max(abs(a - b) for a, b in zip(r.logprobs, expected, strict=True)) < 1e-3
     assert min(r.logprobs) < -1e-3  # not the 0.0 a truncated distribution would report
 
 
@@ -90,7 +90,7 @@ def test_seed_determinism(engine: Engine) -> None:
     batched = run(both())[0]
     other = run(engine.generate(req(max_tokens=32, temperature=1.0, seed=43)))
     assert batched.completion_ids == alone.completion_ids
-    assert max(abs(a - b) for a, b in zip(batched.logprobs, alone.logprobs)) < 1e-3
+    assert max(abs(a - b) for a, b in zip(batched.logprobs, alone.logprobs, strict=True)) < 1e-3
     assert other.completion_ids != alone.completion_ids
 
 
@@ -154,9 +154,9 @@ def test_concurrent_requests_are_batched_and_unchanged(engine: Engine) -> None:
     stats = engine.stats()
     assert stats["max_batch_size"] > 1, stats
     assert before <= stats["max_batch_size"]
-    for a, b in zip(alone, batched):
+    for a, b in zip(alone, batched, strict=True):
         assert a.completion_ids == b.completion_ids
-        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-3
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-3
 
 
 def test_bad_requests_raise_and_engine_keeps_serving(engine: Engine) -> None:
@@ -263,10 +263,10 @@ def test_sampler_frequencies_and_nucleus() -> None:
             counts[draw(logits, 1.0, top_p, 0, gen).token] += 1
         return [c / n for c in counts]
 
-    for got, want in zip(freq(1.0), [0.5, 0.3, 0.15, 0.05, 0.0]):
+    for got, want in zip(freq(1.0), [0.5, 0.3, 0.15, 0.05, 0.0], strict=True):
         assert abs(got - want) < 0.015
     # Mass above token 2 is 0.8 >= top_p: the nucleus is {0, 1}, renormalised to 5/8, 3/8.
-    for got, want in zip(freq(0.8), [0.625, 0.375, 0.0, 0.0, 0.0]):
+    for got, want in zip(freq(0.8), [0.625, 0.375, 0.0, 0.0, 0.0], strict=True):
         assert abs(got - want) < 0.015
     d = draw(logits, 1.0, 0.8, 2, gen)
     assert abs(d.logprob - float(torch.log(probs[d.token]))) < 1e-5  # full distribution's

@@ -64,7 +64,7 @@ def test_raw_http_shapes_many_prompts_and_n(server: EngineProcess) -> None:
     c = first["choices"][0]
     assert c["logprobs"]["tokens"] == [f"token_id:{t}" for t in c["token_ids"]]
     assert all(f"token_id:{t}" in top for t, top in zip(c["token_ids"],
-                                                        c["logprobs"]["top_logprobs"]))
+                                                        c["logprobs"]["top_logprobs"], strict=True))
     sampled = sum(len(c["token_ids"]) for c in first["choices"])
     assert 4 <= sampled <= 4 * 32
     assert first["usage"] == {"prompt_tokens": len(PROMPT) + 5, "completion_tokens": sampled,

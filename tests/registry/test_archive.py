@@ -7,10 +7,10 @@ import tarfile
 from pathlib import Path
 
 import pytest
+
 from envhub.registry.archive import FIXED_MTIME, pack
 from envhub.registry.errors import BadPackage, TooLarge
 from envhub.registry.limits import Limits
-
 from tests.registry.conftest import make_env, tree
 
 

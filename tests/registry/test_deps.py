@@ -12,11 +12,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from envhub.registry.deps import unsatisfied
-from envhub.registry.install import installed
 from typer.testing import CliRunner
 
 from envhub.cli import app
+from envhub.registry.deps import unsatisfied
+from envhub.registry.install import installed
 from tests.registry.conftest import make_env
 
 DEP = "envhub-regtest-dep"

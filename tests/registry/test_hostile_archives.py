@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from envhub.registry.archive import sha256_file
 from envhub.registry.catalog import versions
 from envhub.registry.errors import BadPackage, DigestMismatch, TooLarge
@@ -17,7 +18,6 @@ from envhub.registry.extract import scan, unpack_into
 from envhub.registry.install import install
 from envhub.registry.limits import Limits
 from envhub.registry.sources import LocalRegistry
-
 from tests.registry.conftest import make_env, tree
 from tests.registry.hostile import HOSTILE, build, member
 

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from envhub.registry.errors import BadPackage, DigestMismatch, RegistryError, TooLarge
 from envhub.registry.install import install
 from envhub.registry.sources import RemoteRegistry
-
 from tests.registry.conftest import tree
 
 BLOB = b"\x1f\x8b" + b"not really a package" * 10

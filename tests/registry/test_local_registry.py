@@ -7,10 +7,10 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-from envhub.registry.install import installed, registry_info, resolve
 from typer.testing import CliRunner
 
 from envhub.cli import app
+from envhub.registry.install import installed, registry_info, resolve
 from tests.registry.conftest import make_env, tree
 
 runner = CliRunner()

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from envhub.registry.archive import pack
 
+from envhub.registry.archive import pack
 from tests.registry.conftest import Server, make_env, run_cli, start_server, stop_server, tree
 from tests.support import free_port, require
 

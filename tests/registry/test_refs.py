@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from envhub.registry.errors import BadRequest
 from envhub.registry.refs import PackageRef, Version, VersionSpec
 

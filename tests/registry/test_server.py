@@ -11,9 +11,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from envhub.registry.archive import pack
 from envhub.registry.install import resolve
-
 from tests.registry.conftest import ENVHUB, Server, make_env, run_cli, tree
 from tests.registry.hostile import HOSTILE
 

@@ -27,9 +27,10 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from starlette.applications import Starlette
+
 from envhub.envs.sandbox.e2b_fake import control, envd
 from envhub.envs.sandbox.e2b_fake.state import Registry
-from starlette.applications import Starlette
 
 __all__ = ["FakeE2B", "running_fake_e2b"]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 import uvicorn
+
 from envhub.envs.sandbox.e2b_fake import FakeE2B
 
 

@@ -9,10 +9,11 @@ import datetime as dt
 import json
 import urllib.parse
 
-from envhub.envs.sandbox.e2b_fake.state import ENVD_VERSION, Registry, now
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+
+from envhub.envs.sandbox.e2b_fake.state import ENVD_VERSION, Registry, now
 
 DEFAULT_TIMEOUT_S = 300
 MAX_TIMEOUT_S = 86_400

@@ -28,13 +28,14 @@ from connectrpc.errors import ConnectError
 from e2b.envd.filesystem.filesystem_connect import Filesystem, FilesystemASGIApplication
 from e2b.envd.process import process_pb
 from e2b.envd.process.process_connect import Process, ProcessASGIApplication
-from envhub.envs.sandbox.base import ExecResult
-from envhub.envs.sandbox.e2b_fake.state import HOME, FakeSandbox, Registry
-from envhub.envs.sandbox.errors import SandboxFileError
 from protobuf import Oneof
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+
+from envhub.envs.sandbox.base import ExecResult
+from envhub.envs.sandbox.e2b_fake.state import HOME, FakeSandbox, Registry
+from envhub.envs.sandbox.errors import SandboxFileError
 
 KEEPALIVE_S = 30.0
 DEFAULT_COMMAND_TIMEOUT_S = 3600.0
