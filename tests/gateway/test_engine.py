@@ -53,7 +53,10 @@ def full_forward_logprobs(engine: Engine, prompt: list[int], completion: list[in
 @pytest.mark.parametrize("temperature", [0.0, 0.7, 1.3])
 def test_logprobs_are_the_sampling_distribution(engine: Engine, temperature: float) -> None:
     r = run(engine.generate(req(max_tokens=24, temperature=temperature, seed=3)))
-    assert len(r.completion_ids) == len(r.logprobs) == 24 and r.finish_reason == "length"
+    # The bundled model may close its answer (<|im_end|>) before 24 tokens.
+    n = len(r.completion_ids)
+    assert n == len(r.logprobs) and n >= 8, r
+    assert r.finish_reason == "stop" if n < 24 else r.finish_reason in ("stop", "length"), r
     expected = full_forward_logprobs(engine, PROMPT, r.completion_ids, temperature)
     assert max(abs(a - b) for a, b in zip(r.logprobs, expected, strict=True)) < 1e-3
     assert all(lp <= 0 for lp in r.logprobs)
