@@ -35,7 +35,32 @@ def mean_of(rows: list[dict], key: str) -> float:
     return statistics.fmean(r[key] for r in rows)
 
 
-def summarise(runs: dict[int, list[dict]], window: int) -> None:
+def solved_by_family(folder: Path, steps: int, window: int) -> dict[str, tuple[float, float]]:
+    """Per arith family: solved rate of the rollouts of the first and last `window` steps,
+    read from the run's pool (groups in start order, `rows` groups per step)."""
+    from envhub.envs.loader import load_env
+    from envhub.trainer.source import StoreSource
+
+    tasks = {t.id: t.data.get("family", "") for t in load_env("arith").env.load_tasks()}
+    with StoreSource(f"sqlite:///{folder / 'pool.db'}") as pool:
+        groups = pool.list_groups()
+        per_step = len(groups) // steps
+        ends = {"first": groups[:window * per_step], "last": groups[-window * per_step:]}
+        tally: dict[str, dict[str, list[int]]] = {}
+        for end, chosen in ends.items():
+            for g in chosen:
+                for t in pool.fetch([s.id for s in g.sessions]):
+                    family = tasks.get(t.session.task_id or "", "")
+                    solved = any(r.kind == "outcome" and r.value >= 1.0 for r in t.rewards)
+                    n = tally.setdefault(family, {}).setdefault(end, [0, 0])
+                    n[0] += 1
+                    n[1] += solved
+    return {f: (v["first"][1] / v["first"][0], v["last"][1] / v["last"][0])
+            for f, v in sorted(tally.items())}
+
+
+def summarise(runs: dict[int, list[dict]], window: int,
+              folders: dict[int, Path] | None = None) -> None:
     print(f"\n{'seed':>4} {'steps':>5} {'first':>7} {'last':>7} {'margin':>7}   "
           f"{'solved first':>12} {'solved last':>11}   {'IS masked':>9} {'s/step':>6}")
     margins = []
@@ -57,6 +82,13 @@ def summarise(runs: dict[int, list[dict]], window: int) -> None:
         print(f"\nmargin (mean reward, last {window} steps - first {window}) over "
               f"{len(margins)} seeds: {statistics.fmean(margins):+.3f} ± {spread:.3f} (sample "
               f"std), min {min(margins):+.3f}, max {max(margins):+.3f}")
+    if folders:
+        print(f"\nsolved rate by problem family, first {window} steps -> last {window}:")
+        for seed, folder in sorted(folders.items()):
+            if len(runs[seed]) >= 2 * window and (folder / "pool.db").is_file():
+                rates = solved_by_family(folder, len(runs[seed]), window)
+                print(f"  seed {seed}: " + ", ".join(f"{f} {a:.2f} -> {b:.2f}"
+                                                    for f, (a, b) in rates.items()))
     print("\nreward per step (mean of the step's rollouts):")
     for seed, rows in sorted(runs.items()):
         print(f"  seed {seed}: " + " ".join(f"{r['reward_mean']:.2f}" for r in rows))
@@ -75,11 +107,11 @@ def main() -> None:
     ap.add_argument("extra", nargs="*", help="more `envhub train` options, after --")
     args = ap.parse_args()
     if args.runs is not None:
-        runs = {int(p.name.split("-", 1)[1]): read_metrics(p)
-                for p in sorted(args.runs.glob("seed-*")) if (p / "metrics.jsonl").is_file()}
-        if not runs:
+        folders = {int(p.name.split("-", 1)[1]): p for p in sorted(args.runs.glob("seed-*"))
+                   if (p / "metrics.jsonl").is_file()}
+        if not folders:
             ap.error(f"--runs {args.runs}: no seed-*/metrics.jsonl inside")
-        summarise(runs, args.window)
+        summarise({s: read_metrics(p) for s, p in folders.items()}, args.window, folders)
         return
     out = args.out or ROOT / "runs" / time.strftime("bench-train-%Y%m%d-%H%M%S")
     runs = {}
@@ -96,7 +128,7 @@ def main() -> None:
         runs[seed] = read_metrics(folder)
         print(f"seed {seed}: {len(runs[seed])} steps in {time.monotonic() - started:.0f}s "
               f"(log: {folder / 'train.log'})", flush=True)
-    summarise(runs, args.window)
+    summarise(runs, args.window, {seed: out / f"seed-{seed}" for seed in runs})
 
 
 if __name__ == "__main__":
