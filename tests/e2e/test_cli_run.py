@@ -157,8 +157,8 @@ def test_interrupted_run_leaves_nothing_behind(tmp_path, sig):
         assert info_file.exists(), proc.communicate()
         info = json.loads(info_file.read_text())
         proc.send_signal(sig)
-        _, err = proc.communicate(timeout=120)
-        assert proc.returncode == 130, err
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 130, (out, err)
         assert "interrupted" in err
         child = Path(f"/proc/{int(pid_file.read_text())}/stat")
         assert not child.exists() or child.read_text().split()[2] == "Z"
