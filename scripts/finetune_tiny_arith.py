@@ -291,7 +291,7 @@ def rescale_body(model: Any, scale: float) -> None:
     stream. Scaling by 0.1 starts training from a standard init (std ~0.03) instead, the regime
     the optimizer settings here are meant for. (On full conversations alone neither regime
     learnt to copy numbers in 1600 steps: the loss on digit tokens stays near ln 9 nats; with
-    half of each batch `shortened`, copying starts after ~800 steps.)
+    half of each batch `shortened`, copying is under way by ~1,000 steps.)
     """
     import torch
 
