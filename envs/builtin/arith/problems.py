@@ -92,25 +92,24 @@ def _tickets(r: random.Random) -> Problem:
 _OPS = {"+": ("add", "to"), "-": ("subtract", "from")}
 
 
-def _operands(r: random.Random) -> tuple[int, int, int, str]:
-    """a (2 digits), b (1 digit), c (2 digits) and + or -; answers are positive whole numbers.
-    Fixed widths keep the token layout of a question constant, which a tiny model learns to
-    copy from much sooner than numbers of varying length."""
+def _operands(r: random.Random) -> tuple[int, int, int, str, int]:
+    """a (2 digits), b (1 digit), c (2 digits), + or -, and a * b + c or a * b - c (always a
+    positive whole number). Fixed widths keep the token layout of a question constant, which
+    a tiny model learns to copy from much sooner than numbers of varying length."""
     a, b, op = r.randint(10, 99), r.randint(2, 9), r.choice("+-")
-    return a, b, r.randint(10, min(99, a * b - 1)), op
+    c = r.randint(10, min(99, a * b - 1))
+    return a, b, c, op, a * b + c if op == "+" else a * b - c
 
 
 def _expression(r: random.Random) -> Problem:
-    a, b, c, op = _operands(r)
+    a, b, c, op, answer = _operands(r)
     expression = f"{a} * {b} {op} {c}"
-    answer = a * b + c if op == "+" else a * b - c
     return Problem("", f"What is {expression}?", answer, [expression])
 
 
 def _two_step(r: random.Random) -> Problem:
-    a, b, c, op = _operands(r)
+    a, b, c, op, answer = _operands(r)
     verb, prep = _OPS[op]
-    answer = a * b + c if op == "+" else a * b - c
     q = f"Multiply {a} by {b}, then {verb} {c} {prep} the result. What number do you get?"
     return Problem("", q, answer, [f"{a} * {b}", f"{a * b} {op} {c}"])
 
