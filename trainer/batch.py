@@ -65,7 +65,6 @@ def build_batch(groups: list[Group], config: TrainerConfig, trainer_version: int
         kept = filter_group(group, config.filters, trainer_version, batch.drops)
         if kept is None:
             continue
-        batch.n_groups += 1
         a_sample, turn_terms = group_advantages(kept.samples, config.advantages)
         valid = kept.samples[:kept.n_valid]
         batch.rewards += [composite_reward(t, config.advantages) for t in valid]
@@ -84,7 +83,7 @@ def build_batch(groups: list[Group], config: TrainerConfig, trainer_version: int
                 x for seq in sequences for x, m in zip(seq.advantages, seq.loss_mask,
                                                        strict=True) if m):
             batch.drops.groups["no_signal"] += 1  # every advantage 0: no policy gradient
-            batch.n_groups -= 1
             continue
+        batch.n_groups += 1
         batch.sequences += sequences
     return batch
