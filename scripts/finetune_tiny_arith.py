@@ -336,10 +336,8 @@ def score(model: Any, examples: list[Example], device: str = "cpu") -> dict[str,
             targets = ids[0, 1:][at]
             nll = torch.nn.functional.cross_entropy(logits, targets, reduction="sum").item()
             greedy = bool((logits.argmax(-1) == targets).all())
-            for key in (e.family or "all", "all"):
+            for key in {"all", e.family or "all"}:
                 rows.setdefault(key, []).append((greedy, nll))
-            if not e.family:
-                rows["all"].pop()
     model.train()
     return {k: {"n": len(v), "greedy": sum(g for g, _ in v) / len(v),
                 "sampled": sum(math.exp(-n) for _, n in v) / len(v),
