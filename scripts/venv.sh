@@ -7,7 +7,7 @@ extras="${1:-engine}"
 py="${PYTHON:-$(command -v python3.11 || command -v python3)}"
 "$py" -c 'import sys; assert sys.version_info >= (3, 11), "envhub needs Python 3.11+"'
 [ -x .venv/bin/python ] || "$py" -m venv .venv
-stamp=".venv/.envhub-installed-$extras-$(sha256sum pyproject.toml setup.py | sha256sum | cut -c1-16)"
+stamp=".venv/.envhub-installed-$extras-$(sha256sum pyproject.toml | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
   # torch is pinned in pyproject (==2.13.0); pip prefers a local CPU wheel when one is offered

@@ -86,7 +86,7 @@ def _private_paths() -> list[str]:
         module = importlib.import_module(name)
         folder = Path(module.__file__ or "").resolve().parent
         paths.add(folder)
-        if (folder.parent / "pyproject.toml").is_file() and (folder.parent / "setup.py").is_file():
+        if (folder.parent / "pyproject.toml").is_file():
             paths.add(folder.parent)  # an editable install: hide the checkout itself
     paths.add(Path(os.environ.get("ENVHUB_HOME", Path.home() / ".envhub")).resolve())
     kept = sorted(p for p in paths if p.is_dir() and str(p) != "/")
