@@ -7,10 +7,14 @@ agents can import it without torch or the server's dependencies.
         client = s.openai()
         client.chat.completions.create(model="default", messages=[...])
         s.reward("outcome", 1.0)
+
+`Session` and `AsyncSession` are twins (httpx's convention): the same methods, awaited on the
+async one, and `close` / `aclose` to end the session and release its HTTP connections.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import httpx
@@ -48,11 +52,17 @@ def _reward_body(kind: str, value: float, name: str, seq: int | None, info: dict
             "weight": weight}
 
 
+def _close_body(status: str | SessionStatus, reason: str | None) -> dict:
+    return {"status": status.value if isinstance(status, SessionStatus) else status,
+            "reason": reason}
+
+
 class _Base:
     def __init__(self, gateway_url: str, session_id: str, api_key: str):
         self.gateway_url = gateway_url.rstrip("/")
         self.id = session_id
         self.api_key = api_key
+        self._closed = False  # close()/aclose() reached for the gateway once already
 
     @property
     def base_url(self) -> str:
@@ -81,10 +91,20 @@ class Session(_Base):
              session_id: str | None = None) -> Session:
         http = httpx.Client(timeout=60)
         headers = {"authorization": f"Bearer {admin_key}"} if admin_key else {}
-        data = _check(http.post(f"{gateway_url.rstrip('/')}/sessions", headers=headers,
-                                json=_create_body(group_id, task_id, env, sample_index,
-                                                  metadata, session_id)))
+        try:
+            data = _check(http.post(f"{gateway_url.rstrip('/')}/sessions", headers=headers,
+                                    json=_create_body(group_id, task_id, env, sample_index,
+                                                      metadata, session_id)))
+        except BaseException:
+            http.close()
+            raise
         return cls(gateway_url, data["session_id"], data["api_key"], http)
+
+    @property
+    def _client(self) -> httpx.Client:
+        if self._http.is_closed:  # a read after close(), e.g. the final trajectory
+            self._http = httpx.Client(timeout=60)
+        return self._http
 
     def openai(self, **kwargs: Any) -> Any:
         import openai
@@ -93,28 +113,35 @@ class Session(_Base):
 
     def reward(self, kind: str, value: float, *, name: str = "", seq: int | None = None,
                info: dict | None = None, weight: float | None = None) -> None:
-        _check(self._http.post(self._path("reward"), headers=self._headers(),
-                               json=_reward_body(kind, value, name, seq, info, weight)))
+        _check(self._client.post(self._path("reward"), headers=self._headers(),
+                                 json=_reward_body(kind, value, name, seq, info, weight)))
 
     def signal(self, name: str, *, seq: int | None = None, value: float = 1.0,
                info: dict | None = None) -> None:
-        _check(self._http.post(self._path("signal"), headers=self._headers(),
-                               json={"name": name, "seq": seq, "value": value,
-                                     "info": info or {}}))
+        _check(self._client.post(self._path("signal"), headers=self._headers(),
+                                 json={"name": name, "seq": seq, "value": value,
+                                       "info": info or {}}))
 
     def context_action(self, kind: str, **fields: Any) -> None:
         """Declare a context-management action; it labels the next model call."""
-        _check(self._http.post(self._path("context_action"), headers=self._headers(),
-                               json={"kind": kind, **fields}))
+        _check(self._client.post(self._path("context_action"), headers=self._headers(),
+                                 json={"kind": kind, **fields}))
 
     def trajectory(self) -> Trajectory:
         return Trajectory.model_validate(
-            _check(self._http.get(self._path("trajectory"), headers=self._headers())))
+            _check(self._client.get(self._path("trajectory"), headers=self._headers())))
 
     def close(self, status: str | SessionStatus = "done", reason: str | None = None) -> None:
-        status = status.value if isinstance(status, SessionStatus) else status
-        _check(self._http.post(self._path("close"), headers=self._headers(),
-                               json={"status": status, "reason": reason}))
+        """End the session with `status` and release the HTTP connections. Only the first call
+        reaches the gateway, so a `with` block's exit keeps an explicit close's status; reads
+        afterwards (the final `trajectory()`) still work."""
+        try:
+            if not self._closed:
+                self._closed = True
+                _check(self._http.post(self._path("close"), headers=self._headers(),
+                                       json=_close_body(status, reason)))
+        finally:
+            self._http.close()
 
     def __enter__(self) -> Session:
         return self
@@ -122,7 +149,6 @@ class Session(_Base):
     def __exit__(self, exc_type: Any, *_: Any) -> None:
         self.close("agent_error" if exc_type else "done",
                    repr(_[0]) if exc_type else None)
-        self._http.close()
 
 
 class AsyncSession(_Base):
@@ -140,10 +166,21 @@ class AsyncSession(_Base):
                    session_id: str | None = None) -> AsyncSession:
         http = httpx.AsyncClient(timeout=60)
         headers = {"authorization": f"Bearer {admin_key}"} if admin_key else {}
-        data = _check(await http.post(f"{gateway_url.rstrip('/')}/sessions", headers=headers,
-                                      json=_create_body(group_id, task_id, env, sample_index,
-                                                        metadata, session_id)))
+        try:
+            data = _check(await http.post(f"{gateway_url.rstrip('/')}/sessions",
+                                          headers=headers,
+                                          json=_create_body(group_id, task_id, env,
+                                                            sample_index, metadata, session_id)))
+        except BaseException:
+            await http.aclose()
+            raise
         return cls(gateway_url, data["session_id"], data["api_key"], http)
+
+    @property
+    def _client(self) -> httpx.AsyncClient:
+        if self._http.is_closed:  # a read after aclose(), e.g. the final trajectory
+            self._http = httpx.AsyncClient(timeout=60)
+        return self._http
 
     def openai(self, **kwargs: Any) -> Any:
         import openai
@@ -152,37 +189,45 @@ class AsyncSession(_Base):
 
     async def reward(self, kind: str, value: float, *, name: str = "", seq: int | None = None,
                      info: dict | None = None, weight: float | None = None) -> None:
-        _check(await self._http.post(self._path("reward"), headers=self._headers(),
-                                     json=_reward_body(kind, value, name, seq, info, weight)))
+        _check(await self._client.post(self._path("reward"), headers=self._headers(),
+                                       json=_reward_body(kind, value, name, seq, info, weight)))
 
     async def signal(self, name: str, *, seq: int | None = None, value: float = 1.0,
                      info: dict | None = None) -> None:
-        _check(await self._http.post(self._path("signal"), headers=self._headers(),
-                                     json={"name": name, "seq": seq, "value": value,
-                                           "info": info or {}}))
+        _check(await self._client.post(self._path("signal"), headers=self._headers(),
+                                       json={"name": name, "seq": seq, "value": value,
+                                             "info": info or {}}))
 
     async def context_action(self, kind: str, **fields: Any) -> None:
-        _check(await self._http.post(self._path("context_action"), headers=self._headers(),
-                                     json={"kind": kind, **fields}))
+        _check(await self._client.post(self._path("context_action"), headers=self._headers(),
+                                       json={"kind": kind, **fields}))
 
     async def trajectory(self) -> Trajectory:
         return Trajectory.model_validate(
-            _check(await self._http.get(self._path("trajectory"), headers=self._headers())))
+            _check(await self._client.get(self._path("trajectory"), headers=self._headers())))
+
+    async def aclose(self, status: str | SessionStatus = "done",
+                     reason: str | None = None) -> None:
+        """Async twin of `Session.close`: end the session with `status` (first call only) and
+        release the HTTP connections."""
+        try:
+            if not self._closed:
+                self._closed = True
+                _check(await self._http.post(self._path("close"), headers=self._headers(),
+                                             json=_close_body(status, reason)))
+        finally:
+            await self._http.aclose()
 
     async def close(self, status: str | SessionStatus = "done",
                     reason: str | None = None) -> None:
-        status = status.value if isinstance(status, SessionStatus) else status
-        _check(await self._http.post(self._path("close"), headers=self._headers(),
-                                     json={"status": status, "reason": reason}))
-
-    async def aclose(self) -> None:
-        """Close the HTTP client (not the session)."""
-        await self._http.aclose()
+        """Deprecated name of `aclose` (httpx's twins: `close` is the sync one)."""
+        warnings.warn("AsyncSession.close() is now aclose(), the twin of Session.close()",
+                      DeprecationWarning, stacklevel=2)
+        await self.aclose(status, reason)
 
     async def __aenter__(self) -> AsyncSession:
         return self
 
     async def __aexit__(self, exc_type: Any, *_: Any) -> None:
-        await self.close("agent_error" if exc_type else "done",
-                         repr(_[0]) if exc_type else None)
-        await self._http.aclose()
+        await self.aclose("agent_error" if exc_type else "done",
+                          repr(_[0]) if exc_type else None)

@@ -74,7 +74,7 @@ def run_agent(model: Path, tmp_path: Path, tasks: int, max_turns: int | None = N
         tally.calculator_ok += sum(t.seq not in errors and well_formed(t)
                                    and t.tool_calls[0].name == "calculator" for t in traj.turns)
         tally.solved += (await env.verify(task, ctx.sandbox, run)).resolved
-        await session.close("done")
+        await session.aclose("done")
 
     async def go() -> None:
         for task in env.load_tasks()[:tasks]:
