@@ -2,16 +2,31 @@
 
 `require(...)` skips a test whose service or tool is missing on a developer's machine; in CI
 (`CI=true`) the same situation fails the test, because CI provisions everything (.ci/run).
+Also: a real gateway on loopback answering from a script, the `envhub` CLI as a subprocess,
+and checks that a run left nothing behind. The gateway is imported when first used, so tests
+that do not start one do not pay for it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
 import subprocess
+import sys
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+import httpx
 import pytest
+
+if TYPE_CHECKING:
+    from envhub.gateway.backends.scripted import ScriptedBackend
+    from envhub.gateway.render.chat_template import ChatRenderer
+    from envhub.gateway.server import GatewayHandle
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -49,3 +64,64 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@lru_cache(maxsize=1)
+def bundled_renderer() -> ChatRenderer:
+    """The bundled tiny model's chat renderer (real tokenizer and template), loaded once."""
+    from envhub.gateway.config import BUNDLED_MODEL
+    from envhub.gateway.render.chat_template import ChatRenderer
+
+    return ChatRenderer.from_pretrained(BUNDLED_MODEL)
+
+
+def tool_call(name: str, arguments: dict[str, Any]) -> str:
+    """A completion text holding one Hermes-format tool call (the bundled template's format)."""
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+
+
+def scripted_backend(script: list[str]) -> ScriptedBackend:
+    """Completions from `script` (cycling), tokenized by the bundled renderer."""
+    from envhub.gateway.backends.scripted import ScriptedBackend
+
+    r = bundled_renderer()
+    return ScriptedBackend(r.encode, script, r.stop_token_ids[0])
+
+
+def gateway_in_thread(tmp_path: Path, backend: Any = None, **config: Any) -> GatewayHandle:
+    """A real gateway on a free loopback port with its pool in `tmp_path`; `backend` is an
+    instance (e.g. `scripted_backend(...)`), else `config` picks one (`backend="zero"`).
+    The caller closes the handle."""
+    from envhub.gateway.config import GatewayConfig
+    from envhub.gateway.server import run_in_thread
+
+    return run_in_thread(GatewayConfig(port=0, db=f"sqlite:///{tmp_path}/pool.db", **config),
+                         backend=backend)
+
+
+def trajectory_json(gw: GatewayHandle, session_id: str, admin_key: str | None = None) -> dict:
+    """A session's trajectory as the gateway's HTTP API returns it."""
+    headers = {"authorization": f"Bearer {admin_key}"} if admin_key else {}
+    r = httpx.get(f"{gw.url}/sessions/{session_id}/trajectory", headers=headers)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def envhub(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
+           timeout: float = 540) -> subprocess.CompletedProcess:
+    """`python -m envhub ARGS` as a user runs it; `env` adds to this process's environment. The
+    timeout stays under pytest's (600 s) so a hang fails with the command's output."""
+    return subprocess.run([sys.executable, "-m", "envhub", *args], cwd=cwd,
+                          env={**os.environ, **(env or {})}, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+def run_leftovers(run_id: str) -> list[Path]:
+    """Scratch folders a run left in the temp dir (a finished run removes them all)."""
+    return list(Path(tempfile.gettempdir()).glob(f"envhub-{run_id}-*"))
+
+
+def host_processes_with(token: str) -> list[str]:
+    """Lines of `ps` on the host whose command line contains `token`."""
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True)
+    return [line for line in out.stdout.splitlines() if token in line and "ps -eo" not in line]

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -17,18 +16,9 @@ from typer.testing import CliRunner
 
 from envhub.cli import app
 from tests.envs.runtime_fixtures.gateway import ADMIN_KEY, FIXTURES, start_gateway
-from tests.support import require_docker, require_tool
+from tests.support import envhub, require_docker, require_tool, run_leftovers
 
 BAD_MANIFEST = 'name = "bad"\nversion = "one"\nentrypoint = "env:Env"\n'
-
-
-def envhub(*args: str, cwd: Path, timeout: float = 540) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "envhub", *args], cwd=cwd, text=True,
-                          capture_output=True, timeout=timeout, check=False)
-
-
-def no_leftovers(run_id: str) -> bool:
-    return not list(Path(tempfile.gettempdir()).glob(f"envhub-{run_id}-*"))
 
 
 @pytest.mark.bwrap
@@ -45,7 +35,7 @@ def test_init_then_run_oracle_resolves_on_embedded_defaults(tmp_path):
     assert summary["overall"]["resolved"] == 2 and summary["overall"]["env_failure"] == 0
     assert "my-env/hello-file" in ran.stdout  # the results table
     assert (tmp_path / "out" / "pool.db").is_file()  # the in-process gateway's pool
-    assert no_leftovers(summary["run_id"])
+    assert not run_leftovers(summary["run_id"])
 
 
 @pytest.mark.docker
@@ -61,7 +51,7 @@ def test_init_then_run_oracle_on_the_default_sandbox_leaves_no_container(tmp_pat
     assert summary["overall"]["resolved"] == 2
     left = docker.from_env().containers.list(
         all=True, filters={"label": f"envhub.run={summary['run_id']}"})
-    assert left == [] and no_leftovers(summary["run_id"])
+    assert left == [] and not run_leftovers(summary["run_id"])
 
 
 @pytest.mark.slow

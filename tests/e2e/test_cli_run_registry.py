@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests import support
 from tests.support import require_tool
 
 
 def envhub(*args: str, cwd: Path, home: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "ENVHUB_HOME": str(home), "ENVHUB_REGISTRY": "local"}
-    return subprocess.run([sys.executable, "-m", "envhub", *args], cwd=cwd, env=env, text=True,
-                          capture_output=True, timeout=540, check=False)
+    return support.envhub(*args, cwd=cwd,
+                          env={"ENVHUB_HOME": str(home), "ENVHUB_REGISTRY": "local"})
 
 
 @pytest.mark.bwrap

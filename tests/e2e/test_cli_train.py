@@ -5,21 +5,14 @@ and what it leaves in OUT (metrics, pool, weights) shows each piece did its part
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from envhub.train import task_schedule
 from envhub.trainer.source import StoreSource
+from tests.support import envhub
 
 pytest.importorskip("torch")
-
-
-def envhub(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "envhub", *args], cwd=cwd, text=True,
-                          capture_output=True, timeout=timeout, check=False)
 
 
 @pytest.mark.slow

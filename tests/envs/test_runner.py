@@ -13,13 +13,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-import httpx
 import pytest
 
 from envhub.envs.errors import RunConfigError
 from envhub.envs.runner import EnvChoice, RunConfig, run
 from tests.envs.runtime_fixtures.gateway import ADMIN_KEY, FIXTURES, start_gateway, tool_call
-from tests.support import require_docker
+from tests.support import require_docker, trajectory_json
+from tests.support import run_leftovers as leftovers
 
 CRASHY = str(FIXTURES / "crashy_env")
 
@@ -40,14 +40,7 @@ def config(gw, *envs: str, **kw) -> RunConfig:
 
 
 def trajectory(gw, session_id: str) -> dict:
-    r = httpx.get(f"{gw.url}/sessions/{session_id}/trajectory",
-                  headers={"authorization": f"Bearer {ADMIN_KEY}"})
-    r.raise_for_status()
-    return r.json()
-
-
-def leftovers(run_id: str) -> list[Path]:
-    return list(Path(tempfile.gettempdir()).glob(f"envhub-{run_id}-*"))
+    return trajectory_json(gw, session_id, ADMIN_KEY)
 
 
 def test_oracle_groups_resolve_and_every_component_reaches_the_pool(gateway, tmp_path):

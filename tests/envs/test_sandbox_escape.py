@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from envhub.envs.manifest import SandboxSpec
-from tests.support import require_docker, require_tool
+from tests.support import host_processes_with, require_docker, require_tool
 
 #: more live processes than any sandbox should allow (docker's pids limit is 1024), yet small
 #: enough not to exhaust this host's pid table if a sandbox has no cap at all
@@ -52,11 +52,6 @@ BOMB = ":(){ :|:& };:"
 
 def run(coro):
     return asyncio.run(coro)
-
-
-def host_processes_with(token: str) -> list[str]:
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True)
-    return [line for line in out.stdout.splitlines() if token in line and "ps -eo" not in line]
 
 
 def host_addresses() -> list[str]:

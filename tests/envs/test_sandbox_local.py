@@ -13,7 +13,7 @@ import pytest
 from envhub.envs.manifest import SandboxSpec
 from envhub.envs.sandbox import SandboxClosed, SandboxFileError, open_sandbox
 from envhub.envs.sandbox.local import LocalSandbox
-from tests.support import require_tool
+from tests.support import host_processes_with, require_tool
 
 pytestmark = pytest.mark.bwrap
 
@@ -29,11 +29,6 @@ def box():
 
 def run(coro):
     return asyncio.run(coro)
-
-
-def host_processes_with(token: str) -> list[str]:
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True)
-    return [line for line in out.stdout.splitlines() if token in line and "ps -eo" not in line]
 
 
 def test_exec_output_exit_code_cwd_and_env(box: LocalSandbox) -> None:

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from envhub.gateway.backends.scripted import ScriptedBackend
-from envhub.gateway.config import BUNDLED_MODEL, GatewayConfig
 from envhub.gateway.render.chat_template import ChatRenderer
-from envhub.gateway.server import GatewayHandle, run_in_thread
+from envhub.gateway.server import GatewayHandle
+from tests.support import bundled_renderer, scripted_backend, tool_call
+from tests.support import gateway_in_thread as start  # start(tmp_path, backend, **config)
 
 CALC_TOOL = {"type": "function", "function": {
     "name": "calc", "description": "evaluate an arithmetic expression",
@@ -19,21 +20,17 @@ CALC_TOOL = {"type": "function", "function": {
 
 
 def tool_call_text(expr: str) -> str:
-    return '<tool_call>\n{"name": "calc", "arguments": {"expr": "%s"}}\n</tool_call>' % expr
+    return tool_call("calc", {"expr": expr})
 
 
 @pytest.fixture(scope="session")
 def renderer() -> ChatRenderer:
-    return ChatRenderer.from_pretrained(BUNDLED_MODEL)
+    return bundled_renderer()
 
 
 def scripted(renderer: ChatRenderer, script: list[str]) -> ScriptedBackend:
-    return ScriptedBackend(renderer.encode, script, renderer.stop_token_ids[0])
-
-
-def start(tmp_path: Path, backend, **config) -> GatewayHandle:
-    return run_in_thread(GatewayConfig(port=0, db=f"sqlite:///{tmp_path}/pool.db", **config),
-                         backend=backend)
+    assert renderer is bundled_renderer()  # the fixture's: scripted_backend encodes with it
+    return scripted_backend(script)
 
 
 @pytest.fixture

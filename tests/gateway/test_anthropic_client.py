@@ -17,6 +17,7 @@ from envhub.gateway.render.toolcalls import ParsedCompletion
 from envhub.gateway.server import GatewayHandle
 from envhub.gateway.service import Choice
 from tests.gateway.conftest import scripted, start, tool_call_text
+from tests.support import trajectory_json as trajectory
 
 CALC = {"name": "calc", "description": "evaluate an arithmetic expression",
         "input_schema": {"type": "object", "properties": {"expr": {"type": "string"}},
@@ -26,12 +27,6 @@ SYSTEM = "You can use a calculator."
 
 def client(gw: GatewayHandle, key: str) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=gw.url, api_key=key, max_retries=0)
-
-
-def trajectory(gw: GatewayHandle, session: str) -> dict:
-    r = httpx.get(f"{gw.url}/sessions/{session}/trajectory")
-    assert r.status_code == 200, r.text
-    return r.json()
 
 
 def test_non_streaming_tool_use(gateway):

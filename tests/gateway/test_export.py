@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import openai
 import pyarrow.parquet as pq
 
 from envhub.sdk import Trajectory
 from tests.gateway.conftest import start
-
-
-def envhub(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "envhub", *args], capture_output=True,
-                          text=True, timeout=120)
+from tests.support import envhub
 
 
 def test_jsonl_and_parquet_export(tmp_path, tool_script):

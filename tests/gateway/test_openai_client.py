@@ -6,16 +6,11 @@ import httpx
 import openai
 
 from tests.gateway.conftest import CALC_TOOL
+from tests.support import trajectory_json as trajectory
 
 
 def client(gw, key: str = "run-1") -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{gw.url}/v1", api_key=key, max_retries=0)
-
-
-def trajectory(gw, session: str) -> dict:
-    r = httpx.get(f"{gw.url}/sessions/{session}/trajectory")
-    assert r.status_code == 200, r.text
-    return r.json()
 
 
 def test_non_streaming_tool_call(gateway):

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
+from tests.support import envhub
 from tests.trainer.handmade import trajectory
 
 
@@ -20,16 +19,11 @@ def _pool() -> list:
     return ts
 
 
-def _envhub(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "envhub", *args], capture_output=True,
-                          text=True, timeout=300)
-
-
 def test_export_verl_from_jsonl(tmp_path: Path) -> None:
     pool = tmp_path / "pool.jsonl"
     pool.write_text("".join(t.model_dump_json() + "\n" for t in _pool()))
     out = tmp_path / "verl.parquet"
-    r = _envhub("export", "--format", "verl", "--jsonl", str(pool), "--out", str(out),
+    r = envhub("export", "--format", "verl", "--jsonl", str(pool), "--out", str(out),
                 "--no-std")
     assert r.returncode == 0, r.stderr
     assert "wrote 2 sequences from 1 groups" in r.stdout
@@ -66,7 +60,7 @@ def test_export_trl_from_a_real_gateway(tmp_path: Path) -> None:
                 session.close(status if i else "done")
                 ids.append(session.id)
         out = tmp_path / "trl.parquet"
-        r = _envhub("export", "-f", "trl", "--gateway", gw.url, "--admin-key", ADMIN_KEY,
+        r = envhub("export", "-f", "trl", "--gateway", gw.url, "--admin-key", ADMIN_KEY,
                     "-o", str(out))
         assert r.returncode == 0, r.stderr
         with StoreSource(gw.app.state.gw.store) as pool:
@@ -92,7 +86,7 @@ def test_export_trl_from_a_real_gateway(tmp_path: Path) -> None:
     (["--format", "verl", "--jsonl", "/nonexistent.jsonl"], "does not exist"),
 ])
 def test_bad_arguments_exit_2_with_the_fix(tmp_path: Path, args: list[str], message: str) -> None:
-    r = _envhub("export", "--out", str(tmp_path / "x.parquet"), *args)
+    r = envhub("export", "--out", str(tmp_path / "x.parquet"), *args)
     flat = " ".join(re.sub(r"[│╭╮╰╯─]", " ", r.stderr).split())  # undo rich's box wrapping
     assert r.returncode == 2 and message in flat, r.stderr
     assert not (tmp_path / "x.parquet").exists()
@@ -101,7 +95,7 @@ def test_bad_arguments_exit_2_with_the_fix(tmp_path: Path, args: list[str], mess
 def test_unreachable_gateway_exits_2(tmp_path: Path) -> None:
     from tests.support import free_port
 
-    r = _envhub("export", "--gateway", f"http://127.0.0.1:{free_port()}", "-o",
+    r = envhub("export", "--gateway", f"http://127.0.0.1:{free_port()}", "-o",
                 str(tmp_path / "x.parquet"))
     assert r.returncode == 2 and "cannot reach the gateway" in r.stderr
     assert not list(tmp_path.iterdir())
