@@ -4,6 +4,7 @@ kept on the real tree, and broken, by name, when a component imports what its ro
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -41,9 +42,10 @@ def copy_tree(dest: Path) -> Path:
 def test_contracts_hold_on_this_tree() -> None:
     r = lint_imports(ROOT)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "0 broken" in r.stdout
-    # grimp follows the symlinked components: the gateway's modules are in the graph
-    assert "envs may import sdk KEPT" in r.stdout
+    assert "kept, 0 broken." in r.stdout
+    # grimp follows envhub/'s symlinks into the components (else it would see 4 files)
+    analyzed = int(re.search(r"Analyzed (\d+) files", r.stdout).group(1))
+    assert analyzed >= sum(len(list((ROOT / c).rglob("*.py"))) for c in ("sdk", "gateway"))
 
 
 @pytest.mark.parametrize(("module", "line", "contract", "edge"), [
@@ -66,7 +68,7 @@ def test_a_forbidden_import_breaks_its_contract(tmp_path: Path, module: str, lin
     assert r.returncode == 1, r.stdout + r.stderr
     broken = r.stdout.split("Broken contracts", 1)[1]
     assert contract in broken and edge in broken, r.stdout
-    assert "Contracts: 4 kept, 1 broken." in r.stdout
+    assert "kept, 1 broken." in r.stdout  # only the contract of that row
 
 
 def test_the_trainer_may_import_the_pool(tmp_path: Path) -> None:
