@@ -6,6 +6,12 @@ typer at top level so `envhub --help` stays fast and works without heavy extras.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import NoReturn
+
 import typer
 
 from envhub import __version__
@@ -94,8 +100,50 @@ def export_command(
     no_std: bool = typer.Option(False, "--no-std", help="verl/trl: GRPO without std"),
 ) -> None:
     """Export trajectories: the pool as JSONL/Parquet, or verl/TRL training rows."""
-    from pathlib import Path
+    target = _export_target(out)
+    with _written_whole(target) as partial:
+        _export(partial, target, fmt, db, gateway, admin_key, jsonl, group_id, status, window,
+                max_groups, group_size, tau, trainer_version, no_std)
 
+
+def _export_target(out: str) -> Path:
+    """The export file, checked before anything is read: exit 2 with the fix otherwise."""
+    target = Path(out)
+    if target.is_dir():
+        _fail(f"--out {out}: is a folder; give a file name, e.g. {target / 'export.jsonl'}")
+    if not target.parent.is_dir():
+        _fail(f"--out {out}: folder {target.parent} does not exist; create it first "
+              f"(mkdir -p {target.parent})")
+    if not os.access(target.parent, os.W_OK):
+        _fail(f"--out {out}: folder {target.parent} is not writable")
+    return target
+
+
+@contextmanager
+def _written_whole(target: Path) -> Iterator[Path]:
+    """Yield a temporary sibling of `target`, moved onto it only when the export finished:
+    a failed export leaves no half-written file."""
+    partial = target.with_name(f".{target.name}.partial-{os.getpid()}")
+    try:
+        yield partial
+        if partial.exists():
+            os.replace(partial, target)
+    except OSError as e:
+        _fail(f"--out {target}: {e.strerror or e}")
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def _fail(message: str) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def _export(out: Path, target: Path, fmt: str | None, db: str | None, gateway: str | None,
+            admin_key: str | None, jsonl: str | None, group_id: str | None,
+            status: str | None, window: int | None, max_groups: int | None,
+            group_size: int | None, tau: int | None, trainer_version: int,
+            no_std: bool) -> None:
     if fmt is None:
         fmt = "verl" if (gateway or jsonl) else "jsonl"
     if fmt in ("verl", "trl"):
@@ -105,7 +153,7 @@ def export_command(
             typer.echo("error: verl/trl read from --gateway URL or --jsonl FILE (export the "
                        "pool with --format jsonl first)", err=True)
             raise typer.Exit(2)
-        export(out=Path(out), fmt=fmt, gateway=gateway, admin_key=admin_key,
+        export(out=out, shown_as=target, fmt=fmt, gateway=gateway, admin_key=admin_key,
                jsonl=Path(jsonl) if jsonl else None, window=window, max_groups=max_groups,
                group_size=group_size, tau=tau, trainer_version=trainer_version, no_std=no_std)
         return
@@ -128,7 +176,7 @@ def export_command(
         n = writer(store, Path(out), group_id, status)
     finally:
         store.close()
-    typer.echo(f"wrote {n} {'trajectories' if fmt == 'jsonl' else 'segments'} to {out}")
+    typer.echo(f"wrote {n} {'trajectories' if fmt == 'jsonl' else 'segments'} to {target}")
 
 
 def _register_all() -> None:
