@@ -56,6 +56,11 @@ def train_command(
     tasks: int = typer.Option(None, min=1, help="train on the env's first N tasks (default: "
                               "all); each pass over them is in a fresh seeded order"),
     keep_weights: int = typer.Option(2, min=1, help="weight versions kept in OUT/weights"),
+    sync_every: int = typer.Option(1, min=1, help="push weights every K optimizer steps"),
+    reset_optimizer: bool = typer.Option(False, "--reset-optimizer", help="clear AdamW's "
+                                         "moments after each weight push"),
+    no_std_norm: bool = typer.Option(False, "--no-std-norm", help="GRPO advantages r - mean "
+                                     "(not divided by the group's std)"),
 ) -> None:
     """Train on an environment: gateway + rollouts + trainer + weight sync, on CPU."""
     from pathlib import Path
@@ -69,7 +74,8 @@ def train_command(
     cfg = TrainLoopConfig(env=env, steps=steps, seed=seed, out=Path(out), groups=groups, k=k,
                           concurrency=concurrency, lr=lr, tau=tau, window=window or None,
                           model=model, max_turns=max_turns, tasks=tasks,
-                          keep_weights=keep_weights)
+                          keep_weights=keep_weights, sync_every=sync_every,
+                          reset_optimizer=reset_optimizer, std_norm=not no_std_norm)
     try:
         from envhub.envs.loader import load_env
 
