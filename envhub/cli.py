@@ -6,6 +6,12 @@ typer at top level so `envhub --help` stays fast and works without heavy extras.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import NoReturn
+
 import typer
 
 from envhub import __version__
@@ -50,6 +56,11 @@ def train_command(
     tasks: int = typer.Option(None, min=1, help="train on the env's first N tasks (default: "
                               "all); each pass over them is in a fresh seeded order"),
     keep_weights: int = typer.Option(2, min=1, help="weight versions kept in OUT/weights"),
+    sync_every: int = typer.Option(1, min=1, help="push weights every K optimizer steps"),
+    reset_optimizer: bool = typer.Option(False, "--reset-optimizer", help="clear AdamW's "
+                                         "moments after each weight push"),
+    no_std_norm: bool = typer.Option(False, "--no-std-norm", help="GRPO advantages r - mean "
+                                     "(not divided by the group's std)"),
 ) -> None:
     """Train on an environment: gateway + rollouts + trainer + weight sync, on CPU."""
     from pathlib import Path
@@ -63,7 +74,8 @@ def train_command(
     cfg = TrainLoopConfig(env=env, steps=steps, seed=seed, out=Path(out), groups=groups, k=k,
                           concurrency=concurrency, lr=lr, tau=tau, window=window or None,
                           model=model, max_turns=max_turns, tasks=tasks,
-                          keep_weights=keep_weights)
+                          keep_weights=keep_weights, sync_every=sync_every,
+                          reset_optimizer=reset_optimizer, std_norm=not no_std_norm)
     try:
         from envhub.envs.loader import load_env
 
@@ -94,8 +106,50 @@ def export_command(
     no_std: bool = typer.Option(False, "--no-std", help="verl/trl: GRPO without std"),
 ) -> None:
     """Export trajectories: the pool as JSONL/Parquet, or verl/TRL training rows."""
-    from pathlib import Path
+    target = _export_target(out)
+    with _written_whole(target) as partial:
+        _export(partial, target, fmt, db, gateway, admin_key, jsonl, group_id, status, window,
+                max_groups, group_size, tau, trainer_version, no_std)
 
+
+def _export_target(out: str) -> Path:
+    """The export file, checked before anything is read: exit 2 with the fix otherwise."""
+    target = Path(out)
+    if target.is_dir():
+        _fail(f"--out {out}: is a folder; give a file name, e.g. {target / 'export.jsonl'}")
+    if not target.parent.is_dir():
+        _fail(f"--out {out}: folder {target.parent} does not exist; create it first "
+              f"(mkdir -p {target.parent})")
+    if not os.access(target.parent, os.W_OK):
+        _fail(f"--out {out}: folder {target.parent} is not writable")
+    return target
+
+
+@contextmanager
+def _written_whole(target: Path) -> Iterator[Path]:
+    """Yield a temporary sibling of `target`, moved onto it only when the export finished:
+    a failed export leaves no half-written file."""
+    partial = target.with_name(f".{target.name}.partial-{os.getpid()}")
+    try:
+        yield partial
+        if partial.exists():
+            os.replace(partial, target)
+    except OSError as e:
+        _fail(f"--out {target}: {e.strerror or e}")
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def _fail(message: str) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def _export(out: Path, target: Path, fmt: str | None, db: str | None, gateway: str | None,
+            admin_key: str | None, jsonl: str | None, group_id: str | None,
+            status: str | None, window: int | None, max_groups: int | None,
+            group_size: int | None, tau: int | None, trainer_version: int,
+            no_std: bool) -> None:
     if fmt is None:
         fmt = "verl" if (gateway or jsonl) else "jsonl"
     if fmt in ("verl", "trl"):
@@ -105,7 +159,7 @@ def export_command(
             typer.echo("error: verl/trl read from --gateway URL or --jsonl FILE (export the "
                        "pool with --format jsonl first)", err=True)
             raise typer.Exit(2)
-        export(out=Path(out), fmt=fmt, gateway=gateway, admin_key=admin_key,
+        export(out=out, shown_as=target, fmt=fmt, gateway=gateway, admin_key=admin_key,
                jsonl=Path(jsonl) if jsonl else None, window=window, max_groups=max_groups,
                group_size=group_size, tau=tau, trainer_version=trainer_version, no_std=no_std)
         return
@@ -128,7 +182,7 @@ def export_command(
         n = writer(store, Path(out), group_id, status)
     finally:
         store.close()
-    typer.echo(f"wrote {n} {'trajectories' if fmt == 'jsonl' else 'segments'} to {out}")
+    typer.echo(f"wrote {n} {'trajectories' if fmt == 'jsonl' else 'segments'} to {target}")
 
 
 def _register_all() -> None:

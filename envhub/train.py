@@ -37,6 +37,12 @@ class TrainLoopConfig(BaseModel):
     max_turns: int | None = Field(None, ge=1, description="override the env's max_turns")
     tasks: int | None = Field(None, ge=1, description="train on the env's first N tasks "
                               "(None: all of them)")
+    sync_every: int = Field(1, ge=1, description="push the weights to the engine every K "
+                            "optimizer steps (and after the last one)")
+    reset_optimizer: bool = Field(False, description="clear AdamW's moments after each push "
+                                  "(GLM-5 resets them at every weight sync)")
+    std_norm: bool = Field(True, description="GRPO advantages divided by the group's reward "
+                           "std; off: plain r - mean (GLM-5's formula)")
     keep_weights: int = Field(2, ge=1, description="weight versions kept in OUT/weights (the "
                               "newest; older ones are deleted once a newer one is served)")
 
@@ -81,7 +87,12 @@ def train(cfg: TrainLoopConfig, log: Any = print) -> list[dict[str, Any]]:
     from envhub.envs.runner.run import run
     from envhub.gateway.config import GatewayConfig
     from envhub.gateway.server import run_in_thread
-    from envhub.trainer.config import FilterConfig, OptimConfig, TrainerConfig
+    from envhub.trainer.config import (
+        AdvantageConfig,
+        FilterConfig,
+        OptimConfig,
+        TrainerConfig,
+    )
     from envhub.trainer.source import HttpSource
     from envhub.trainer.trainer import Trainer
     from envhub.trainer.window import GroupWindow
@@ -100,7 +111,8 @@ def train(cfg: TrainLoopConfig, log: Any = print) -> list[dict[str, Any]]:
     model = AutoModelForCausalLM.from_pretrained(str(gw_config.model_path()),
                                                  dtype=torch.float32)
     trainer = Trainer(model, TrainerConfig(
-        optim=OptimConfig(lr=cfg.lr),
+        optim=OptimConfig(lr=cfg.lr, reset_optimizer_on_sync=cfg.reset_optimizer),
+        advantages=AdvantageConfig(normalize_std=cfg.std_norm),
         filters=FilterConfig(tau=cfg.tau, group_size=cfg.k, drop_no_signal=True)))
     history: list[dict[str, Any]] = []
     gw = run_in_thread(gw_config)
@@ -124,8 +136,9 @@ def train(cfg: TrainLoopConfig, log: Any = print) -> list[dict[str, Any]]:
                                headers={"authorization": f"Bearer {admin}"}, timeout=600)
                 r.raise_for_status()
 
-            trainer.sync(cfg.out / "weights", push=push)
-            prune_weights(cfg.out / "weights", cfg.keep_weights)
+            if (step + 1) % cfg.sync_every == 0 or step == cfg.steps - 1:
+                trainer.sync(cfg.out / "weights", push=push)
+                prune_weights(cfg.out / "weights", cfg.keep_weights)
             done = [r for r in outcome.records if r.status == "done"]
             row = {
                 **{f"trainer/{k}": v for k, v in stats.items() if isinstance(v, (int, float))},

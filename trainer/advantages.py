@@ -1,14 +1,21 @@
-"""Advantages (issue 7, item 3): GRPO on the composite reward plus per-turn reward-to-go.
+"""Advantages: GRPO on the composite reward, with per-turn reward-to-go (issue 7, item 3).
 
-For sample i of a group with composite rewards r (padded repeats included, so the group is
-treated as full):   A_i = (r_i - mean(r)) / (std(r) + eps)   (std: population std, so a
-group whose rewards are all equal, or a singleton, gets 0 instead of NaN; `normalize_std`
-off gives r_i - mean(r)).
-Turn-level rewards (events with a turn `seq`) add, on the tokens of turn t,
-    turn_coef * (G_t - mean of G over every turn of the group),
-where G_t is the explicit `reward_to_go` event for turn t if there is one, else the weighted
-sum of turn-level events with seq >= t (undiscounted reward-to-go). Tokens outside the loss
-mask get advantage 0: only sampled tokens carry loss.
+The estimator (REINFORCE with reward-to-go and the GRPO group baseline). For sample i of a
+group with composite rewards R (padded repeats included, so the group is treated as full),
+the tokens sampled at turn t get
+
+    A_{i,t} = (G_{i,t} - mean_j R_j) / (std_j R_j + eps)       (`normalize_std` off: / 1)
+    G_{i,t} = R_i - turn_coef * sum of the weighted turn-level events of i with seq < t
+
+so every reward counts exactly once in each token's advantage: rewards without a turn (the
+outcome, the completion-time reward) and turn-level rewards (process penalties) at or after
+turn t, while a penalty earned at an earlier turn is not charged to later actions. At the first
+turn G = R, so without turn-level events (or with `turn_coef` 0) this is plain GRPO. The std is
+the population std of R (all-equal rewards and singletons give 0, never NaN).
+
+Explicit `reward_to_go` events that environments store are derived display values: the
+trainer recomputes G from the stored components with its own weights and ignores them (adding
+them would count the outcome a second time). Tokens outside the loss mask get advantage 0.
 """
 
 from __future__ import annotations
@@ -20,38 +27,37 @@ from envhub.trainer.config import AdvantageConfig
 from envhub.trainer.errors import BadTrajectory
 
 
+def baseline_and_scale(rewards: list[float], normalize_std: bool = True,
+                       eps: float = 1e-6) -> tuple[float, float]:
+    """The group's mean reward and the divisor of its advantages (std + eps, or 1)."""
+    mean = sum(rewards) / len(rewards)
+    if not normalize_std:
+        return mean, 1.0
+    return mean, math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards)) + eps
+
+
 def grpo(rewards: list[float], normalize_std: bool = True, eps: float = 1e-6) -> list[float]:
     """Group-relative advantages of one group's rewards."""
     if not rewards:
         return []
-    mean = sum(rewards) / len(rewards)
-    centered = [r - mean for r in rewards]
-    if not normalize_std:
-        return centered
-    std = math.sqrt(sum(c * c for c in centered) / len(rewards))
-    return [c / (std + eps) for c in centered]
+    mean, scale = baseline_and_scale(rewards, normalize_std, eps)
+    return [(r - mean) / scale for r in rewards]
 
 
 def composite_reward(t: Trajectory, config: AdvantageConfig) -> float:
     return t.total_reward(config.reward_weights)
 
 
-def turn_rewards_to_go(t: Trajectory, config: AdvantageConfig) -> dict[int, float]:
-    """G_t per turn seq (empty when the trajectory has no turn-level reward)."""
-    explicit = {e.seq: e.value for e in t.rewards if e.kind == "reward_to_go" and e.seq is not None}
+def rewards_before_turn(t: Trajectory, config: AdvantageConfig) -> dict[int, float]:
+    """Per turn seq: the weighted turn-level rewards of `t` earned at earlier turns (empty
+    when `t` has no turn-level reward)."""
     events = [e for e in t.rewards if e.seq is not None and e.kind != "reward_to_go"]
-    if not explicit and not events:
+    if not events:
         return {}
-    out: dict[int, float] = {}
-    for turn in t.turns:
-        if turn.seq in explicit:
-            out[turn.seq] = explicit[turn.seq]
-            continue
-        out[turn.seq] = sum(
-            (e.weight if e.weight is not None else config.reward_weights.get(e.kind, 1.0)) * e.value
-            for e in events if e.seq is not None and e.seq >= turn.seq
-        )
-    return out
+    weighted = [(e.seq, (e.weight if e.weight is not None
+                         else config.reward_weights.get(e.kind, 1.0)) * e.value) for e in events]
+    return {turn.seq: sum(v for s, v in weighted if s is not None and s < turn.seq)
+            for turn in t.turns}
 
 
 def token_turns(t: Trajectory, segment: Segment) -> list[int]:
@@ -79,17 +85,12 @@ def token_advantages(t: Trajectory, segment: Segment, a_sample: float,
 
 def group_advantages(samples: list[Trajectory], config: AdvantageConfig
                      ) -> tuple[list[float], list[dict[int, float]]]:
-    """Sample advantages and, per sample, the centred turn term {seq: value} (may be empty)."""
-    a = grpo([composite_reward(t, config) for t in samples], config.normalize_std, config.eps)
-    rtg = [turn_rewards_to_go(t, config) for t in samples]
-    if any(rtg):
-        # A sample without turn-level events has G_t = 0 on each of its turns, so it still
-        # takes part in the group's baseline.
-        rtg = [per or {turn.seq: 0.0 for turn in t.turns} for per, t in
-               zip(rtg, samples, strict=True)]
-    values = [v for per in rtg for v in per.values()]
-    if not values:
-        return a, [{} for _ in samples]
-    mean = sum(values) / len(values)
-    terms = [{s: config.turn_coef * (v - mean) for s, v in per.items()} for per in rtg]
-    return a, terms
+    """Per sample: its first-turn advantage A_i and the per-turn correction {seq: A_{i,t} -
+    A_i} (empty when the sample has no turn-level reward)."""
+    rewards = [composite_reward(t, config) for t in samples]
+    if not rewards:
+        return [], []
+    mean, scale = baseline_and_scale(rewards, config.normalize_std, config.eps)
+    terms = [{s: -config.turn_coef * v / scale for s, v in rewards_before_turn(t, config).items()}
+             for t in samples]
+    return [(r - mean) / scale for r in rewards], terms

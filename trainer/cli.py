@@ -33,6 +33,7 @@ def export(
     trainer_version: Annotated[int, typer.Option("--trainer-version", min=0)] = 0,
     no_std: Annotated[bool, typer.Option(
         "--no-std", help="GRPO without std normalisation.")] = False,
+    shown_as: Path | None = None,
 ) -> None:
     """Export finished groups as flat Parquet for verl or TRL (ids, masks, logprobs,
     advantages)."""
@@ -65,7 +66,7 @@ def export(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
     typer.echo(f"wrote {int(metrics['batch/sequences'])} sequences from "
-               f"{int(metrics['batch/groups'])} groups to {out}")
+               f"{int(metrics['batch/groups'])} groups to {shown_as or out}")
     dropped = {k: v for k, v in metrics.items() if k.startswith("drop") and v}
     if dropped:
         typer.echo("dropped: " + ", ".join(f"{k}={int(v)}" for k, v in sorted(dropped.items())))

@@ -35,7 +35,8 @@ class AdvantageConfig(BaseModel):
         description="Weight per reward kind for the composite (default 1.0 for each kind; an "
         "event's own `weight` wins).")
     turn_coef: float = Field(
-        default=1.0, description="Scale of the per-turn reward-to-go term on each turn's tokens.")
+        default=1.0, description="1: each turn's tokens are credited with the rewards from that "
+        "turn on (reward-to-go); 0: every token gets the whole sample's reward (plain GRPO).")
 
 
 class LossConfig(BaseModel):

@@ -30,8 +30,11 @@ class LossSums:
 
     tokens: float = 0.0
     kept: float = 0.0
-    ratio: float = 0.0
-    ratio_sq: float = 0.0
+    # sums of d = r - 1 and d^2, in float64 from expm1(log r): ratios sit within ~1e-5 of 1,
+    # where fp32 sums of r and r^2 would cancel to noise (E[r^2] - E[r]^2 read 2.5e-4 on ratios
+    # all within [0.99997, 1.00001]); shifting by 1 keeps the variance exact and additive.
+    ratio_dev: float = 0.0
+    ratio_dev_sq: float = 0.0
     ratio_min: float = float("inf")
     ratio_max: float = float("-inf")
     entropy: float = 0.0
@@ -42,21 +45,20 @@ class LossSums:
     extra: dict[str, float] = field(default_factory=dict)
 
     def add(self, other: LossSums) -> None:
-        for name in ("tokens", "kept", "ratio", "ratio_sq", "entropy", "kl_k1", "kl_k3",
-                     "ref_kl", "pg_loss"):
+        for name in ADDITIVE:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.ratio_min = min(self.ratio_min, other.ratio_min)
         self.ratio_max = max(self.ratio_max, other.ratio_max)
 
     def metrics(self) -> dict[str, float]:
         n = max(self.tokens, 1.0)
-        mean = self.ratio / n
+        dev = self.ratio_dev / n
         return {
             "loss/tokens": self.tokens,
             "loss/pg": self.pg_loss / n,
             "is/masked_fraction": 1.0 - self.kept / n if self.tokens else 0.0,
-            "is/ratio_mean": mean,
-            "is/ratio_std": max(self.ratio_sq / n - mean * mean, 0.0) ** 0.5,
+            "is/ratio_mean": 1.0 + dev,
+            "is/ratio_std": max(self.ratio_dev_sq / n - dev * dev, 0.0) ** 0.5,
             "is/ratio_min": self.ratio_min if self.tokens else 0.0,
             "is/ratio_max": self.ratio_max if self.tokens else 0.0,
             "policy/entropy": self.entropy / n,
@@ -64,6 +66,11 @@ class LossSums:
             "kl/rollout_train_k3": self.kl_k3 / n,
             "kl/ref_k3": self.ref_kl / n,
         }
+
+
+# the fields that add up over micro-batches and data-parallel ranks
+ADDITIVE = ("tokens", "kept", "ratio_dev", "ratio_dev_sq", "entropy", "kl_k1", "kl_k3", "ref_kl",
+            "pg_loss")
 
 
 def is_masked_loss(logprobs: torch.Tensor, rollout_logprobs: torch.Tensor,
@@ -87,9 +94,10 @@ def is_masked_loss(logprobs: torch.Tensor, rollout_logprobs: torch.Tensor,
         ref_kl = k3.detach().sum()
     with torch.no_grad():
         r, lr = ratio.detach(), log_ratio.detach()
+        d = torch.expm1(lr.double())  # r - 1 without cancellation
         sums = LossSums(
-            tokens=float(r.numel()), kept=float(keep.sum()), ratio=float(r.sum()),
-            ratio_sq=float((r * r).sum()),
+            tokens=float(r.numel()), kept=float(keep.sum()), ratio_dev=float(d.sum()),
+            ratio_dev_sq=float((d * d).sum()),
             ratio_min=float(r.min()) if r.numel() else float("inf"),
             ratio_max=float(r.max()) if r.numel() else float("-inf"),
             entropy=float(entropy.sum()) if entropy is not None else 0.0,

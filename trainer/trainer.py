@@ -21,7 +21,7 @@ from envhub.trainer.config import TrainerConfig
 from envhub.trainer.distributed import DataParallel
 from envhub.trainer.errors import require_torch
 from envhub.trainer.forward import tree_logprobs
-from envhub.trainer.loss import LossSums, is_masked_loss
+from envhub.trainer.loss import ADDITIVE, LossSums, is_masked_loss
 from envhub.trainer.prefix_tree import pack, plan_trees
 from envhub.trainer.source import Group
 from envhub.trainer.weights import export_weights
@@ -147,10 +147,8 @@ class Trainer:
 
     def _reduce_metrics(self, sums: LossSums) -> dict[str, float]:
         if self.dp:
-            names = ["tokens", "kept", "ratio", "ratio_sq", "entropy", "kl_k1", "kl_k3",
-                     "ref_kl", "pg_loss"]
-            totals = self.dp.sum_floats([getattr(sums, n) for n in names])
-            for name, value in zip(names, totals, strict=True):
+            totals = self.dp.sum_floats([getattr(sums, n) for n in ADDITIVE])
+            for name, value in zip(ADDITIVE, totals, strict=True):
                 setattr(sums, name, value)
             sums.ratio_min, sums.ratio_max = self.dp.min_max(sums.ratio_min, sums.ratio_max)
         return sums.metrics()

@@ -18,13 +18,15 @@ pytest.importorskip("torch")
 @pytest.mark.slow
 def test_train_arith_runs_the_loop_and_the_engine_samples_the_new_weights(tmp_path):
     out = tmp_path / "run"
-    done = envhub("train", "arith", "--steps", "2", "--seed", "3", "--out", str(out),
+    done = envhub("train", "arith", "--steps", "3", "--seed", "3", "--out", str(out),
                   "--groups", "2", "--k", "2", "--tasks", "2", "--max-turns", "3",
-                  "--keep-weights", "1", cwd=tmp_path)
+                  "--keep-weights", "1", "--sync-every", "2", "--reset-optimizer",
+                  "--no-std-norm", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [0, 1]
-    assert [r["weight_version"] for r in rows] == [1, 2]  # one sync per step
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    # --sync-every 2: a push after step 1, and one after the last step
+    assert [r["weight_version"] for r in rows] == [0, 1, 2]
     for r in rows:
         assert r["rollouts"] == 4 and r["env_failures"] == 0 and r["groups_trained"] >= 1
         assert 0.0 <= r["resolved_rate"] <= 1.0 and isinstance(r["reward_mean"], float)
@@ -36,12 +38,12 @@ def test_train_arith_runs_the_loop_and_the_engine_samples_the_new_weights(tmp_pa
     assert kept == ["v000002"]  # the pushed weights: the newest kept, older ones pruned
     with StoreSource(f"sqlite:///{out / 'pool.db'}") as pool:
         groups = pool.list_groups()
-        assert len(groups) == 4 and all(g.finished() for g in groups)
+        assert len(groups) == 6 and all(g.finished() for g in groups)
         versions = [{t.weight_version for tr in pool.fetch([s.id for s in g.sessions])
                      for t in tr.turns} for g in groups]
-    # The first step's rollouts were sampled by version 0, the second step's by version 1:
-    # the trainer's update reached the engine through POST /admin/weights.
-    assert versions[:2] == [{0}, {0}] and versions[2:] == [{1}, {1}], versions
+    # Steps 0 and 1 were sampled by version 0 (no push in between), step 2 by version 1: the
+    # trainer's update reached the engine through POST /admin/weights.
+    assert versions[:4] == [{0}] * 4 and versions[4:] == [{1}, {1}], versions
 
 
 def test_train_rejects_bad_input_with_exit_2(tmp_path):

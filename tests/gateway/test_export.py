@@ -42,3 +42,28 @@ def test_export_bad_input_exits_2(tmp_path):
                "--db", f"sqlite:///{tmp_path}/missing.db")
     assert r.returncode == 2 and "no such pool file" in r.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_export_bad_out_paths_exit_2_and_write_nothing(tmp_path, tool_script):
+    gw = start(tmp_path, tool_script)
+    try:
+        c = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="ex-a", max_retries=0)
+        c.chat.completions.create(model="default", messages=[{"role": "user", "content": "a"}])
+    finally:
+        gw.close()
+    db = f"sqlite:///{tmp_path}/pool.db"
+    for fmt in ("jsonl", "parquet"):
+        r = envhub("export", "--db", db, "--format", fmt,
+                   "--out", str(tmp_path / "missing-dir" / "x.out"))
+        assert r.returncode == 2 and "missing-dir does not exist" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr
+        r = envhub("export", "--db", db, "--format", fmt, "--out", str(tmp_path))
+        assert r.returncode == 2 and "is a folder" in r.stderr, r.stderr
+    r = envhub("export", "--jsonl", str(tmp_path / "none.jsonl"), "--format", "verl",
+               "--out", str(tmp_path / "missing-dir" / "x.parquet"))
+    assert r.returncode == 2 and "missing-dir does not exist" in r.stderr, r.stderr
+    assert not (tmp_path / "missing-dir").exists()
+    # a good export leaves exactly its file, no temporary sibling
+    r = envhub("export", "--db", db, "--format", "jsonl", "--out", str(tmp_path / "t.jsonl"))
+    assert r.returncode == 0 and f"to {tmp_path / 't.jsonl'}" in r.stdout, r.stderr
+    assert not [p for p in tmp_path.iterdir() if ".partial-" in p.name]

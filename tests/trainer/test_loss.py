@@ -35,6 +35,27 @@ def test_ratios_outside_the_band_are_masked_entirely() -> None:
     assert m["kl/rollout_train_k3"] == pytest.approx(k3, rel=1e-5)
 
 
+def test_ratio_std_of_near_one_ratios_over_many_micro_batches() -> None:
+    # What a trainer sees when the engine samples the current weights: log-ratios of ~1e-5
+    # over tens of thousands of tokens, summed over micro-batches. The reference std is
+    # computed in float64 from the same log-ratios.
+    from envhub.trainer.loss import LossSums
+
+    gen = torch.Generator().manual_seed(0)
+    total, chunks = LossSums(), []
+    for _ in range(8):
+        log_ratio = (torch.randn(4096, generator=gen) * 1e-5).float()
+        rollout = torch.full((4096,), -2.0)
+        _, sums = is_masked_loss(rollout + log_ratio, rollout, torch.zeros(4096), 1.0,
+                                 LossConfig())
+        total.add(sums)
+        chunks.append(torch.exp((rollout + log_ratio).double() - rollout.double()))
+    r = torch.cat(chunks)
+    m = total.metrics()
+    assert m["is/ratio_std"] == pytest.approx(float(r.std(correction=0)), rel=1e-3)
+    assert m["is/ratio_mean"] == pytest.approx(float(r.mean()), abs=1e-9)
+
+
 def test_kl_to_reference_adds_k3() -> None:
     logprobs = torch.tensor([-1.0, -2.0], requires_grad=True)
     ref = torch.tensor([-1.5, -2.0])

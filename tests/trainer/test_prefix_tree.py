@@ -150,18 +150,15 @@ def test_tree_is_smaller_than_naive_batch_for_groups() -> None:
     traj = sample_group(model, "g", shape, seed=3)
     seqs = [s.token_ids for t in traj for s in t.segments]
     tree = pack(seqs)
-    # The 64-token prompt is stored once instead of 8 times.
-    assert tree.n_nodes == tree.n_sequence_tokens - 7 * 64 - _extra_shared(seqs)
-
-
-def _extra_shared(seqs: list[list[int]]) -> int:
-    """Nodes shared beyond the common prompt (sampled continuations that coincide)."""
-    from envhub.trainer.prefix_tree import TokenTrie
-
-    trie = TokenTrie()
-    for s in seqs:
-        trie.insert(s)
-    return sum(len(s) for s in seqs) - len(trie) - 7 * 64
+    # A node per distinct prefix, counted without the trie.
+    distinct_prefixes = {tuple(s[:k]) for s in seqs for k in range(1, len(s) + 1)}
+    assert tree.n_nodes == len(distinct_prefixes)
+    # The 64-token prompt is stored once instead of 8 times, and nothing is lost on the way
+    # back: every sequence reads out of the tree token for token.
+    assert tree.n_sequence_tokens == sum(len(s) for s in seqs)
+    assert tree.n_nodes <= tree.n_sequence_tokens - 7 * 64
+    for seq, nodes in zip(seqs, tree.token_nodes, strict=True):
+        assert tree.input_ids[nodes].tolist() == seq
 
 
 def test_chunked_head_equals_the_models_own_head() -> None:
