@@ -9,6 +9,7 @@ that do not start one do not pay for it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -16,11 +17,13 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
+import openai
 import pytest
 
 if TYPE_CHECKING:
@@ -125,3 +128,39 @@ def host_processes_with(token: str) -> list[str]:
     """Lines of `ps` on the host whose command line contains `token`."""
     out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True)
     return [line for line in out.stdout.splitlines() if token in line and "ps -eo" not in line]
+
+
+def start_gateway(db: str, port: int, extra: list[str] | None = None,
+                  backend: str = "zero") -> subprocess.Popen:
+    # output to a file: an undrained pipe would block the server once its buffer fills
+    log = tempfile.NamedTemporaryFile(prefix="envhub-gw-", suffix=".log", delete=False)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "envhub", "gateway", "--backend", backend, "--port", str(port),
+         "--db", db, *(extra or [])],
+        stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.time() + 90
+    while time.time() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            raise RuntimeError(open(log.name).read())
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("gateway did not start")
+
+
+async def agent(url: str, key: str, answered: list, stop: asyncio.Event) -> None:
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=10)
+    msgs = [{"role": "user", "content": f"session {key}"}]
+    while not stop.is_set():
+        try:
+            resp = await client.chat.completions.create(model="default", messages=msgs)
+        except (openai.APIConnectionError, openai.APITimeoutError, openai.InternalServerError):
+            return  # the gateway died under us
+        answered.append((key, resp.model_extra["envhub"]["seqs"][0],
+                         resp.choices[0].message.content))
+        msgs += [resp.choices[0].message.model_dump(exclude_none=True),
+                 {"role": "user", "content": "again"}]

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import httpx
 import openai
+import pytest
 
 from envhub.gateway.engine.process import EngineProcess
-from tests.gateway.test_durability import start_gateway
-from tests.support import free_port
+from tests.support import free_port, start_gateway
 
 
+@pytest.mark.slow
 def test_multi_turn_record_matches_what_the_engine_received(tmp_path):
     with EngineProcess(["--threads", "1"], log_path=tmp_path / "engine.log") as engine:
         port = free_port()

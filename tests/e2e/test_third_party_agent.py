@@ -46,6 +46,7 @@ def mini_env(tmp_path: Path) -> dict[str, str]:
     }
 
 
+@pytest.mark.slow
 def test_mini_swe_agent_runs_unchanged_and_its_turns_are_token_exact(tmp_path: Path) -> None:
     require_tool("bwrap")
     mini = mini_executable()

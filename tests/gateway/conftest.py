@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import anthropic
 import pytest
 
 from envhub.gateway.backends.scripted import ScriptedBackend
@@ -44,3 +45,13 @@ def gateway(tmp_path: Path, tool_script: ScriptedBackend) -> Iterator[GatewayHan
     handle = start(tmp_path, tool_script)
     yield handle
     handle.close()
+
+
+# Anthropic clients of the gateway (test_anthropic_client.py, test_anthropic_errors.py)
+CALC = {"name": "calc", "description": "evaluate an arithmetic expression",
+        "input_schema": {"type": "object", "properties": {"expr": {"type": "string"}},
+                         "required": ["expr"]}}
+
+
+def client(gw: GatewayHandle, key: str) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=gw.url, api_key=key, max_retries=0)

@@ -16,17 +16,10 @@ from envhub.gateway.render.chat_template import ChatRenderer
 from envhub.gateway.render.toolcalls import ParsedCompletion
 from envhub.gateway.server import GatewayHandle
 from envhub.gateway.service import Choice
-from tests.gateway.conftest import scripted, start, tool_call_text
+from tests.gateway.conftest import CALC, client, scripted, start, tool_call_text
 from tests.support import trajectory_json as trajectory
 
-CALC = {"name": "calc", "description": "evaluate an arithmetic expression",
-        "input_schema": {"type": "object", "properties": {"expr": {"type": "string"}},
-                         "required": ["expr"]}}
 SYSTEM = "You can use a calculator."
-
-
-def client(gw: GatewayHandle, key: str) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=gw.url, api_key=key, max_retries=0)
 
 
 def test_non_streaming_tool_use(gateway):

@@ -12,8 +12,8 @@ import pytest
 from envhub.gateway.backends.scripted import ScriptedBackend
 from envhub.gateway.render.chat_template import ChatRenderer
 from envhub.gateway.server import GatewayHandle
-from tests.gateway.conftest import scripted, start
-from tests.gateway.test_anthropic_client import CALC, client, trajectory
+from tests.gateway.conftest import CALC, client, scripted, start
+from tests.support import trajectory_json as trajectory
 
 USER = [{"role": "user", "content": "hi"}]
 OK = {"model": "default", "max_tokens": 16, "messages": USER}

@@ -11,12 +11,12 @@ import httpx
 import openai
 import pytest
 
-from tests.gateway.test_durability import agent, start_gateway
-from tests.support import free_port
+from tests.support import agent, free_port, start_gateway
 
 pytestmark = pytest.mark.postgres
 
 
+@pytest.mark.slow
 def test_two_gateways_one_pool_survive_kill_9(postgres_server):
     db = postgres_server.create_database()
     ports = [free_port(), free_port()]

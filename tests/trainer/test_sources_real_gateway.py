@@ -64,6 +64,7 @@ def test_http_and_store_sources_agree_and_feed_the_window(gateway) -> None:
             local.fetch(["nope"])
 
 
+@pytest.mark.slow
 def test_listings_page_past_the_gateways_page_size(gateway) -> None:
     """1001+ sessions: the gateway answers 1000 rows a call; both sources see them all."""
     store = gateway.app.state.gw.store
