@@ -108,14 +108,12 @@ async def weights(request: Request) -> Response:
     if isinstance(backend, Fleet):
         outcome = await backend.update_weights(spec.path, spec.version, spec.drain_timeout)
         return json_response(outcome)
-    load = getattr(backend, "load_weights", None)
     if spec.path is None:
         raise BadRequest("give the checkpoint `path` to load", param="path")
-    if load is None:
-        raise BadRequest(f"the {backend.name!r} backend cannot load weights")
-    version = await load(spec.path, spec.version)
+    # WeightsNotLoadable (a 400 with the reason) when this backend cannot load weights.
+    version = await backend.load_weights(spec.path, spec.version)
     return json_response({"weight_version": version, "path": spec.path,
-                          "updated": [getattr(backend, "instance", backend.name)], "failed": {}})
+                          "updated": [backend.instance], "failed": {}})
 
 
 @router.get("/admin/fleet")

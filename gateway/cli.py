@@ -14,7 +14,8 @@ def gateway(
     model_name: str | None = typer.Option(None, help="name served on /v1/models"),
     tokenizer: str | None = typer.Option(None, help="tokenizer folder, if not the model's"),
     chat_template: str | None = typer.Option(None, help="jinja file or 'deepseek_v3'"),
-    backend: str = typer.Option("local", help="local | vllm | sglang | zero | openai"),
+    backend: str = typer.Option("local", help="local | vllm | sglang | zero | openai, or "
+                                              "a dotted path pkg.mod.Class"),
     upstream: list[str] = typer.Option([], help="engine URL (repeatable), e.g. "
                                                 "vllm=http://h1:8000"),
     db: str = typer.Option("sqlite:///envhub-pool.db", help="pool URL (sqlite:///FILE or "
@@ -52,15 +53,14 @@ def gateway(
     except ValidationError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from e
-    if config.backend in ("vllm", "sglang", "openai"):
-        from envhub.gateway.errors import GatewayError
-        from envhub.gateway.router import fleet_specs
+    from envhub.gateway.backends import check_backend
+    from envhub.gateway.errors import GatewayError
 
-        try:
-            fleet_specs(config)
-        except (GatewayError, ValueError) as e:
-            typer.echo(f"error: {e}", err=True)
-            raise typer.Exit(2) from e
+    try:
+        check_backend(config)
+    except (GatewayError, ValueError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from e
     if not config.model_path().exists():
         typer.echo(f"error: model folder {config.model_path()} does not exist; pass --model "
                    "PATH to a Hugging Face model folder", err=True)

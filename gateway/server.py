@@ -16,6 +16,7 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from envhub.gateway import admin_api, admin_fleet, anthropic_api, openai_api
+from envhub.gateway.backends import backend_class, make_backend
 from envhub.gateway.backends.base import Backend
 from envhub.gateway.config import GatewayConfig
 from envhub.gateway.errors import GatewayError, Overloaded
@@ -127,8 +128,6 @@ class GatewayState:
 def create_app(config: GatewayConfig, backend: Backend | None = None) -> FastAPI:
     renderer = ChatRenderer.from_pretrained(config.tokenizer_path(), config.chat_template)
     if backend is None:
-        from envhub.gateway.backends import make_backend
-
         backend = make_backend(config)
     store = Store(config.db)
     metrics = Metrics()
@@ -136,7 +135,7 @@ def create_app(config: GatewayConfig, backend: Backend | None = None) -> FastAPI
     state = GatewayState(
         config=config, renderer=renderer, backend=backend, store=store, sessions=sessions,
         service=ChatService(renderer, backend, store, metrics, config.max_model_len,
-                            text_backend=config.backend == "openai"),
+                            text_backend=backend_class(config.backend).text_only),
         metrics=metrics, model_names={config.served_name(), "default"})
 
     @asynccontextmanager

@@ -11,6 +11,7 @@ from envhub.gateway.engine.config import EngineConfig
 if TYPE_CHECKING:
     from envhub.gateway.config import GatewayConfig
     from envhub.gateway.engine.engine import Engine
+    from envhub.gateway.fleet.upstreams import UpstreamSpec
 
 
 class LocalBackend(InProcessBackend):
@@ -28,7 +29,8 @@ class LocalBackend(InProcessBackend):
         self.instance = instance
 
     @classmethod
-    def from_config(cls, config: GatewayConfig) -> LocalBackend:
+    def from_config(cls, config: GatewayConfig, upstream: UpstreamSpec | None = None
+                    ) -> LocalBackend:
         """Build the engine the gateway config describes (model folder, device, limits)."""
         return cls(config=EngineConfig(
             model=str(config.model_path()), tokenizer=config.tokenizer,
