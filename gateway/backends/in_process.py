@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from envhub.gateway.backends.base import GenerateRequest, GenerateResult, WeightsNotLoadable
+
+if TYPE_CHECKING:
+    from envhub.gateway.engine.server import ServedEngine
 
 
 class InProcessBackend:
@@ -14,7 +17,7 @@ class InProcessBackend:
     name = "in-process"
     remote: ClassVar[bool] = False
     text_only: ClassVar[bool] = False
-    engine: Any  # Engine or ZeroEngine (gateway/engine): same methods, no common base
+    engine: ServedEngine  # Engine or ZeroEngine (gateway/engine)
     instance: str
 
     @property
