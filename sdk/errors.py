@@ -12,5 +12,3 @@ class MissingExtra(ImportError):
 
     def __init__(self, what: str, extra: str):
         super().__init__(f"{what} needs an optional dependency: pip install 'envhub[{extra}]'")
-        self.what = what
-        self.extra = extra
