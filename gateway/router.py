@@ -208,7 +208,7 @@ class Fleet:
                 "failed": {}}
 
     def _apply_update(self, path: str, target: int, members: list[Instance],
-                      outcomes: list[Any]) -> dict[str, Any]:
+                      outcomes: list[int | BaseException]) -> dict[str, Any]:
         failed = {i.name: o for i, o in zip(members, outcomes, strict=True)
                   if isinstance(o, BaseException)}
         for o in failed.values():
@@ -220,7 +220,7 @@ class Fleet:
                 raise type(first)(f"no instance loaded the weights: {first}")
             raise BackendUnavailable(f"no instance loaded the weights: {first!r}")
         for inst, outcome in zip(members, outcomes, strict=True):
-            if inst.name in failed:
+            if isinstance(outcome, BaseException):
                 if inst.take_out(f"weight update to v{target} failed: {outcome}", self.beats):
                     self.metrics.removals.labels(inst.name, "weights").inc()
             else:

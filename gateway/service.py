@@ -117,7 +117,10 @@ class ChatService:
                                  code="context_length_exceeded")
             params = replace(call.params, max_tokens=min(call.params.max_tokens, budget))
             # A retry reuses the earlier turn's parent and messages.
-            parent = plan.parent.parent if plan.kind == "retry" else plan.parent
+            parent = plan.parent
+            if plan.kind == "retry":
+                assert parent is not None, plan
+                parent = parent.parent
             appended_hashes = plan.appended_hashes
             request_key = history.request_key(parent, tools_key, appended_hashes)
             extends = plan.parent if plan.kind == "extend" else None

@@ -4,4 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/venv.sh all,dev
+# Types first (a type error often explains a failing test): sdk, gateway and
+# trainer with their real imports; settings in pyproject.toml [tool.mypy].
+.venv/bin/python -m mypy -p envhub.sdk -p envhub.gateway -p envhub.trainer
 exec .venv/bin/python -m pytest -n "${ENVHUB_TEST_WORKERS:-2}" --dist loadfile "$@"

@@ -103,7 +103,7 @@ def _cli_type(annotation: Any) -> tuple[Any, tuple[Any, ...]]:
         return str | None, ()
     if origin is list:
         item, _ = _cli_type(args[0] if args else str)
-        return list[item if item in _SCALARS else str], ()  # type: ignore[valid-type]
+        return types.GenericAlias(list, (item if item in _SCALARS else str,)), ()
     if origin is typing.Literal:
         return str, args
     if annotation in _SCALARS:

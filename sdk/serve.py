@@ -57,7 +57,7 @@ def bind(host: str, port: int) -> socket.socket:
 
 def serve_in_thread(app: Any, host: str = "127.0.0.1", port: int = 0, *,
                     lifespan: Literal["on", "off", "auto"] = "off",
-                    graceful_timeout: float | None = None, name: str = "envhub-server",
+                    graceful_timeout: int | None = None, name: str = "envhub-server",
                     start_timeout: float = 30.0,
                     on_stop: Callable[[], Awaitable[None]] | None = None) -> ServerThread:
     """Serve `app` on a daemon thread; returns once it accepts connections.

@@ -18,6 +18,7 @@ class LocalBackend(InProcessBackend):
     """Runs requests on an in-process `Engine`; concurrent calls are batched by the engine."""
 
     name = "local"
+    engine: Engine
 
     def __init__(self, engine: Engine | None = None, *, config: EngineConfig | None = None,
                  instance: str = "local"):

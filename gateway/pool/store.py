@@ -161,9 +161,9 @@ def _run(conn: Connection, ops: list[WriteOp]) -> None:
             op(conn)
             i += 1
             continue
-        rows = {}  # table → rows, for the run of inserts starting here
-        while i < len(ops) and isinstance(ops[i], Insert):
-            rows.setdefault(ops[i].table, []).append(ops[i].row)  # type: ignore[union-attr]
+        rows: dict[str, list[dict[str, Any]]] = {}  # table → rows of the run of inserts
+        while i < len(ops) and isinstance(insert := ops[i], Insert):
+            rows.setdefault(insert.table, []).append(insert.row)
             i += 1
         for table, batch in rows.items():
             conn.execute(_INSERTS[table], batch)
