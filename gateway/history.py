@@ -18,7 +18,7 @@ import difflib
 from dataclasses import dataclass, field
 
 from envhub.gateway.render.messages import chain
-from envhub.sdk.types import CMAction
+from envhub.sdk.types import CMAction, CMKind
 
 
 @dataclass
@@ -150,6 +150,7 @@ class History:
             kept -= 1  # a shared system prompt alone does not make a continuation
         n_removed = sum(b - a for a, b in removed)
         n_added = sum(b - a for a, b in added)
+        kind: CMKind
         if kept == 0:
             kind = "reset"
         elif n_added == 0:
