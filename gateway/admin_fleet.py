@@ -23,7 +23,7 @@ Every route needs the admin key when the gateway has one.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -33,6 +33,9 @@ from envhub.gateway.admin_api import _parse, _require_admin
 from envhub.gateway.errors import BadRequest
 from envhub.gateway.openai_api import json_response, read_json
 from envhub.gateway.router import Fleet
+
+if TYPE_CHECKING:
+    from envhub.gateway.server import GatewayState
 
 router = APIRouter()
 
@@ -55,7 +58,7 @@ class WeightsSpec(BaseModel):
                                  description="longest wait for running calls (s)")
 
 
-async def start(state: Any) -> None:
+async def start(state: GatewayState) -> None:
     """Gateway startup: expose the fleet's metrics and start its heartbeats."""
     backend = state.backend
     if isinstance(backend, Fleet):
@@ -63,7 +66,7 @@ async def start(state: Any) -> None:
         await backend.start()
 
 
-async def stop(state: Any) -> None:
+async def stop(state: GatewayState) -> None:
     if isinstance(state.backend, Fleet):
         await state.backend.stop()
 
@@ -108,14 +111,12 @@ async def weights(request: Request) -> Response:
     if isinstance(backend, Fleet):
         outcome = await backend.update_weights(spec.path, spec.version, spec.drain_timeout)
         return json_response(outcome)
-    load = getattr(backend, "load_weights", None)
     if spec.path is None:
         raise BadRequest("give the checkpoint `path` to load", param="path")
-    if load is None:
-        raise BadRequest(f"the {backend.name!r} backend cannot load weights")
-    version = await load(spec.path, spec.version)
+    # WeightsNotLoadable (a 400 with the reason) when this backend cannot load weights.
+    version = await backend.load_weights(spec.path, spec.version)
     return json_response({"weight_version": version, "path": spec.path,
-                          "updated": [getattr(backend, "instance", backend.name)], "failed": {}})
+                          "updated": [backend.instance], "failed": {}})
 
 
 @router.get("/admin/fleet")

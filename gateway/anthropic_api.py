@@ -141,7 +141,8 @@ def _tool_result(block: dict[str, Any], where: str) -> dict[str, Any]:
 
 def _user(blocks: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
     """tool_result blocks → tool messages (in order), then the text → one user message."""
-    tools, texts = [], []
+    tools: list[dict[str, Any]] = []
+    texts: list[str] = []
     for j, block in enumerate(blocks):
         kind, at = block.get("type"), f"{where}.content[{j}]"
         if kind == "tool_result":

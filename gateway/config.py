@@ -19,7 +19,10 @@ class GatewayConfig(BaseModel):
     tokenizer: str | None = Field(None, description="tokenizer folder when it differs from model")
     chat_template: str | None = Field(None, description="jinja file or built-in name "
                                                         "('deepseek_v3') overriding the model's")
-    backend: str = Field("local", description="local | vllm | sglang | zero | openai")
+    backend: str = Field("local", description="engine backend: a name in "
+                                              "envhub.gateway.backends.BACKENDS (local, zero, "
+                                              "vllm, sglang, openai) or the dotted path of a "
+                                              "backend class")
     upstreams: list[str] = Field(default_factory=list,
                                  description="engine URLs for vllm/sglang backends")
     db: str = Field("sqlite:///envhub-pool.db", description="pool URL: sqlite:///FILE or "

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+# One MissingExtra for every component (an `as` import: an explicit re-export).
+from envhub.sdk.errors import MissingExtra as MissingExtra
+
 
 class GatewayError(Exception):
     status_code = 400
@@ -46,8 +49,3 @@ class Overloaded(GatewayError):
 class BackendUnavailable(GatewayError):
     status_code = 503
     type = "server_error"
-
-
-class MissingExtra(ImportError):
-    def __init__(self, what: str, extra: str):
-        super().__init__(f"{what} needs an optional dependency: pip install 'envhub[{extra}]'")

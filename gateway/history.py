@@ -18,7 +18,7 @@ import difflib
 from dataclasses import dataclass, field
 
 from envhub.gateway.render.messages import chain
-from envhub.sdk.types import CMAction
+from envhub.sdk.types import CMAction, CMKind
 
 
 @dataclass
@@ -150,6 +150,7 @@ class History:
             kept -= 1  # a shared system prompt alone does not make a continuation
         n_removed = sum(b - a for a, b in removed)
         n_added = sum(b - a for a, b in added)
+        kind: CMKind
         if kept == 0:
             kind = "reset"
         elif n_added == 0:
@@ -175,6 +176,28 @@ class History:
             parent._ids = None  # only segment tips keep their full history cached
         if self.latest is None or state.seq > self.latest.seq:
             self.latest = state
+
+    def allocate(self, n: int, extends: TurnState | None) -> tuple[list[int], list[int]]:
+        """(seqs, segments) for the `n` sampled turns of one request. With `extends` (the
+        segment tip the prompt continues) the first turn stays in that segment and the tip is
+        marked extended, so a later request continuing it again forks; every other turn starts
+        a new segment. Undo the mark with `release` when the call fails (seqs are not reused)."""
+        seqs = list(range(self.next_seq, self.next_seq + n))
+        self.next_seq += n
+        segments: list[int] = []
+        for i in range(n):
+            if i == 0 and extends is not None:
+                segments.append(extends.segment)
+                extends.extended = True
+            else:
+                segments.append(self.next_segment)
+                self.next_segment += 1
+        return seqs, segments
+
+    def release(self, extends: TurnState | None) -> None:
+        """A call that `allocate`d with `extends` failed: the tip may be extended again."""
+        if extends is not None:
+            extends.extended = False
 
     def request_key(self, parent: TurnState | None, tools_key: bytes,
                     appended_hashes: list[bytes]) -> bytes:

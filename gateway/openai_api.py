@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, overload
 
 import orjson
 from fastapi import APIRouter, Request
@@ -70,7 +70,17 @@ class ClientGone(Exception):
     """The client disconnected before its answer was ready."""
 
 
-def number(body: dict, name: str, default: float | None, lo: float, hi: float) -> float | None:
+@overload
+def number(body: dict[str, Any], name: str, default: float, lo: float, hi: float) -> float: ...
+
+
+@overload
+def number(body: dict[str, Any], name: str, default: None, lo: float, hi: float
+           ) -> float | None: ...
+
+
+def number(body: dict[str, Any], name: str, default: float | None, lo: float, hi: float
+           ) -> float | None:
     """body[name] as a float in [lo, hi], `default` when absent; BadRequest otherwise."""
     v = body.get(name)
     if v is None:

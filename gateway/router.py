@@ -27,15 +27,15 @@ from typing import Any
 import httpx
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
+from envhub.gateway.backends import backend_class
 from envhub.gateway.backends.base import Backend, GenerateRequest, GenerateResult
 from envhub.gateway.config import GatewayConfig
 from envhub.gateway.errors import BackendUnavailable, BadRequest, GatewayError, Overloaded
 from envhub.gateway.fleet.gate import PauseGate
-from envhub.gateway.fleet.instance import Instance, Member
+from envhub.gateway.fleet.instance import Instance
 from envhub.gateway.fleet.metrics import FleetMetrics
 from envhub.gateway.fleet.placement import Placement
 from envhub.gateway.fleet.upstreams import (
-    KINDS,
     UpstreamSpec,
     check_unique,
     load_fleet_file,
@@ -62,8 +62,9 @@ class Fleet:
     """A `Backend` over several members (VLLMBackend, SGLangBackend, LiteLLMBackend, ...)."""
 
     name = "fleet"
+    instance = "fleet"
 
-    def __init__(self, members: Sequence[Member], *, heartbeat_interval: float = 1.0,
+    def __init__(self, members: Sequence[Backend], *, heartbeat_interval: float = 1.0,
                  heartbeat_timeout: float = 2.0, heartbeat_misses: int = 2, retries: int = 2,
                  pause_wait: float = 60.0, load_factor: float = 1.5):
         if not members:
@@ -207,7 +208,7 @@ class Fleet:
                 "failed": {}}
 
     def _apply_update(self, path: str, target: int, members: list[Instance],
-                      outcomes: list[Any]) -> dict[str, Any]:
+                      outcomes: list[int | BaseException]) -> dict[str, Any]:
         failed = {i.name: o for i, o in zip(members, outcomes, strict=True)
                   if isinstance(o, BaseException)}
         for o in failed.values():
@@ -219,7 +220,7 @@ class Fleet:
                 raise type(first)(f"no instance loaded the weights: {first}")
             raise BackendUnavailable(f"no instance loaded the weights: {first!r}")
         for inst, outcome in zip(members, outcomes, strict=True):
-            if inst.name in failed:
+            if isinstance(outcome, BaseException):
                 if inst.take_out(f"weight update to v{target} failed: {outcome}", self.beats):
                     self.metrics.removals.labels(inst.name, "weights").inc()
             else:
@@ -319,7 +320,8 @@ class Fleet:
 def fleet_specs(config: GatewayConfig) -> list[UpstreamSpec]:
     """The upstreams a config names (`upstreams` flags, then the `fleet_config` file);
     raises BadRequest with the fix when there are none or one is malformed."""
-    default = config.backend if config.backend in KINDS else "vllm"
+    # A plain URL gets the configured backend's kind when that one serves upstreams.
+    default = config.backend if backend_class(config.backend).remote else "vllm"
     specs = [parse_upstream(u, default) for u in config.upstreams]
     if config.fleet_config:
         specs += load_fleet_file(config.fleet_config)
@@ -331,26 +333,20 @@ def fleet_specs(config: GatewayConfig) -> list[UpstreamSpec]:
     return specs
 
 
-def build_member(spec: UpstreamSpec, config: GatewayConfig) -> Member:
-    name, key = spec.instance_name(), spec.api_key()
-    if spec.kind == "sglang":
-        from envhub.gateway.backends.sglang import SGLangBackend
-
-        return SGLangBackend(spec.url, model=spec.model, api_key=key,
-                             timeout=config.upstream_timeout, instance=name)
-    if spec.kind == "openai":
-        from envhub.gateway.backends.litellm import LiteLLMBackend
-
-        return LiteLLMBackend(spec.url, model=spec.model or config.model_name, api_key=key,
-                              timeout=config.upstream_timeout, instance=name,
-                              tokenizer=str(config.tokenizer_path()))
-    from envhub.gateway.backends.vllm import VLLMBackend
-
-    return VLLMBackend(spec.url, model=spec.model, api_key=key,
-                       timeout=config.upstream_timeout, instance=name)
+def build_member(spec: UpstreamSpec, config: GatewayConfig) -> Backend:
+    """One fleet member: the backend class the upstream's kind names, built for its URL."""
+    try:
+        cls = backend_class(spec.kind)
+    except ValueError as exc:
+        raise BadRequest(f"upstream {spec.instance_name()}: {exc}", param="upstreams") from exc
+    if not cls.remote:
+        raise BadRequest(f"upstream {spec.instance_name()}: backend {spec.kind!r} runs in the "
+                         "gateway's process and takes no URL; use a remote kind such as "
+                         "vllm, sglang or openai", param="upstreams")
+    return cls.from_config(config, spec)
 
 
-def make_fleet(config: GatewayConfig) -> Backend:
+def make_fleet(config: GatewayConfig) -> Fleet:
     """The fleet a gateway config describes (started by the gateway's lifespan)."""
     members = [build_member(s, config) for s in fleet_specs(config)]
     return Fleet(members, heartbeat_interval=config.heartbeat_interval,

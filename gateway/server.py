@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
-import threading
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -19,6 +16,7 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from envhub.gateway import admin_api, admin_fleet, anthropic_api, openai_api
+from envhub.gateway.backends import backend_class, make_backend
 from envhub.gateway.backends.base import Backend
 from envhub.gateway.config import GatewayConfig
 from envhub.gateway.errors import GatewayError, Overloaded
@@ -27,6 +25,7 @@ from envhub.gateway.pool.store import Store
 from envhub.gateway.render.chat_template import ChatRenderer
 from envhub.gateway.service import ChatService
 from envhub.gateway.sessions import Sessions
+from envhub.sdk.serve import ServerThread, bind, serve_in_thread
 
 log = logging.getLogger("envhub.gateway")
 
@@ -129,8 +128,6 @@ class GatewayState:
 def create_app(config: GatewayConfig, backend: Backend | None = None) -> FastAPI:
     renderer = ChatRenderer.from_pretrained(config.tokenizer_path(), config.chat_template)
     if backend is None:
-        from envhub.gateway.backends import make_backend
-
         backend = make_backend(config)
     store = Store(config.db)
     metrics = Metrics()
@@ -138,7 +135,7 @@ def create_app(config: GatewayConfig, backend: Backend | None = None) -> FastAPI
     state = GatewayState(
         config=config, renderer=renderer, backend=backend, store=store, sessions=sessions,
         service=ChatService(renderer, backend, store, metrics, config.max_model_len,
-                            text_backend=config.backend == "openai"),
+                            text_backend=backend_class(config.backend).text_only),
         metrics=metrics, model_names={config.served_name(), "default"})
 
     @asynccontextmanager
@@ -191,12 +188,10 @@ class GatewayHandle:
     url: str
     admin_key: str | None
     app: FastAPI
-    _server: uvicorn.Server
-    _thread: threading.Thread
+    _running: ServerThread
 
     def close(self) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout=30)
+        self._running.close()
 
     def __enter__(self) -> GatewayHandle:
         return self
@@ -205,37 +200,19 @@ class GatewayHandle:
         self.close()
 
 
-def _bind(host: str, port: int) -> socket.socket:
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    return sock
-
-
 def run_in_thread(config: GatewayConfig, backend: Backend | None = None) -> GatewayHandle:
     """Start a gateway on a background thread (port 0 → a free port); returns once serving."""
     app = create_app(config, backend)
-    sock = _bind(config.host, config.port)
-    port = sock.getsockname()[1]
-    url = f"http://{config.host}:{port}"
-    app.state.gw.url = url
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on",
-                                           timeout_graceful_shutdown=5))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
-                              name="envhub-gateway", daemon=True)
-    thread.start()
-    deadline = time.time() + 60
-    while not server.started:
-        if not thread.is_alive() or time.time() > deadline:
-            raise RuntimeError("the gateway did not start; see the log above")
-        time.sleep(0.02)
-    return GatewayHandle(url, config.admin_key, app, server, thread)
+    running = serve_in_thread(app, config.host, config.port, lifespan="on", graceful_timeout=5,
+                              name="envhub-gateway", start_timeout=60)
+    app.state.gw.url = running.url  # read per request only, never at startup
+    return GatewayHandle(running.url, config.admin_key, app, running)
 
 
 def serve(config: GatewayConfig) -> None:
     """Run in the foreground (the `envhub gateway` command)."""
     app = create_app(config)
-    sock = _bind(config.host, config.port)
+    sock = bind(config.host, config.port)
     port = sock.getsockname()[1]
     app.state.gw.url = f"http://{config.host}:{port}"
     print(f"envhub gateway on http://{config.host}:{port}  model={config.served_name()}  "

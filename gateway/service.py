@@ -11,7 +11,7 @@ import hashlib
 import os
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -19,15 +19,16 @@ import orjson
 
 from envhub.gateway.backends.base import Backend, GenerateRequest, GenerateResult, SamplingParams
 from envhub.gateway.errors import BackendUnavailable, BadRequest, Conflict, GatewayError
-from envhub.gateway.history import TurnState
+from envhub.gateway.history import History, Plan, TurnState
 from envhub.gateway.metrics import Metrics
 from envhub.gateway.pool import schema as t
-from envhub.gateway.pool.store import Store, op_event, op_insert
+from envhub.gateway.pool.rows import turn_insert
+from envhub.gateway.pool.store import Store, WriteOp, op_event
 from envhub.gateway.render.chat_template import ChatRenderer
 from envhub.gateway.render.messages import message_hash, tools_hash
 from envhub.gateway.render.toolcalls import ParsedCompletion
 from envhub.gateway.sessions import LiveSession
-from envhub.sdk.types import CMAction, Signal
+from envhub.sdk.types import CMAction, Signal, ToolCall
 
 _ids = random.Random(int.from_bytes(os.urandom(16), "big"))
 
@@ -38,25 +39,29 @@ def response_id() -> str:
     return f"{_ids.getrandbits(96):024x}"
 
 
+Message = dict[str, Any]  # a JSON chat message (raw from the request, or normalised)
+HistoryLoader = Callable[[LiveSession], Awaitable[History]]  # Sessions.history
+
+
 @dataclass
 class ChatCall:
     """`messages` are normalised dicts (render/messages.py), or — when `normalize` is given —
     the raw request messages, normalised lazily (only those not seen before in the session)."""
 
-    messages: list[Any]
+    messages: list[Message]
     tools: list[dict[str, Any]] | None
     params: SamplingParams
     n: int = 1
-    normalize: Callable[[Any, int], dict[str, Any]] | None = None
+    normalize: Callable[[Message, int], Message] | None = None
 
-    def prepared(self, live: LiveSession) -> tuple[list[bytes], Callable[[int], dict]]:
+    def prepared(self, live: LiveSession) -> tuple[list[bytes], Callable[[int], Message]]:
         """Message hashes, and an accessor for the normalised message i."""
         if self.normalize is None:
             return [message_hash(m) for m in self.messages], self.messages.__getitem__
         hashes, fresh = live.memo.hashes(self.messages)
         norm = self.normalize
 
-        def get(i: int) -> dict[str, Any]:
+        def get(i: int) -> Message:
             if i not in fresh:
                 fresh[i] = norm(self.messages[i], i)
             return fresh[i]
@@ -93,7 +98,8 @@ class ChatService:
         self.max_model_len = max_model_len
         self.text_backend = text_backend  # hosted models take messages, not ids
 
-    async def chat(self, live: LiveSession, history_loader: Any, call: ChatCall) -> ChatAnswer:
+    async def chat(self, live: LiveSession, history_loader: HistoryLoader,
+                   call: ChatCall) -> ChatAnswer:
         if live.status != "open":
             raise Conflict(f"session {live.id!r} is {live.status}; open a new session")
         history = await history_loader(live)
@@ -111,20 +117,14 @@ class ChatService:
                                  code="context_length_exceeded")
             params = replace(call.params, max_tokens=min(call.params.max_tokens, budget))
             # A retry reuses the earlier turn's parent and messages.
-            parent = plan.parent.parent if plan.kind == "retry" else plan.parent
+            parent = plan.parent
+            if plan.kind == "retry":
+                assert parent is not None, plan
+                parent = parent.parent
             appended_hashes = plan.appended_hashes
             request_key = history.request_key(parent, tools_key, appended_hashes)
-            seqs = list(range(history.next_seq, history.next_seq + call.n))
-            history.next_seq += call.n
-            segments = []
-            for i in range(call.n):
-                if i == 0 and not plan.new_segment:
-                    segments.append(plan.parent.segment)  # type: ignore[union-attr]
-                else:
-                    segments.append(history.next_segment)
-                    history.next_segment += 1
-            if plan.kind == "extend":
-                plan.parent.extended = True  # type: ignore[union-attr]
+            extends = plan.parent if plan.kind == "extend" else None
+            seqs, segments = history.allocate(call.n, extends)
         render_ms = (time.perf_counter() - t0) * 1000
         self.metrics.render_ms.observe(render_ms)
         answer = await self._execute(live, history, _Prepared(
@@ -133,28 +133,31 @@ class ChatService:
             action=plan.action, new_segment=plan.new_segment, params=params,
             n_messages=n_messages,
             tool_names={tool["function"]["name"] for tool in call.tools or []},
-            undo=plan.parent if plan.kind == "extend" else None,
+            extends=extends,
             messages=[message(i) for i in range(n_messages)] if self.text_backend else None,
             tools=call.tools), t0)
         answer.render_ms = render_ms
         return answer
 
-    def _prompt(self, plan: Any, message: Callable[[int], dict], n_messages: int,
-                tools: list[dict] | None) -> tuple[list[int], list[int]]:
+    def _prompt(self, plan: Plan, message: Callable[[int], Message], n_messages: int,
+                tools: list[dict[str, Any]] | None) -> tuple[list[int], list[int]]:
         """(prompt ids, the delta to store) for a planned request."""
         if plan.kind in ("extend", "fork"):
+            assert plan.parent is not None, plan
             appended = [message(i) for i in range(plan.appended_from, n_messages)]
             cont = self.renderer.render_continuation(plan.parent.completion_ids, appended,
                                                      tools).ids
             prompt = plan.parent.full_ids() + cont
             return prompt, (cont if plan.kind == "extend" else prompt)
         if plan.kind == "retry":
+            assert plan.parent is not None, plan
             prompt = plan.parent.prompt_ids()
             return prompt, prompt
         prompt = self.renderer.render_prompt([message(i) for i in range(n_messages)], tools).ids
         return prompt, prompt
 
-    async def preview(self, live: LiveSession, history_loader: Any, call: ChatCall) -> int:
+    async def preview(self, live: LiveSession, history_loader: HistoryLoader,
+                      call: ChatCall) -> int:
         """The prompt length a call would send now; records nothing, changes nothing."""
         history = await history_loader(live)
         async with live.lock:
@@ -163,7 +166,7 @@ class ChatService:
                                 consume_declared=False)
             return len(self._prompt(plan, message, len(hashes), call.tools)[0])
 
-    async def complete(self, live: LiveSession, history_loader: Any, prompt: list[int],
+    async def complete(self, live: LiveSession, history_loader: HistoryLoader, prompt: list[int],
                        params: SamplingParams, n: int) -> ChatAnswer:
         """A raw token/text completion: extends the latest turn when its ids prefix the prompt,
         else starts a new segment (no chat messages, so no context-action classification)."""
@@ -181,26 +184,16 @@ class ChatService:
             if budget < 1:
                 raise BadRequest(f"the prompt is {len(prompt)} tokens; this model's limit is "
                                  f"{self.max_model_len}", code="context_length_exceeded")
-            seqs = list(range(history.next_seq, history.next_seq + n))
-            history.next_seq += n
-            segments = []
-            for i in range(n):
-                if i == 0 and parent is not None:
-                    segments.append(parent.segment)
-                else:
-                    segments.append(history.next_segment)
-                    history.next_segment += 1
-            if parent is not None:
-                parent.extended = True
+            seqs, segments = history.allocate(n, parent)
         delta = prompt[len(parent.full_ids()):] if parent is not None else prompt
         return await self._execute(live, history, _Prepared(
             prompt=prompt, delta=delta, parent=parent, seqs=seqs, segments=segments,
             appended_hashes=[], tools_key=_RAW, request_key=_raw_key(prompt), action=None,
             new_segment=parent is None, params=replace(params, max_tokens=min(
-                params.max_tokens, budget)), n_messages=0, tool_names=set(), undo=parent,
+                params.max_tokens, budget)), n_messages=0, tool_names=set(), extends=parent,
             raw=True), t0)
 
-    async def _execute(self, live: LiveSession, history: Any, p: _Prepared,
+    async def _execute(self, live: LiveSession, history: History, p: _Prepared,
                        t0: float) -> ChatAnswer:
         tb = time.perf_counter()
         calls = [self.backend.generate(GenerateRequest(
@@ -213,15 +206,17 @@ class ChatService:
         try:
             results = [await calls[0]] if len(calls) == 1 else await asyncio.gather(*calls)
         except (GatewayError, asyncio.CancelledError):  # cancelled: the agent hung up
-            p.release()
+            history.release(p.extends)
             raise
         except Exception as e:
-            p.release()
+            history.release(p.extends)
             self.metrics.backend_errors.inc()
             raise BackendUnavailable(f"the inference engine failed: {e}") from e
 
         backend_ms = (time.perf_counter() - tb) * 1000
-        choices, ops, states = [], [], []
+        choices: list[Choice] = []
+        ops: list[WriteOp] = []
+        states: list[TurnState] = []
         latency_ms = (time.perf_counter() - t0) * 1000
         self.metrics.latency_ms.observe(latency_ms)
         for i, (seq, seg, res) in enumerate(zip(p.seqs, p.segments, results, strict=True)):
@@ -234,23 +229,18 @@ class ChatService:
                               response_hash=_RAW if p.raw else _response_hash(choice),
                               tools_key=p.tools_key)
             states.append(state)
-            ops.append(op_insert("turns", {
-                "session_id": live.id, "seq": seq, "segment": seg,
-                "parent_seq": p.parent.seq if p.parent is not None else None,
-                "prompt_delta": t.pack_ids(state.delta_ids),
-                "completion": t.pack_ids(res.completion_ids),
-                "logprobs": t.pack_floats(res.logprobs),
-                "weight_version": res.weight_version, "finish_reason": res.finish_reason,
-                "tool_calls": orjson.dumps([{"id": c["id"], "name": c["function"]["name"],
-                                             "arguments": c["function"]["arguments"]}
-                                            for c in choice.tool_calls]).decode()
-                if choice.tool_calls else None,
-                "msg_hashes": b"".join(p.appended_hashes),
-                "response_hash": state.response_hash, "tools_hash": p.tools_key,
-                "latency_ms": latency_ms, "instance": res.instance,
-                "trainable": res.trainable, "completion_text": res.text,
-                "created_at": time.time(),
-            }))
+            ops.append(turn_insert(
+                live.id, seq=seq, segment=seg,
+                parent_seq=p.parent.seq if p.parent is not None else None,
+                prompt_delta=state.delta_ids, completion=res.completion_ids,
+                logprobs=res.logprobs, weight_version=res.weight_version,
+                finish_reason=res.finish_reason,
+                tool_calls=[ToolCall(id=c["id"], name=c["function"]["name"],
+                                     arguments=c["function"]["arguments"])
+                            for c in choice.tool_calls],
+                msg_hashes=p.appended_hashes, response_hash=state.response_hash,
+                tools_hash=p.tools_key, latency_ms=latency_ms, instance=res.instance,
+                trainable=res.trainable, completion_text=res.text))
             action = p.action if i == 0 else CMAction(
                 kind="fork", from_seq=p.seqs[0], info={"reason": f"choice {i} of n={len(p.seqs)}"})
             if action is not None:
@@ -264,7 +254,7 @@ class ChatService:
         try:
             await self.store.write(*ops)
         except Exception:
-            p.release()
+            history.release(p.extends)
             raise
         async with live.lock:
             for state in states:
@@ -329,11 +319,7 @@ class _Prepared:
     params: SamplingParams
     n_messages: int
     tool_names: set[str]
-    undo: TurnState | None  # a parent marked extended for this call; released on failure
+    extends: TurnState | None  # the segment tip this call continues; released on failure
     raw: bool = False
-    messages: list[dict] | None = None  # for text-only backends
-    tools: list[dict] | None = None
-
-    def release(self) -> None:
-        if self.undo is not None:
-            self.undo.extended = False
+    messages: list[Message] | None = None  # for text-only backends
+    tools: list[dict[str, Any]] | None = None

@@ -9,15 +9,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import secrets
-import time
 import uuid
 from dataclasses import dataclass, field
 
-import orjson
-
 from envhub.gateway.errors import BadRequest, Conflict, NotFound, Unauthorized
 from envhub.gateway.history import History
-from envhub.gateway.pool.store import IntegrityError, Store, op_insert
+from envhub.gateway.pool.rows import session_insert
+from envhub.gateway.pool.store import IntegrityError, Store
 from envhub.gateway.pool.trajectory import history_from_rows
 from envhub.gateway.render.messages import MessageMemo
 
@@ -60,12 +58,10 @@ class Sessions:
                              param="session_id")
         key = api_key or f"sk-envhub-{secrets.token_urlsafe(24)}"
         live = LiveSession(sid, key_hash(key), history=History())
-        row = {"id": sid, "key_hash": live.key_hash, "group_id": group_id, "task_id": task_id,
-               "env": env, "sample_index": sample_index, "status": "open",
-               "created_at": time.time(),
-               "metadata": orjson.dumps(metadata or {}).decode()}
+        row = session_insert(sid, live.key_hash, group_id=group_id, task_id=task_id, env=env,
+                             sample_index=sample_index, metadata=metadata)
         try:
-            await self.store.write(op_insert("sessions", row))
+            await self.store.write(row)
         except IntegrityError:
             raise Conflict(f"session {sid!r} already exists; choose another id") from None
         self._remember(live)

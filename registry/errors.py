@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+# One MissingExtra for every component (an `as` import: an explicit re-export).
+from envhub.sdk.errors import MissingExtra as MissingExtra
+
 
 class RegistryError(Exception):
     """Base class; `code` is a stable machine-readable word, `message` is for humans."""
@@ -66,11 +69,6 @@ class DependencyError(RegistryError):
     """Installing an environment's declared Python dependencies failed."""
 
     code = "dependency_error"
-
-
-class MissingExtra(ImportError):
-    def __init__(self, what: str, extra: str):
-        super().__init__(f"{what} needs an optional dependency: pip install 'envhub[{extra}]'")
 
 
 _BY_CODE: dict[str, type[RegistryError]] = {

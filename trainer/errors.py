@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+# One MissingExtra for every component (an `as` import: an explicit re-export).
+from envhub.sdk.errors import MissingExtra as MissingExtra
+
 
 class TrainerError(Exception):
     """Base class: a trainer input or state problem the user can fix."""
@@ -13,11 +16,6 @@ class BadTrajectory(TrainerError):
 
 class SourceError(TrainerError):
     """The trajectory source (gateway HTTP API, store) answered badly or not at all."""
-
-
-class MissingExtra(ImportError):
-    def __init__(self, what: str, extra: str = "train"):
-        super().__init__(f"{what} needs an optional dependency: pip install 'envhub[{extra}]'")
 
 
 def require_torch() -> None:

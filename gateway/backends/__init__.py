@@ -1,25 +1,62 @@
-"""Backends: where token ids are sampled. `make_backend` builds one from the gateway config."""
+"""Backends: where token ids are sampled. The contract is in base.py; this table names them.
+
+`GatewayConfig.backend` (and an upstream's `kind`) is a key of `BACKENDS` or the dotted path of
+a class, e.g. `--backend my_pkg.engines.MyBackend`. Adding a backend: its own file here plus
+one line below.
+"""
 
 from __future__ import annotations
 
-from envhub.gateway.backends.base import Backend, GenerateRequest, GenerateResult, SamplingParams
-from envhub.gateway.config import GatewayConfig
+from typing import cast
 
-__all__ = ["Backend", "GenerateRequest", "GenerateResult", "SamplingParams", "make_backend"]
+from envhub.gateway.backends.base import (
+    Backend,
+    BackendClass,
+    GenerateRequest,
+    GenerateResult,
+    SamplingParams,
+    WeightsNotLoadable,
+)
+from envhub.gateway.config import GatewayConfig
+from envhub.sdk.plugins import load_class
+
+__all__ = ["BACKENDS", "Backend", "BackendClass", "GenerateRequest", "GenerateResult",
+           "SamplingParams", "WeightsNotLoadable", "backend_class", "check_backend",
+           "make_backend"]
+
+BACKENDS: dict[str, str] = {
+    "local": "envhub.gateway.backends.local.LocalBackend",  # embedded engine (the default)
+    "zero": "envhub.gateway.backends.zero.ZeroBackend",  # zero-work engine (overhead)
+    "vllm": "envhub.gateway.backends.vllm.VLLMBackend",
+    "sglang": "envhub.gateway.backends.sglang.SGLangBackend",
+    "openai": "envhub.gateway.backends.litellm.LiteLLMBackend",  # hosted models, text only
+}
+
+
+def backend_class(name: str) -> BackendClass:
+    """The class a backend name or dotted path stands for (ValueError listing the choices)."""
+    cls = load_class(name, BACKENDS, "backend")
+    missing = [a for a in ("remote", "text_only", "from_config") if not hasattr(cls, a)]
+    if missing:
+        raise ValueError(f"backend {name!r} ({cls.__qualname__}) lacks {', '.join(missing)}: "
+                         "see BackendClass in envhub/gateway/backends/base.py")
+    return cast(BackendClass, cls)
 
 
 def make_backend(config: GatewayConfig) -> Backend:
-    kind = config.backend
-    if kind == "local":
-        from envhub.gateway.backends.local import LocalBackend
+    """The backend the config names: one in-process engine, or a fleet over its upstreams."""
+    cls = backend_class(config.backend)
+    if not cls.remote:
+        return cls.from_config(config, None)
+    from envhub.gateway.router import make_fleet
 
-        return LocalBackend.from_config(config)
-    if kind == "zero":
-        from envhub.gateway.backends.zero import ZeroBackend
+    return make_fleet(config)
 
-        return ZeroBackend()
-    if kind in ("vllm", "sglang", "openai"):
-        from envhub.gateway.router import make_fleet
 
-        return make_fleet(config)
-    raise ValueError(f"unknown backend {kind!r}; use local, vllm, sglang, zero or openai")
+def check_backend(config: GatewayConfig) -> None:
+    """Fail fast (the CLI, before loading anything): the backend name resolves and a remote
+    backend has upstreams. Raises ValueError or a GatewayError with the fix."""
+    if backend_class(config.backend).remote:
+        from envhub.gateway.router import fleet_specs
+
+        fleet_specs(config)

@@ -1,9 +1,26 @@
-"""The swappable inference part of the gateway: token ids in, token ids + logprobs out."""
+"""The engine contract: what the gateway needs of anything that samples tokens.
+
+One engine (`local`, `zero`, `vllm`, `sglang`, `openai`: one file each beside this one) or a
+fleet of them (gateway/router.py) is a `Backend`. Implementations do not inherit from it; the
+check is structural. To add a backend: write its file with a class that has the attributes
+and methods of `Backend` plus the class-side `remote`, `text_only` and `from_config` of
+`BackendClass`, and add one line to `BACKENDS` in gateway/backends/__init__.py (or name the
+class by its dotted path: `--backend my_pkg.engines.MyBackend`).
+
+A capability an engine lacks is an explicit error, not a missing method: a hosted model's
+`load_weights` raises `WeightsNotLoadable` (a 400 with the reason).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from envhub.gateway.errors import BadRequest
+
+if TYPE_CHECKING:
+    from envhub.gateway.config import GatewayConfig
+    from envhub.gateway.fleet.upstreams import UpstreamSpec
 
 
 @dataclass
@@ -24,8 +41,8 @@ class GenerateRequest:
     request_id: str = ""
     session_id: str = ""  # routing key: a session sticks to one instance
     # the conversation, for text-only backends (hosted models); token engines ignore them
-    messages: list[dict] | None = None
-    tools: list[dict] | None = None
+    messages: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
 
 
 @dataclass
@@ -47,14 +64,48 @@ class GenerateResult:
         )
 
 
+class WeightsNotLoadable(BadRequest):
+    """This engine cannot load weights (a hosted model, a scripted fake); the message says why."""
+
+
 @runtime_checkable
 class Backend(Protocol):
-    """An inference engine (or a fleet of them) that samples from token ids."""
+    """An inference engine, or a fleet of them, that samples from token ids."""
 
-    name: str
+    name: str  # the kind, e.g. "vllm"; "fleet" for a fleet
+    instance: str  # this engine's name on /metrics, in the pool's turns and in a fleet
+    # Version of the weights it samples from now; stamped on results of engines that do not
+    # report their own. The fleet sets it when weights were pushed out of band (vLLM's NCCL).
+    weight_version: int
 
-    async def generate(self, request: GenerateRequest) -> GenerateResult: ...
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        """Sample one completion; errors are gateway errors (router.py retries
+        BackendUnavailable and Overloaded on another instance)."""
+        ...
 
-    async def health(self) -> dict: ...
+    async def health(self) -> dict[str, Any]:
+        """A cheap probe (heartbeats, GET /health); raises BackendUnavailable when down."""
+        ...
+
+    async def load_weights(self, path: str, version: int | None = None) -> int:
+        """Swap in the checkpoint at `path` (as the engine sees it) between batches; returns
+        the new weight version (`version`, default current + 1). Raises WeightsNotLoadable
+        when this engine cannot."""
+        ...
 
     async def aclose(self) -> None: ...
+
+
+class BackendClass(Protocol):
+    """The class side: how the gateway builds a backend named by `GatewayConfig.backend`."""
+
+    # True: one instance per upstream URL (--upstream / --fleet-config), routed as a fleet;
+    # False: one engine in this process, built from the config alone.
+    remote: bool
+    # True: the engine takes chat messages and answers text (hosted models); turns are
+    # recorded as text and not trainable.
+    text_only: bool
+
+    def from_config(self, config: GatewayConfig, upstream: UpstreamSpec | None) -> Backend:
+        """Build one backend; `upstream` is given exactly when `remote` is True."""
+        ...

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from envhub.gateway.backends.base import GenerateRequest, GenerateResult
+from envhub.gateway.backends.base import GenerateRequest, GenerateResult, WeightsNotLoadable
+
+if TYPE_CHECKING:
+    from envhub.gateway.engine.server import ServedEngine
 
 
 class InProcessBackend:
@@ -12,12 +15,22 @@ class InProcessBackend:
     Backend protocol; subclasses build the engine and say how to close it."""
 
     name = "in-process"
-    engine: Any
+    remote: ClassVar[bool] = False
+    text_only: ClassVar[bool] = False
+    engine: ServedEngine  # Engine or ZeroEngine (gateway/engine)
     instance: str
 
     @property
     def weight_version(self) -> int:
         return self.engine.weight_version
+
+    @weight_version.setter
+    def weight_version(self, version: int) -> None:
+        # Only a fleet's out-of-band update sets versions; nothing can push weights into this
+        # process behind the engine's back.
+        raise WeightsNotLoadable(f"{self.instance} runs in the gateway's process: load weights "
+                                 "with a checkpoint path (POST /admin/weights {\"path\": ...}), "
+                                 "not out of band")
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         result = await self.engine.generate(request)

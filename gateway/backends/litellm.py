@@ -16,13 +16,17 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import httpx
 import orjson
 
-from envhub.gateway.backends.base import GenerateRequest, GenerateResult
+from envhub.gateway.backends.base import GenerateRequest, GenerateResult, WeightsNotLoadable
 from envhub.gateway.errors import BackendUnavailable, BadRequest, MissingExtra, Overloaded
+
+if TYPE_CHECKING:
+    from envhub.gateway.config import GatewayConfig
+    from envhub.gateway.fleet.upstreams import UpstreamSpec
 
 _CHATML = re.compile(r"<\|im_start\|>(\w+)\n(.*?)(?:<\|im_end\|>\n?|$)", re.DOTALL)
 FINISH = {"stop": "stop", "length": "length", "tool_calls": "stop", "function_call": "stop",
@@ -69,6 +73,8 @@ def tool_calls_as_text(calls: list[Any]) -> str:
 
 class LiteLLMBackend:
     name = "openai"
+    remote: ClassVar[bool] = True
+    text_only: ClassVar[bool] = True
 
     def __init__(self, api_base: str, *, model: str | None, api_key: str | None = None,
                  timeout: float = 600.0, instance: str | None = None,
@@ -86,8 +92,19 @@ class LiteLLMBackend:
         self._tokenizer_path = tokenizer
         self._tokenizer: Any = None
 
+    @classmethod
+    def from_config(cls, config: GatewayConfig, upstream: UpstreamSpec | None
+                    ) -> LiteLLMBackend:
+        """One hosted endpoint: the upstream's URL and key; the model from the upstream or
+        --model-name; the gateway's tokenizer to recover messages from ids."""
+        if upstream is None:
+            raise ValueError("the openai backend needs an upstream URL (--upstream)")
+        return cls(upstream.url, model=upstream.model or config.model_name,
+                   api_key=upstream.api_key(), timeout=config.upstream_timeout,
+                   instance=upstream.instance_name(), tokenizer=str(config.tokenizer_path()))
+
     async def generate(self, request: GenerateRequest) -> GenerateResult:
-        messages = getattr(request, "messages", None) or self._messages(request.prompt_ids)
+        messages = request.messages or self._messages(request.prompt_ids)
         p = request.params
         kwargs: dict[str, Any] = {
             "model": self.model, "messages": messages, "api_base": self.api_base,
@@ -97,9 +114,8 @@ class LiteLLMBackend:
             kwargs["stop"] = p.stop
         if p.seed is not None:
             kwargs["seed"] = p.seed
-        tools = getattr(request, "tools", None)
-        if tools:
-            kwargs["tools"] = tools
+        if request.tools:
+            kwargs["tools"] = request.tools
         try:
             response = await self._litellm.acompletion(**kwargs)
         except Exception as exc:
@@ -126,7 +142,8 @@ class LiteLLMBackend:
                 "weight_version": self.weight_version}
 
     async def load_weights(self, path: str, version: int | None = None) -> int:
-        raise BadRequest(f"{self.instance} is a hosted model: it has no weights to load")
+        raise WeightsNotLoadable(f"{self.instance} is a hosted model: it has no weights to "
+                                 "load")
 
     async def aclose(self) -> None:
         pass

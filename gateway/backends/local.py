@@ -11,12 +11,14 @@ from envhub.gateway.engine.config import EngineConfig
 if TYPE_CHECKING:
     from envhub.gateway.config import GatewayConfig
     from envhub.gateway.engine.engine import Engine
+    from envhub.gateway.fleet.upstreams import UpstreamSpec
 
 
 class LocalBackend(InProcessBackend):
     """Runs requests on an in-process `Engine`; concurrent calls are batched by the engine."""
 
     name = "local"
+    engine: Engine
 
     def __init__(self, engine: Engine | None = None, *, config: EngineConfig | None = None,
                  instance: str = "local"):
@@ -28,7 +30,8 @@ class LocalBackend(InProcessBackend):
         self.instance = instance
 
     @classmethod
-    def from_config(cls, config: GatewayConfig) -> LocalBackend:
+    def from_config(cls, config: GatewayConfig, upstream: UpstreamSpec | None = None
+                    ) -> LocalBackend:
         """Build the engine the gateway config describes (model folder, device, limits)."""
         return cls(config=EngineConfig(
             model=str(config.model_path()), tokenizer=config.tokenizer,

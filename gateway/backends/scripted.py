@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
 
-from envhub.gateway.backends.base import GenerateRequest, GenerateResult
+from envhub.gateway.backends.base import GenerateRequest, GenerateResult, WeightsNotLoadable
 
 
 class ScriptedBackend:
     name = "scripted"
+    instance = "scripted"
 
     def __init__(self, encode: Callable[[str], list[int]], script: list[str],
                  stop_token_id: int, weight_version: int = 0, cycle: bool = True,
@@ -45,9 +47,12 @@ class ScriptedBackend:
             ids, finish = ids[: request.params.max_tokens], "length"
         return GenerateResult(completion_ids=ids, logprobs=[-1.0] * len(ids),
                               finish_reason=finish, weight_version=self.weight_version,
-                              instance="scripted")
+                              instance=self.instance)
 
-    async def health(self) -> dict:
+    async def load_weights(self, path: str, version: int | None = None) -> int:
+        raise WeightsNotLoadable("the scripted backend replays texts: it has no weights to load")
+
+    async def health(self) -> dict[str, Any]:
         return {"backend": self.name, "weight_version": self.weight_version}
 
     async def aclose(self) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import httpx
 import orjson
@@ -28,11 +28,17 @@ from envhub.gateway.backends.base import GenerateRequest, GenerateResult
 from envhub.gateway.backends.vllm import _error
 from envhub.gateway.errors import BackendUnavailable, Overloaded
 
+if TYPE_CHECKING:
+    from envhub.gateway.config import GatewayConfig
+    from envhub.gateway.fleet.upstreams import UpstreamSpec
+
 FINISH = {"stop": "stop", "length": "length"}  # SGLang's finish_reason.type -> OpenAI's
 
 
 class SGLangBackend:
     name = "sglang"
+    remote: ClassVar[bool] = True
+    text_only: ClassVar[bool] = False
 
     def __init__(self, base_url: str, *, model: str | None = None, api_key: str | None = None,
                  timeout: float = 600.0, max_connections: int = 256, weight_version: int = 0,
@@ -49,6 +55,14 @@ class SGLangBackend:
             limits=httpx.Limits(max_connections=max_connections,
                                 max_keepalive_connections=max_connections))
         self._aborts: set[asyncio.Task[Any]] = set()  # keep fire-and-forget aborts alive
+
+    @classmethod
+    def from_config(cls, config: GatewayConfig, upstream: UpstreamSpec | None) -> SGLangBackend:
+        """One instance of a fleet: the upstream's URL, model, key and name."""
+        if upstream is None:
+            raise ValueError("the sglang backend needs an upstream URL (--upstream)")
+        return cls(upstream.url, model=upstream.model, api_key=upstream.api_key(),
+                   timeout=config.upstream_timeout, instance=upstream.instance_name())
 
     def request_body(self, request: GenerateRequest, rid: str) -> dict[str, Any]:
         p = request.params

@@ -12,12 +12,16 @@ request itself is wrong; do not retry).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import orjson
 
 from envhub.gateway.backends.base import GenerateRequest, GenerateResult
 from envhub.gateway.errors import BackendUnavailable, BadRequest, GatewayError, Overloaded
+
+if TYPE_CHECKING:
+    from envhub.gateway.config import GatewayConfig
+    from envhub.gateway.fleet.upstreams import UpstreamSpec
 
 TOKEN_ID_PREFIX = "token_id:"  # vLLM's return_tokens_as_token_ids labels
 
@@ -28,6 +32,8 @@ class VLLMBackend:
     the value set here — by whoever pushed the weights — is stamped)."""
 
     name = "vllm"
+    remote: ClassVar[bool] = True
+    text_only: ClassVar[bool] = False
 
     def __init__(self, base_url: str, *, model: str | None = None, api_key: str | None = None,
                  timeout: float = 600.0, max_connections: int = 256, weight_version: int = 0,
@@ -41,6 +47,14 @@ class VLLMBackend:
             headers["authorization"] = f"Bearer {api_key}"
         self._transport = make_transport(client, self.base_url, headers, timeout,
                                          max_connections)
+
+    @classmethod
+    def from_config(cls, config: GatewayConfig, upstream: UpstreamSpec | None) -> VLLMBackend:
+        """One instance of a fleet: the upstream's URL, model, key and name."""
+        if upstream is None:
+            raise ValueError("the vllm backend needs an upstream URL (--upstream)")
+        return cls(upstream.url, model=upstream.model, api_key=upstream.api_key(),
+                   timeout=config.upstream_timeout, instance=upstream.instance_name())
 
     def request_body(self, request: GenerateRequest) -> dict[str, Any]:
         p = request.params

@@ -1,59 +1,67 @@
 """`envhub engine`: serve a local model (or the zero-work engine) over vLLM's token API.
 
-The lead wires `engine_command` into `gateway/cli.py` (`app.command("engine")(engine_command)`).
+Options are the fields of `EngineServeConfig`: the engine's own config plus where to serve it
+(sdk/config_cli.py). gateway/cli.py registers the command.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
+from pydantic import Field
+
+from envhub.gateway.engine.config import BUNDLED_MODEL, EngineConfig
+from envhub.sdk.config_cli import config_command
+
+if TYPE_CHECKING:
+    from envhub.gateway.engine.server import ServedEngine
 
 ZERO = "zero"
 
 
-def engine_command(
-    model: str = typer.Option(
-        None, "--model", help="local HF model folder; 'zero' for the zero-work engine; "
-        "default: the bundled tiny Qwen2 model"),
-    host: str = typer.Option("127.0.0.1", help="interface to listen on"),
-    port: int = typer.Option(8000, help="TCP port"),
-    device: str = typer.Option("auto", help="'auto', 'cpu', 'cuda', 'cuda:1', ..."),
-    dtype: str = typer.Option("auto", help="'auto', 'float32', 'bfloat16', 'float16'"),
-    max_batch_size: int = typer.Option(32, min=1, help="most sequences decoded together"),
-    max_model_len: int = typer.Option(None, min=1, help="prompt + completion token limit"),
-    weight_version: int = typer.Option(0, help="version reported before any weight update"),
-    seed: int = typer.Option(0, help="seed for requests that bring none"),
-    threads: int = typer.Option(None, min=1, help="torch CPU threads"),
-    served_model_name: str = typer.Option(None, help="model name in responses"),
-    zero: bool = typer.Option(False, "--zero", help="same as --model zero"),
-    zero_length: int = typer.Option(8, min=1, help="zero engine: completion length in tokens"),
-    log_level: str = typer.Option("warning", help="uvicorn log level"),
-) -> None:
+class EngineServeConfig(EngineConfig):
+    """`envhub engine`: an `EngineConfig` and how to serve it."""
+
+    model: str = Field(str(BUNDLED_MODEL), description="local HF model folder (config + "
+                       "weights); 'zero' for the zero-work engine; default: the bundled tiny "
+                       "Qwen2 model")
+    host: str = Field("127.0.0.1", description="interface to listen on")
+    port: int = Field(8000, ge=0, le=65535, description="TCP port")
+    zero: bool = Field(False, description="serve the zero-work engine (same as --model zero)")
+    zero_length: int = Field(8, ge=1, description="zero engine: completion length in tokens")
+    log_level: str = Field("warning", description="uvicorn log level")
+
+
+def serve_engine(config: EngineServeConfig) -> None:
     """Serve token-in/token-out completions (vLLM's /v1/completions shape) with batching."""
     import uvicorn
 
-    from envhub.gateway.engine.config import BUNDLED_MODEL, EngineConfig
     from envhub.gateway.engine.server import create_app
 
-    if zero or model == ZERO:
+    engine: ServedEngine
+    if config.zero or config.model == ZERO:
         from transformers import AutoTokenizer
 
         from envhub.gateway.engine.zero import ZeroEngine
 
-        engine = ZeroEngine(zero_length, weight_version=weight_version,
-                            name=served_model_name or ZERO,
+        engine = ZeroEngine(config.zero_length, weight_version=config.weight_version,
+                            name=config.name or ZERO,
                             tokenizer=AutoTokenizer.from_pretrained(BUNDLED_MODEL))
     else:
         from envhub.gateway.engine.engine import Engine
 
-        config = EngineConfig(
-            model=model or str(BUNDLED_MODEL), device=device, dtype=dtype,
-            max_batch_size=max_batch_size, max_model_len=max_model_len,
-            weight_version=weight_version, seed=seed, threads=threads, name=served_model_name)
         try:
             engine = Engine(config)
         except (FileNotFoundError, ValueError, ImportError, RuntimeError) as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from exc
     typer.echo(f"envhub engine: {engine.name} (weight version {engine.weight_version}) on "
-               f"http://{host}:{port}", err=True)
-    uvicorn.run(create_app(engine), host=host, port=port, log_level=log_level)
+               f"http://{config.host}:{config.port}", err=True)
+    uvicorn.run(create_app(engine), host=config.host, port=config.port,
+                log_level=config.log_level)
+
+
+# Flag names kept from earlier releases: --served-model-name is vLLM's; --zero is a plain flag.
+engine_command = config_command(EngineServeConfig, serve_engine,
+                                flags={"name": "--served-model-name", "zero": "--zero"})

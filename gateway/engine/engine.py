@@ -67,7 +67,7 @@ class Engine:
         text_config = self.model.config.get_text_config()
         self.vocab_size: int = text_config.vocab_size
         self.max_model_len: int = (config.max_model_len
-                                   or getattr(text_config, "max_position_embeddings", 4096))
+                                   or int(getattr(text_config, "max_position_embeddings", 4096)))
         self.eos_ids = _eos_ids(folder, self.tokenizer, GenerationConfig)
         self.name = config.served_name()
         self.model_path = str(folder)

@@ -7,7 +7,9 @@ from typing import Protocol
 
 
 class Decoder(Protocol):
-    def decode(self, ids: list[int], skip_special_tokens: bool = ...) -> str: ...
+    # A flat id list decodes to one str; the list[str] is transformers' batch case, in its
+    # signature too.
+    def decode(self, ids: list[int], /, skip_special_tokens: bool = ...) -> str | list[str]: ...
 
 
 @dataclass

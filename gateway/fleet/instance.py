@@ -5,26 +5,9 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-from envhub.gateway.backends.base import GenerateRequest, GenerateResult
-
-
-class Member(Protocol):
-    """What the fleet needs of an instance's client (VLLMBackend, SGLangBackend, ...)."""
-
-    name: str
-    instance: str
-    weight_version: int
-
-    async def generate(self, request: GenerateRequest) -> GenerateResult: ...
-
-    async def health(self) -> dict[str, Any]: ...
-
-    async def load_weights(self, path: str, version: int | None = None) -> int: ...
-
-    async def aclose(self) -> None: ...
-
+from envhub.gateway.backends.base import Backend
 
 TOKENS_WINDOW_S = 10.0  # tokens/s on /metrics is measured over this trailing window
 
@@ -35,7 +18,7 @@ class Instance:
     it, calls already running there finish (or fail and are retried elsewhere)."""
 
     name: str
-    member: Member
+    member: Backend  # the instance's client (VLLMBackend, SGLangBackend, ...)
     in_rotation: bool = False  # until the first successful probe
     reason: str = "not probed yet"
     weight_version: int = 0

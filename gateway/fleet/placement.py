@@ -93,9 +93,6 @@ class Placement:
             _, evicted = self._table.popitem(last=False)
             self._sessions[evicted] -= 1
 
-    def assigned(self, session_id: str) -> str | None:
-        return self._table.get(session_id)
-
     def sessions_on(self, name: str) -> int:
         return self._sessions[name]
 

@@ -4,7 +4,7 @@
 
     # fleet.toml (--fleet-config fleet.toml)
     [[upstream]]
-    kind = "sglang"            # vllm | sglang | openai
+    kind = "sglang"            # a remote backend: vllm | sglang | openai | pkg.mod.Class
     url = "http://h2:30000"
     name = "h2"                # optional; default: the URL
     model = "Qwen/Qwen3-8B"    # optional; sent as `model` (required for openai)
@@ -16,15 +16,20 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from envhub.gateway.backends import BACKENDS
 from envhub.gateway.errors import BadRequest
+from envhub.sdk.plugins import is_dotted_path
 
-Kind = Literal["vllm", "sglang", "openai"]
-KINDS: tuple[str, ...] = ("vllm", "sglang", "openai")
+
+def is_kind(name: str) -> bool:
+    """A backend name from the table or a dotted path (whether it serves upstreams is checked
+    when the member is built)."""
+    return name in BACKENDS or is_dotted_path(name)
 
 
 class UpstreamSpec(BaseModel):
@@ -32,11 +37,20 @@ class UpstreamSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    kind: Kind = Field("vllm", description="wire protocol of the instance")
+    kind: str = Field("vllm", description="backend of the instance: vllm, sglang, openai or "
+                                          "the dotted path of a backend class")
     url: str = Field(description="base URL, e.g. http://h1:8000")
     name: str | None = Field(None, description="instance name on /metrics and in the pool")
     model: str | None = Field(None, description="model name sent upstream")
     api_key_env: str | None = Field(None, description="environment variable with its API key")
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, v: str) -> str:
+        if not is_kind(v):
+            raise ValueError(f"unknown kind {v!r}: use one of {', '.join(BACKENDS)} or the "
+                             "dotted path of a backend class")
+        return v
 
     @field_validator("url")
     @classmethod
@@ -62,13 +76,14 @@ class UpstreamSpec(BaseModel):
 def parse_upstream(text: str, default_kind: str = "vllm") -> UpstreamSpec:
     """`kind=url` or a plain URL (then `default_kind`)."""
     kind, sep, url = text.partition("=")
-    if not sep or kind.strip() not in KINDS:
+    if not sep or not is_kind(kind.strip()):
         kind, url = default_kind, text
     try:
         return UpstreamSpec.model_validate({"kind": kind.strip(), "url": url.strip()})
     except ValidationError as e:
         raise BadRequest(f"--upstream {text!r}: {e.errors()[0]['msg']}; use KIND=URL with KIND "
-                         f"one of {', '.join(KINDS)}", param="upstreams") from None
+                         f"one of {', '.join(BACKENDS)} or a dotted class path",
+                         param="upstreams") from None
 
 
 def load_fleet_file(path: str | Path) -> list[UpstreamSpec]:

@@ -64,8 +64,6 @@ class Store:
                                        asyncio.Future] | None] = queue.Queue()
         self._writer = threading.Thread(target=self._write_loop, name="pool-writer", daemon=True)
         self._writer.start()
-        self.batches = 0  # commits done (for metrics)
-        self.writes = 0
 
     # -- writes --------------------------------------------------------------------------------
 
@@ -75,10 +73,6 @@ class Store:
         fut: asyncio.Future = loop.create_future()
         self._queue.put((list(ops), loop, fut))
         return await fut
-
-    def write_sync(self, *ops: WriteOp) -> None:
-        with self.engine.begin() as conn:
-            _run(conn, list(ops))
 
     def _write_loop(self) -> None:
         while True:
@@ -101,8 +95,6 @@ class Store:
         try:
             with self.engine.begin() as conn:
                 _run(conn, [op for ops, _, _ in batch for op in ops])
-            self.batches += 1
-            self.writes += len(batch)
             for _, loop, fut in batch:
                 loop.call_soon_threadsafe(_resolve, fut, None, None)
         except Exception as e:  # one bad write must not fail its neighbours: retry one by one
@@ -169,9 +161,9 @@ def _run(conn: Connection, ops: list[WriteOp]) -> None:
             op(conn)
             i += 1
             continue
-        rows = {}  # table → rows, for the run of inserts starting here
-        while i < len(ops) and isinstance(ops[i], Insert):
-            rows.setdefault(ops[i].table, []).append(ops[i].row)  # type: ignore[union-attr]
+        rows: dict[str, list[dict[str, Any]]] = {}  # table → rows of the run of inserts
+        while i < len(ops) and isinstance(insert := ops[i], Insert):
+            rows.setdefault(insert.table, []).append(insert.row)
             i += 1
         for table, batch in rows.items():
             conn.execute(_INSERTS[table], batch)

@@ -105,11 +105,6 @@ def check_message_list(raw: Any) -> list[Any]:
     return raw
 
 
-def normalize_messages(raw: Any) -> list[dict[str, Any]]:
-    """Validate OpenAI chat messages and return template-ready dicts. Raises BadRequest."""
-    return [normalize_message(m, i) for i, m in enumerate(check_message_list(raw))]
-
-
 class MessageMemo:
     """Per session: raw message JSON → message hash, so that the history an agent resends every
     turn is neither re-validated nor re-normalised; only unseen messages are (cost ∝ new)."""

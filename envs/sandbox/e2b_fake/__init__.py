@@ -20,10 +20,7 @@ RPCs (UNIMPLEMENTED), pause/resume/snapshots, templates, PTY, stdin, metrics, lo
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import socket
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,6 +28,7 @@ from starlette.applications import Starlette
 
 from envhub.envs.sandbox.e2b_fake import control, envd
 from envhub.envs.sandbox.e2b_fake.state import Registry
+from envhub.sdk.serve import serve_in_thread
 
 __all__ = ["FakeE2B", "running_fake_e2b"]
 
@@ -58,29 +56,15 @@ class FakeE2B:
 def running_fake_e2b(api_key: str | None = "e2b_fake_key", host: str = "127.0.0.1",
                      port: int = 0) -> Iterator[str]:
     """Serve a FakeE2B in a background thread; yields its base URL. On exit every sandbox it
-    still holds is killed and the server stops."""
-    import uvicorn
-
-    if port == 0:
-        with socket.socket() as s:
-            s.bind((host, 0))
-            port = s.getsockname()[1]
+    still holds is killed (on the server's loop, which owns their processes) and the server
+    stops."""
     app = FakeE2B(api_key=api_key)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                           lifespan="off"))
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_until_complete, args=(server.serve(),),
-                              name="fake-e2b", daemon=True)
-    thread.start()
     try:
-        while not server.started:
-            if not thread.is_alive():
-                raise RuntimeError(f"the fake E2B server could not start on {host}:{port}")
-            threading.Event().wait(0.02)
-        yield f"http://{host}:{port}"
+        server = serve_in_thread(app, host, port, name="fake-e2b",
+                                 on_stop=app.registry.close)
+    except RuntimeError as exc:
+        raise RuntimeError(f"the fake E2B server could not start on {host}:{port}") from exc
+    try:
+        yield server.url
     finally:
-        server.should_exit = True
-        thread.join(timeout=15)
-        if not thread.is_alive():  # a hung server keeps its loop; its sandboxes die at exit
-            loop.run_until_complete(app.registry.close())
-            loop.close()
+        server.close(timeout=15)

@@ -1,0 +1,45 @@
+"""The rows the gateway writes into the pool, built in one place beside the schema (packing
+token arrays, JSON columns, timestamps), so writers pass typed values, not column dicts."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+
+from envhub.gateway.pool import schema as t
+from envhub.gateway.pool.store import WriteOp, op_insert
+from envhub.sdk.types import ToolCall
+
+
+def session_insert(session_id: str, key_hash: str, *, group_id: str | None,
+                   task_id: str | None, env: str | None, sample_index: int,
+                   metadata: dict[str, Any] | None) -> WriteOp:
+    """A new open session."""
+    return op_insert("sessions", {
+        "id": session_id, "key_hash": key_hash, "group_id": group_id, "task_id": task_id,
+        "env": env, "sample_index": sample_index, "status": "open", "created_at": time.time(),
+        "metadata": orjson.dumps(metadata or {}).decode()})
+
+
+def turn_insert(session_id: str, *, seq: int, segment: int, parent_seq: int | None,
+                prompt_delta: list[int], completion: list[int], logprobs: list[float],
+                weight_version: int, finish_reason: str, tool_calls: list[ToolCall],
+                msg_hashes: list[bytes], response_hash: bytes, tools_hash: bytes,
+                latency_ms: float, instance: str, trainable: bool,
+                completion_text: str | None) -> WriteOp:
+    """One model call. `prompt_delta`: ids appended since the parent turn (the whole prompt
+    on a segment's first turn); `logprobs[i]` is the logprob of `completion[i]`."""
+    assert len(completion) == len(logprobs), (
+        f"turn {seq}: {len(completion)} completion ids vs {len(logprobs)} logprobs")
+    calls = orjson.dumps([{"id": c.id, "name": c.name, "arguments": c.arguments}
+                          for c in tool_calls]).decode() if tool_calls else None
+    return op_insert("turns", {
+        "session_id": session_id, "seq": seq, "segment": segment, "parent_seq": parent_seq,
+        "prompt_delta": t.pack_ids(prompt_delta), "completion": t.pack_ids(completion),
+        "logprobs": t.pack_floats(logprobs), "weight_version": weight_version,
+        "finish_reason": finish_reason, "tool_calls": calls,
+        "msg_hashes": b"".join(msg_hashes), "response_hash": response_hash,
+        "tools_hash": tools_hash, "latency_ms": latency_ms, "instance": instance,
+        "trainable": trainable, "completion_text": completion_text, "created_at": time.time()})

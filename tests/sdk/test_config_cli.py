@@ -1,0 +1,71 @@
+"""Commands whose options are a pydantic config's fields (sdk/config_cli.py)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import typer
+from pydantic import BaseModel, Field
+from typer.testing import CliRunner
+
+from envhub.gateway.cli import FLAGS as GATEWAY_FLAGS
+from envhub.gateway.cli import gateway
+from envhub.gateway.config import GatewayConfig
+from envhub.sdk.config_cli import config_command
+
+
+class Demo(BaseModel):
+    port: int = Field(8400, ge=0, le=65535, description="port; 0 picks a free one")
+    name: str | None = Field(None, description="a name")
+    upstreams: list[str] = Field(default_factory=list, description="engine URLs")
+    fast: bool = Field(True, description="go fast")
+    mode: Literal["a", "b"] = Field("a", description="which mode")
+
+
+def app_for(seen: list[Demo]) -> typer.Typer:
+    app = typer.Typer()
+
+    def run(config: Demo) -> None:
+        """Run the demo."""
+        seen.append(config)
+
+    app.command("demo")(config_command(Demo, run, flags={"upstreams": "--upstream"},
+                                       envvars={"name": "DEMO_NAME"}))
+    app.command("other")(lambda: None)  # two commands: `demo` is addressed by name
+    return app
+
+
+def test_fields_become_options_with_defaults_aliases_and_env() -> None:
+    seen: list[Demo] = []
+    r = CliRunner().invoke(app_for(seen), ["demo", "--port", "9", "--upstream", "http://a",
+                                           "--upstream", "http://b", "--no-fast", "--mode", "b"],
+                           env={"DEMO_NAME": "from-env"})
+    assert r.exit_code == 0, r.output
+    assert seen == [Demo(port=9, name="from-env", upstreams=["http://a", "http://b"],
+                         fast=False, mode="b")]
+    r = CliRunner().invoke(app_for(seen), ["demo"])
+    assert r.exit_code == 0 and seen[-1] == Demo()
+
+
+def test_help_is_the_field_description_and_the_run_docstring() -> None:
+    r = CliRunner().invoke(app_for([]), ["demo", "--help"], env={"COLUMNS": "200"})
+    assert "Run the demo." in r.output and "port; 0 picks a free one" in r.output
+    assert "one of: a, b" in r.output
+
+
+def test_invalid_values_exit_2_with_pydantic_message() -> None:
+    seen: list[Demo] = []
+    r = CliRunner().invoke(app_for(seen), ["demo", "--port", "70000"])
+    assert r.exit_code == 2 and "less than or equal to 65535" in r.output and not seen
+    r = CliRunner().invoke(app_for(seen), ["demo", "--mode", "c"])
+    assert r.exit_code == 2 and "mode" in r.output and not seen
+
+
+def test_every_gateway_config_field_has_a_flag() -> None:
+    app = typer.Typer()
+    app.command("gateway")(gateway)
+    app.command("other")(lambda: None)
+    command = typer.main.get_command(app).commands["gateway"]  # type: ignore[attr-defined]
+    flags = {opt for p in command.params for opt in p.opts}
+    for name in GatewayConfig.model_fields:
+        assert GATEWAY_FLAGS.get(name, "--" + name.replace("_", "-")) in flags, name
