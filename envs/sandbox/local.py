@@ -89,7 +89,9 @@ def _private_paths() -> list[str]:
         if (folder.parent / "pyproject.toml").is_file():
             paths.add(folder.parent)  # an editable install: hide the checkout itself
     paths.add(Path(os.environ.get("ENVHUB_HOME", Path.home() / ".envhub")).resolve())
-    kept = sorted(p for p in paths if p.is_dir() and str(p) != "/")
+    # Under a hidden top-level folder (/root, /home, /tmp, ...) a path is out of sight already;
+    # bwrap could not even mkdir its mount point there (/root and /home are read-only tmpfs).
+    kept = sorted(p for p in paths if p.is_dir() and len(p.parts) > 1 and p.parts[1] not in HIDDEN)
     # a folder inside another hidden one is hidden already (and bwrap could not mkdir it)
     return [str(p) for p in kept if not any(q != p and q in p.parents for q in kept)]
 
