@@ -1,11 +1,12 @@
 """`envhub run`: groups of k samples per task across one or more environments, at most
-`concurrency` rollouts in flight, results folder, resume, and no leftovers.
+`concurrency` rollouts in flight, results folder (`runs/<run_id>/` unless `out` says
+otherwise), resume, and no leftovers.
 
 Leak guarantees: every rollout closes its own sandboxes; at the end the run reaps anything still
-labelled with its run id, removes its scratch folder (command agents' working folders, a
-temporary pool) and stops the gateway it started, on success, error or interruption alike
-(SIGINT, SIGTERM). A run killed outright (SIGKILL) leaves its scratch folder, which the next run
-on the machine removes once the owner process is gone.
+labelled with its run id, removes its scratch folder (command agents' working folders) and
+stops the gateway it started, on success, error or interruption alike (SIGINT, SIGTERM). A run
+killed outright (SIGKILL) leaves its scratch folder, which the next run on the machine removes
+once the owner process is gone.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import secrets
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
@@ -34,6 +36,7 @@ from envhub.envs.runner.scoring import close_session, finalize_group
 from envhub.envs.sandbox.reaper import owner_alive, owner_label
 
 log = logging.getLogger(__name__)
+RUNS_DIR = Path("runs")  # results of runs without --out: runs/<run_id>/
 OWNER_FILE = ".envhub-owner"  # "<host>:<pid>" of the run that owns a scratch folder
 
 
@@ -42,7 +45,7 @@ class RunOutcome:
     run_id: str
     records: list[RolloutRecord]
     summary: dict[str, Any]
-    out: Path | None
+    out: Path  # the results folder
 
 
 def new_run_id() -> str:
@@ -85,15 +88,22 @@ def sandbox_kind(config: RunConfig, loaded: LoadedEnv) -> str:
     return kind
 
 
-async def run(config: RunConfig, console: Any = None, progress: bool = True) -> RunOutcome:
+async def run(config: RunConfig, console: Any = None, progress: bool = True,
+              on_start: Callable[[str, Path], None] | None = None) -> RunOutcome:
     """Execute a run; raises RunConfigError/EnvLoadError/ManifestError/AgentSpecError before
-    anything starts when the options or packages are bad."""
+    anything starts when the options or packages are bad. `on_start(run_id, results folder)` is
+    called once the folder exists, before the first rollout."""
     agent = make_agent(config.agent)
     # In a thread: loading reads task files and may install a registry package, and a
     # registry install runs its own event loop.
     groups = await asyncio.to_thread(plan_groups, config)
-    results = ResultsFolder(config.out)
-    run_id = results.start(new_run_id(), config.model_dump(mode="json"), config.resume)
+    run_id = new_run_id()
+    # Results are kept by default: a run's trajectories are the product, never a temp file.
+    out = config.out or RUNS_DIR / run_id
+    results = ResultsFolder(out)
+    run_id = results.start(run_id, config.model_dump(mode="json"), config.resume)
+    if on_start is not None:
+        on_start(run_id, out)
     kinds = await asyncio.to_thread(
         lambda: {g.loaded.name: sandbox_kind(config, g.loaded) for g in groups})
     _sweep_stale_scratch()
@@ -106,8 +116,7 @@ async def run(config: RunConfig, console: Any = None, progress: bool = True) -> 
         if config.gateway:
             link = GatewayLink.connect(config.gateway, config.admin_key or "")
         else:
-            db = (config.out / "pool.db") if config.out else scratch / "pool.db"
-            link = await GatewayLink.start(config.model, db)
+            link = await GatewayLink.start(config.model, out / "pool.db")
         overrides = {k: v for k, v in (("max_turns", config.max_turns),
                                        ("time_limit_s", config.time_limit_s)) if v is not None}
         # Agents ask for "default": every envhub gateway serves its one model under that name
@@ -129,7 +138,7 @@ async def run(config: RunConfig, console: Any = None, progress: bool = True) -> 
     summary = {"run_id": run_id, "agent": config.agent, "started_at": started,
                "finished_at": time.time(), **summarize(records)}
     results.write_summary(summary)
-    return RunOutcome(run_id, records, summary, config.out)
+    return RunOutcome(run_id, records, summary, out)
 
 
 async def _run_group(g: GroupPlan, run_id: str, rs: RolloutSetup, results: ResultsFolder,

@@ -38,13 +38,22 @@ def test_init_then_run_oracle_resolves_on_embedded_defaults(tmp_path):
     made = envhub("init", "my-env", cwd=tmp_path)
     assert made.returncode == 0, made.stderr
     assert "envhub run ./my-env --agent oracle" in made.stdout
-    ran = envhub("run", "./my-env", "--agent", "oracle", "--sandbox", "local", "--out", "out",
-                 cwd=tmp_path)
+    ran = envhub("run", "./my-env", "--agent", "oracle", "--sandbox", "local", cwd=tmp_path)
     assert ran.returncode == 0, ran.stderr
-    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    # without --out the results are kept in runs/<run_id>/, and the run says how to read them
+    [out] = (tmp_path / "runs").iterdir()
+    summary = json.loads((out / "summary.json").read_text())
+    assert out.name == summary["run_id"]
     assert summary["overall"]["resolved"] == 2 and summary["overall"]["env_failure"] == 0
     assert "my-env/hello-file" in ran.stdout  # the results table
-    assert (tmp_path / "out" / "pool.db").is_file()  # the in-process gateway's pool
+    assert (out / "pool.db").is_file()  # the in-process gateway's pool
+    assert len(list((out / "rollouts").iterdir())) == 2
+    look = f"envhub export --db sqlite:///runs/{out.name}/pool.db --format jsonl"
+    assert f"results: runs/{out.name}/" in ran.stdout and look in ran.stdout
+    exported = envhub(*look.split()[1:], "--out", "t.jsonl", cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+    rows = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
+    assert len(rows) == 2
     assert no_leftovers(summary["run_id"])
 
 

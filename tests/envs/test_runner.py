@@ -24,6 +24,12 @@ from tests.support import require_docker
 CRASHY = str(FIXTURES / "crashy_env")
 
 
+@pytest.fixture(autouse=True)
+def in_tmp_path(tmp_path, monkeypatch):
+    """Runs without `out` keep their results in ./runs/<run_id>/: not in the checkout."""
+    monkeypatch.chdir(tmp_path)
+
+
 @pytest.fixture
 def gateway(tmp_path):
     script = [tool_call("calculator", {"expression": "2+2"}),
@@ -130,11 +136,17 @@ def test_results_folder_is_not_overwritten_without_resume(gateway, tmp_path):
                                resume=True), progress=False))
 
 
-def test_several_environments_share_a_run_by_weight(gateway):
+def test_several_environments_share_a_run_by_weight(gateway, tmp_path):
+    started = []
     result = asyncio.run(run(config(gateway, "arith=3", f"{CRASHY}=1", agent="oracle", n=4),
-                             progress=False))
+                             progress=False, on_start=lambda *a: started.append(a)))
     envs = [r.env for r in result.records]
     assert envs.count("arith") == 3 and envs.count("crashy") == 1
+    # no `out`: kept in runs/<run_id>/ all the same, announced before the first rollout
+    assert started == [(result.run_id, Path("runs") / result.run_id)]
+    assert result.out == Path("runs") / result.run_id
+    assert len(list((tmp_path / result.out / "rollouts").iterdir())) == 4
+    assert (tmp_path / result.out / "summary.json").is_file()
 
 
 def test_command_agent_leaves_no_process_or_folder(gateway, tmp_path, monkeypatch):
