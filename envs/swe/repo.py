@@ -119,7 +119,8 @@ def host_pylib() -> Path:
                 shutil.copytree(info, target / info.name)
     if not (target / "pytest").is_dir():
         raise EnvFailure("the sandbox's python3 has no pytest and neither has envhub's "
-                         "interpreter: pip install pytest (or apt-get install python3-pytest)")
+                         "interpreter, although envhub depends on it: pip install 'pytest>=8' "
+                         "in envhub's environment (or apt-get install python3-pytest)")
     _pylib_cache = target
     return target
 
