@@ -13,6 +13,8 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
+from envhub.envs.sandbox.kinds import choices
+
 BAD_INPUT = 2
 
 
@@ -133,8 +135,9 @@ def run_command(
     model: str | None = typer.Option(None, "--model", "-m", help="Model for the in-process "
                                      "gateway: HF folder, provider/name, or zero. Default: the "
                                      "bundled tiny model."),
-    sandbox: str | None = typer.Option(None, "--sandbox", "-s", help="auto | docker | local | "
-                                       "e2b (default: each manifest's choice)."),
+    sandbox: str | None = typer.Option(None, "--sandbox", "-s", help=f"{' | '.join(choices())}"
+                                       " or package.module:Class (default: each manifest's "
+                                       "choice)."),
     n: int | None = typer.Option(None, "-n", help="Tasks in total (default: all)."),
     k: int = typer.Option(1, "-k", help="Samples per task (group size)."),
     concurrency: int = typer.Option(4, "--concurrency", "-c", help="Rollouts in flight."),

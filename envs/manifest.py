@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -17,16 +17,16 @@ class ManifestError(ValueError):
     """A bad `envhub.toml`; the message names the field and the fix."""
 
 
-SANDBOX_KINDS = ("auto", "docker", "local", "e2b", "none")
 REWARD_KEY_RE = re.compile(r"^(outcome|process|time|custom)(\.[A-Za-z0-9_-]+)?$")
 
 
 class SandboxSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    kind: Literal["auto", "docker", "local", "e2b", "none"] = Field(
+    kind: str = Field(
         "auto",
         description="'none': the environment needs no sandbox (an in-process file store is "
-        "used); 'auto': best available; otherwise the preferred backend (--sandbox overrides)",
+        "used); 'auto': best available; otherwise the preferred backend, a name of the kinds "
+        "table (envs/sandbox/kinds.py) or a dotted path (--sandbox overrides)",
     )
     image: str | None = Field(None, description="docker image tag to run tasks in")
     dockerfile: str | None = Field(None, description="Dockerfile path, relative to the package")
@@ -35,6 +35,27 @@ class SandboxSpec(BaseModel):
     network: bool = Field(False, description="sandboxes have no network unless this is true")
     exec_timeout_s: float = Field(120.0, gt=0)
     setup_timeout_s: float = Field(600.0, gt=0)
+
+    supported_kinds: list[str] | None = Field(
+        None, description="sandbox kinds the environment works in (None: any); 'plain' is the "
+        "local kind without bubblewrap (plain processes in a host folder): leave it out and "
+        "such runs are refused up front with the fix")
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, v: str) -> str:
+        from envhub.envs.sandbox.kinds import check_kind  # the sandbox package imports us
+
+        return check_kind(v, manifest=True)
+
+    @field_validator("supported_kinds")
+    @classmethod
+    def _supported(cls, v: list[str] | None) -> list[str] | None:
+        from envhub.envs.sandbox.kinds import PLAIN, check_kind
+
+        if v is not None and not v:
+            raise ValueError("list at least one kind, or leave the field out (any kind)")
+        return v if v is None else [k if k == PLAIN else check_kind(k) for k in v]
 
 
 class AgentLimits(BaseModel):

@@ -12,7 +12,6 @@ once the owner process is gone.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import secrets
 import shutil
@@ -33,6 +32,8 @@ from envhub.envs.runner.progress import RunProgress
 from envhub.envs.runner.results import ResultsFolder, RolloutRecord, summarize
 from envhub.envs.runner.rollout import PendingRollout, RolloutSetup, execute
 from envhub.envs.runner.scoring import close_session, finalize_group
+from envhub.envs.sandbox import best_available, reap
+from envhub.envs.sandbox.kinds import AUTO, NONE, check_supported, effective_kind
 from envhub.envs.sandbox.reaper import owner_alive, owner_label
 
 log = logging.getLogger(__name__)
@@ -77,15 +78,14 @@ def plan_groups(config: RunConfig) -> list[GroupPlan]:
 
 
 def sandbox_kind(config: RunConfig, loaded: LoadedEnv) -> str:
-    """--sandbox, else the manifest's choice; `auto` becomes the best backend available."""
-    if loaded.manifest.sandbox.kind == "none":
-        return "none"
-    kind = config.sandbox or loaded.manifest.sandbox.kind
-    if kind == "auto":
-        from envhub.envs.sandbox import best_available
-
-        kind = best_available()
-    return kind
+    """--sandbox, else the manifest's choice; `auto` becomes the best backend available.
+    Raises SandboxUnavailable (with the fix) when the environment cannot run in it here."""
+    spec = loaded.manifest.sandbox
+    if spec.kind == NONE:
+        return NONE
+    kind = config.sandbox or spec.kind
+    check_supported(loaded.name, spec.supported_kinds, effective_kind(kind))
+    return best_available() if kind == AUTO else kind
 
 
 async def run(config: RunConfig, console: Any = None, progress: bool = True,
@@ -97,6 +97,8 @@ async def run(config: RunConfig, console: Any = None, progress: bool = True,
     # In a thread: loading reads task files and may install a registry package, and a
     # registry install runs its own event loop.
     groups = await asyncio.to_thread(plan_groups, config)
+    kinds = await asyncio.to_thread(
+        lambda: {g.loaded.name: sandbox_kind(config, g.loaded) for g in groups})
     run_id = new_run_id()
     # Results are kept by default: a run's trajectories are the product, never a temp file.
     out = config.out or RUNS_DIR / run_id
@@ -104,8 +106,6 @@ async def run(config: RunConfig, console: Any = None, progress: bool = True,
     run_id = results.start(run_id, config.model_dump(mode="json"), config.resume)
     if on_start is not None:
         on_start(run_id, out)
-    kinds = await asyncio.to_thread(
-        lambda: {g.loaded.name: sandbox_kind(config, g.loaded) for g in groups})
     _sweep_stale_scratch()
     scratch = Path(tempfile.mkdtemp(prefix=f"envhub-{run_id}-"))
     (scratch / OWNER_FILE).write_text(owner_label())
@@ -133,7 +133,7 @@ async def run(config: RunConfig, console: Any = None, progress: bool = True,
     finally:
         if link is not None:
             await link.close()
-        await _reap(run_id, [k for k in kinds.values() if k != "none"])
+        await _reap(run_id, {k for k in kinds.values() if k != NONE})
         shutil.rmtree(scratch, ignore_errors=True)
     summary = {"run_id": run_id, "agent": config.agent, "started_at": started,
                "finished_at": time.time(), **summarize(records)}
@@ -196,18 +196,13 @@ def _sweep_stale_scratch() -> None:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-async def _reap(run_id: str, kinds: list[str]) -> None:
-    """Remove any sandbox still labelled with this run (a crashed close, an interruption)."""
+async def _reap(run_id: str, kinds: set[str]) -> None:
+    """Remove any sandbox of this run's kinds still labelled with it (a crashed close, an
+    interruption)."""
     if not kinds:
         return
     try:
-        from envhub.envs.sandbox import reap
-    except ImportError:
-        return
-    try:
-        result = await asyncio.to_thread(reap, run_id)
-        if inspect.isawaitable(result):
-            await result
+        await asyncio.to_thread(reap, run_id, False, kinds)
     # reaping is a safety net: every sandbox was closed already
     except Exception as e:  # noqa: BLE001
         log.warning("reaping sandboxes of %s failed: %s", run_id, e)

@@ -103,6 +103,51 @@ def test_list_and_info():
     assert data["rewards"] == {"outcome": 1.0, "process": 0.1, "time": 0.05}
 
 
+def path_without(tmp_path: Path, program: str) -> str:
+    """A PATH holding every program of this one but `program` (a machine without it)."""
+    bin_dir = tmp_path / f"no-{program}-bin"
+    bin_dir.mkdir()
+    for folder in os.environ["PATH"].split(os.pathsep):
+        for entry in Path(folder).glob("*") if Path(folder).is_dir() else []:
+            target = bin_dir / entry.name
+            if entry.name != program and not target.exists() and os.access(entry, os.X_OK):
+                target.symlink_to(entry)
+    return str(bin_dir)
+
+
+@pytest.mark.parametrize("env,fix", [("swe-task", "apt-get install bubblewrap"),
+                                     ("terminal-task", "--sandbox docker")])
+def test_environments_needing_a_real_sandbox_refuse_the_plain_fallback_up_front(
+        tmp_path, env, fix):
+    """Without bubblewrap, `local` would be plain processes in a host folder: swe-task (fixed
+    paths under /workspace) and terminal-task (Dockerfiles) refuse it before any rollout, with
+    the fix, instead of ending every rollout as env_failure."""
+    plain = {**os.environ, "PATH": path_without(tmp_path, "bwrap")}
+    ran = subprocess.run([sys.executable, "-m", "envhub", "run", env, "--sandbox", "local",
+                          "-n", "1"], cwd=tmp_path, env=plain, text=True, capture_output=True,
+                         timeout=120, check=False)
+    assert ran.returncode == 2, ran.stderr
+    assert fix in ran.stderr and "--sandbox docker" in ran.stderr
+    assert not (tmp_path / "runs").exists()  # refused before anything was kept
+
+
+@pytest.mark.slow
+def test_the_plain_fallback_runs_environments_that_allow_it(tmp_path):
+    """arith needs no sandbox and a scaffolded environment works in a plain host folder: both
+    run without bubblewrap (the latter with the loud warning)."""
+    plain = {**os.environ, "PATH": path_without(tmp_path, "bwrap")}
+    assert envhub("init", "my-env", cwd=tmp_path).returncode == 0
+    for env in ("arith", "./my-env"):
+        ran = subprocess.run([sys.executable, "-m", "envhub", "run", env, "--agent", "oracle",
+                              "--sandbox", "local", "-n", "2", "--out", f"out-{env[-5:]}"],
+                             cwd=tmp_path, env=plain, text=True, capture_output=True,
+                             timeout=300, check=False)
+        assert ran.returncode == 0, ran.stderr
+        summary = json.loads((tmp_path / f"out-{env[-5:]}" / "summary.json").read_text())
+        assert summary["overall"]["resolved"] == 2, ran.stdout
+        assert ("PLAIN SUBPROCESSES" in ran.stderr) == (env != "arith")
+
+
 @pytest.mark.parametrize("args,message", [
     (["run", "no-such-env"], "available: "),
     (["run", "{bad}"], "field 'version'"),
