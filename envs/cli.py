@@ -117,7 +117,7 @@ def info_command(
         f"  entrypoint: {m.entrypoint}",
         f"  tasks: {len(tasks)} ({', '.join(data['task_ids'])}{more})",
         f"  tools: {', '.join(data['tools'])}",
-        f"  rewards: {', '.join(f'{k}={v:g}' for k, v in m.rewards.items())}",
+        f"  rewards: {', '.join(f'{k}={v:g}' for k, v in m.reward_weights().items())}",
         f"  sandbox: {m.sandbox.model_dump(exclude_none=True)}",
         f"  agent limits: {m.agent.model_dump()}",
     ]

@@ -17,7 +17,7 @@ class ManifestError(ValueError):
     """A bad `envhub.toml`; the message names the field and the fix."""
 
 
-REWARD_KEY_RE = re.compile(r"^(outcome|process|time|custom)(\.[A-Za-z0-9_-]+)?$")
+COMPONENT_KEY_RE = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
 class SandboxSpec(BaseModel):
@@ -58,6 +58,15 @@ class SandboxSpec(BaseModel):
         return v if v is None else [k if k == PLAIN else check_kind(k) for k in v]
 
 
+class RewardEntry(BaseModel):
+    """A reward component of the package's own: `name = { weight = 0.2, component = "m:C" }`."""
+
+    model_config = ConfigDict(extra="forbid")
+    weight: float = Field(1.0, description="weight of its events in the composite reward")
+    component: str = Field(..., description="'module:Class' in the package, or a dotted path "
+                           "'package.module:Class' (a RewardComponent, envs/rewards/base.py)")
+
+
 class AgentLimits(BaseModel):
     model_config = ConfigDict(extra="forbid")
     max_turns: int = Field(30, ge=1)
@@ -83,7 +92,9 @@ class Manifest(BaseModel):
     tasks: TasksSource = Field(default_factory=TasksSource)
     sandbox: SandboxSpec = Field(default_factory=SandboxSpec)
     tools: list[str] = Field(default_factory=lambda: ["bash", "str_replace_editor", "submit"])
-    rewards: dict[str, float] = Field(default_factory=lambda: {"outcome": 1.0})
+    rewards: dict[str, float | RewardEntry] = Field(
+        default_factory=lambda: {"outcome": 1.0},
+        description="reward components and their weights (envs/rewards/__init__.py)")
     agent: AgentLimits = Field(default_factory=AgentLimits)
     dependencies: list[str] = Field(default_factory=list, description="pip requirement strings")
     metadata: dict[str, Any] = Field(default_factory=dict)
@@ -104,14 +115,28 @@ class Manifest(BaseModel):
 
     @field_validator("rewards")
     @classmethod
-    def _rewards(cls, v: dict[str, float]) -> dict[str, float]:
-        for key in v:
-            if not REWARD_KEY_RE.match(key):
+    def _rewards(cls, v: dict[str, float | RewardEntry]) -> dict[str, float | RewardEntry]:
+        from envhub.envs.named import is_dotted
+        from envhub.envs.rewards import REWARDS
+
+        for key, entry in v.items():
+            if isinstance(entry, RewardEntry):
+                if not COMPONENT_KEY_RE.match(key) or not is_dotted(entry.component):
+                    raise ValueError(f"{key!r}: name a component with letters, digits, '_' or "
+                                     "'-' and give component = 'module:Class'")
+                continue
+            kind, _, sub = key.partition(".")
+            if kind not in (*REWARDS, "custom") or (key.endswith(".") or "." in sub):
                 raise ValueError(
-                    f"unknown reward weight {key!r}; use outcome, process, time, "
-                    "'process.<signal>' or 'custom.<name>'"
-                )
+                    f"unknown reward weight {key!r}; use {', '.join(REWARDS)}, "
+                    "'process.<signal>', 'custom.<name>', or a component of your own: "
+                    f"{key.split('.')[0]} = {{ weight = 1.0, component = \"module:Class\" }}")
         return v
+
+    def reward_weights(self) -> dict[str, float]:
+        """Manifest key -> weight, for built-in and own components alike."""
+        return {k: e.weight if isinstance(e, RewardEntry) else float(e)
+                for k, e in self.rewards.items()}
 
     @field_validator("entrypoint")
     @classmethod

@@ -175,8 +175,7 @@ async def _run_group(g: GroupPlan, run_id: str, rs: RolloutSetup, results: Resul
             close_session(p.session, "env_failure", "interrupted") for p in finished)))
         raise
     done_before = [r for r in earlier.values() if r is not None]
-    new = await finalize_group(list(pendings), g.loaded.manifest.rewards, rs.agent_name,
-                               done_before)
+    new = await finalize_group(list(pendings), g.loaded, rs.agent_name, done_before)
     for key, rec in zip(todo, new, strict=True):
         results.write(key, rec)
         records.append(rec)

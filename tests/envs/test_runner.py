@@ -228,3 +228,20 @@ def test_agent_failure_is_agent_error_and_not_scored(gateway, monkeypatch):
     assert record.status == "agent_error" and "exited with code 3" in (record.reason or "")
     t = trajectory(gateway, record.session_id)
     assert t["status"] == "agent_error" and t["rewards"] == [] and len(t["turns"]) == 2
+
+
+def test_an_environments_own_reward_component_reaches_the_records_and_the_pool(gateway,
+                                                                                 tmp_path):
+    from tests.envs.test_rewards import arith_with
+
+    folder = arith_with(tmp_path, 'outcome = 1.0\nbrevity = { weight = 0.5, component = '
+                                  '"rewards:Brevity" }')
+    result = asyncio.run(run(config(gateway, str(folder), agent="oracle", n=1, k=2),
+                             progress=False))
+    for record in result.records:
+        assert record.status == "done"
+        assert "custom" in record.components
+        names = [(e["kind"], e["name"], e["weight"]) for e in record.rewards]
+        assert ("custom", "brevity", 0.5) in names
+        stored = trajectory(gateway, record.session_id)["rewards"]
+        assert any(e["name"] == "brevity" for e in stored)
