@@ -93,7 +93,7 @@ class Manifest(BaseModel):
     sandbox: SandboxSpec = Field(default_factory=SandboxSpec)
     tools: list[str] = Field(default_factory=lambda: ["bash", "str_replace_editor", "submit"])
     rewards: dict[str, float | RewardEntry] = Field(
-        default_factory=lambda: {"outcome": 1.0},
+        default_factory=lambda: dict[str, float | RewardEntry](outcome=1.0),
         description="reward components and their weights (envs/rewards/__init__.py)")
     agent: AgentLimits = Field(default_factory=AgentLimits)
     dependencies: list[str] = Field(default_factory=list, description="pip requirement strings")
