@@ -39,7 +39,7 @@ class RolloutRecord(BaseModel):
     turns: int = 0
     outcome: float | None = None
     resolved: bool | None = None
-    components: dict[str, float] = Field(default_factory=dict)  # outcome/process/time/total
+    components: dict[str, float] = Field(default_factory=dict)  # per event kind, and total
     rewards: list[dict[str, Any]] = Field(default_factory=list)  # every reward event
     duration_s: float = 0.0  # the agent's working time
     setup_s: float = 0.0
@@ -102,8 +102,12 @@ def summarize(records: list[RolloutRecord]) -> dict[str, Any]:
     rollouts only: failures are counted, never averaged in as zeros."""
     def block(rs: list[RolloutRecord]) -> dict[str, Any]:
         done = [r for r in rs if r.status == "done"]
+        # the built-ins always, then any other kind the environment's components produced
+        kinds = dict.fromkeys(["outcome", "process", "time", *(k for r in done
+                                                                for k in r.components)])
+        kinds.pop("total", None)
         means = {c: (sum(r.components.get(c, 0.0) for r in done) / len(done) if done else None)
-                 for c in ("outcome", "process", "time", "total")}
+                 for c in [*kinds, "total"]}
         return {"rollouts": len(rs), "done": len(done),
                 "resolved": sum(1 for r in done if r.resolved),
                 "env_failure": sum(1 for r in rs if r.status == "env_failure"),

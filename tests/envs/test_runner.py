@@ -245,3 +245,4 @@ def test_an_environments_own_reward_component_reaches_the_records_and_the_pool(g
         assert ("custom", "brevity", 0.5) in names
         stored = trajectory(gateway, record.session_id)["rewards"]
         assert any(e["name"] == "brevity" for e in stored)
+    assert "custom" in result.summary["overall"]["mean"]  # in the summary too
