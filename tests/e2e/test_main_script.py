@@ -23,7 +23,7 @@ import pytest
 
 from tests.support import require_docker, require_tool
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow]
+pytestmark = pytest.mark.docker
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("python3", "python3-venv", "ca-certificates")
 # bubblewrap needs to create namespaces and mounts inside the container (--privileged is
@@ -78,6 +78,7 @@ def pip_setup() -> list[str]:
     return args
 
 
+@pytest.mark.slow
 def test_main_script_provisions_and_keeps_a_run_on_a_clean_machine(tmp_path: Path) -> None:
     require_docker()
     require_tool("debootstrap")
@@ -115,3 +116,21 @@ def test_main_script_provisions_and_keeps_a_run_on_a_clean_machine(tmp_path: Pat
     [record] = (run / "rollouts").iterdir()
     problems = " ".join(json.loads(record.read_text())["verdict"].get("problems", []))
     assert "no pytest summary" not in problems and "no sealed record" not in problems, problems
+
+
+def test_main_script_without_root_stops_before_the_run_with_the_command(tmp_path: Path) -> None:
+    """Not root, so nothing can be installed: main.sh stops at once (exit 2) and prints the
+    command that provisions the machine, before creating a venv or starting a run."""
+    require_docker()
+    require_tool("debootstrap")
+    if os.geteuid() != 0:
+        pytest.skip("building the clean image with debootstrap needs root")
+    image = clean_image()
+    src = tmp_path / "src"
+    copy_checkout(src)
+    ran = subprocess.run(["docker", "run", "--rm", "--user", "65534:65534", "-v",
+                          f"{src}:/src:ro", "-w", "/src", image, "bash", "scripts/main.sh"],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert ran.returncode == 2, ran.stdout + ran.stderr
+    assert "sudo apt-get install -y bubblewrap git" in ran.stderr
+    assert "installing" not in ran.stdout and "sandbox:" not in ran.stdout
