@@ -42,7 +42,7 @@ async def time_starts(kind: str, starts: int) -> list[float]:
     try:
         for _ in range(starts):
             t0 = time.perf_counter()
-            box = await open_sandbox(kind, SandboxSpec(exec_timeout_s=30),  # type: ignore[arg-type]
+            box = await open_sandbox(kind, SandboxSpec(exec_timeout_s=30),
                                      run_id=run_id)
             try:
                 result = await box.exec("true")

@@ -125,7 +125,8 @@ def train(cfg: TrainLoopConfig, log: Any = print) -> list[dict[str, Any]]:
             outcome = asyncio.run(run(RunConfig(
                 envs=[EnvChoice(ref=cfg.env)], k=cfg.k, tasks=ids, n=cfg.groups,
                 gateway=gw.url, admin_key=admin, concurrency=cfg.concurrency,
-                max_turns=cfg.max_turns), progress=False))
+                max_turns=cfg.max_turns, out=cfg.out / "rollouts" / f"step-{step:04d}"),
+                progress=False))
             t_roll = time.perf_counter() - t0
             groups = window.take(len(window.ready()))
             stats = trainer.step(groups)

@@ -13,6 +13,8 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
+from envhub.envs.sandbox.kinds import choices
+
 BAD_INPUT = 2
 
 
@@ -115,7 +117,7 @@ def info_command(
         f"  entrypoint: {m.entrypoint}",
         f"  tasks: {len(tasks)} ({', '.join(data['task_ids'])}{more})",
         f"  tools: {', '.join(data['tools'])}",
-        f"  rewards: {', '.join(f'{k}={v:g}' for k, v in m.rewards.items())}",
+        f"  rewards: {', '.join(f'{k}={v:g}' for k, v in m.reward_weights().items())}",
         f"  sandbox: {m.sandbox.model_dump(exclude_none=True)}",
         f"  agent limits: {m.agent.model_dump()}",
     ]
@@ -133,14 +135,16 @@ def run_command(
     model: str | None = typer.Option(None, "--model", "-m", help="Model for the in-process "
                                      "gateway: HF folder, provider/name, or zero. Default: the "
                                      "bundled tiny model."),
-    sandbox: str | None = typer.Option(None, "--sandbox", "-s", help="auto | docker | local | "
-                                       "e2b (default: each manifest's choice)."),
+    sandbox: str | None = typer.Option(None, "--sandbox", "-s", help=f"{' | '.join(choices())}"
+                                       " or package.module:Class (default: each manifest's "
+                                       "choice)."),
     n: int | None = typer.Option(None, "-n", help="Tasks in total (default: all)."),
     k: int = typer.Option(1, "-k", help="Samples per task (group size)."),
     concurrency: int = typer.Option(4, "--concurrency", "-c", help="Rollouts in flight."),
     task: Annotated[list[str] | None, typer.Option(
         "--task", "-t", help="Only this task id (repeatable).")] = None,
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="Results folder.")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Results folder (default: "
+                                             "runs/<run_id>/).")] = None,
     resume: bool = typer.Option(False, "--resume", help="Skip rollouts finished in --out."),
     gateway: str | None = typer.Option(None, "--gateway", help="Use this gateway's URL "
                                        "instead of starting one."),
@@ -157,25 +161,47 @@ def run_command(
     from envhub.envs.runner import EnvChoice, RunConfig, run
     from envhub.envs.runner.progress import failure_lines, results_table, table_console
 
+    started: list[Path] = []
+
+    def announce(run_id: str, folder: Path) -> None:
+        started.append(folder)
+        typer.echo(f"run {run_id}: results go to {folder}/", err=True)
+
     try:
         config = RunConfig(
             envs=[EnvChoice.parse(e) for e in envs], agent=agent, model=model,
             sandbox=sandbox, n=n, k=k, concurrency=concurrency, tasks=task or [], out=out,
             resume=resume, gateway=gateway, admin_key=admin_key, max_turns=max_turns,
             time_limit_s=time_limit)
-        outcome = asyncio.run(_cancellable(run(config, progress=not quiet)))
+        outcome = asyncio.run(_cancellable(run(config, progress=not quiet, on_start=announce)))
     except _user_errors() as e:
         _fail(_describe(e))
     except (KeyboardInterrupt, asyncio.CancelledError):
-        typer.echo("interrupted; sandboxes, agent processes and temporary files were cleaned "
-                   f"up{' (continue with --resume)' if out else ''}", err=True)
+        more = f" (continue with --resume --out {started[0]})" if started else ""
+        typer.echo(f"interrupted; sandboxes, agent processes and temporary files were cleaned "
+                   f"up{more}", err=True)
         raise typer.Exit(130) from None
     console = table_console()
     console.print(results_table(outcome.records))
     for line in failure_lines(outcome.records):
         console.print(line, markup=False, highlight=False)
-    where = f"; results in {outcome.out}" if outcome.out else ""
-    typer.echo(f"run {outcome.run_id}: {len(outcome.records)} rollouts{where}")
+    typer.echo(f"run {outcome.run_id}: {len(outcome.records)} rollouts\n"
+               + where_to_look(outcome.out, pool=not gateway))
+
+
+def where_to_look(folder: Path, pool: bool) -> str:
+    """What a run kept and the commands that read it."""
+    lines = [f"results: {folder}/  (summary.json, rollouts/<env>__<task>__<sample>.json"
+             + (", pool.db: every model call with its token ids)" if pool else ")")]
+    if pool:
+        db = f"sqlite:///{folder}/pool.db"
+        lines += [f"  trajectories: envhub export --db {db} --format jsonl --out "
+                  f"{folder}/trajectories.jsonl",
+                  f"  training rows: envhub export --db {db} --format verl --out "
+                  f"{folder}/verl.parquet"]
+    else:
+        lines.append("  trajectories: in the pool of --gateway (envhub export --gateway URL ...)")
+    return "\n".join(lines)
 
 
 async def _cancellable(coro: Any) -> Any:

@@ -16,14 +16,15 @@ import re
 import shutil
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from envhub.envs.builtin import BUILTIN_ROOT, builtin_folders
 from envhub.envs.environment import Environment, Task
 from envhub.envs.errors import EnvLoadError, EnvNotFound
-from envhub.envs.manifest import Manifest, TasksSource, load_manifest
+from envhub.envs.manifest import Manifest, RewardEntry, TasksSource, load_manifest
+from envhub.envs.rewards import RewardComponent, make_components
 
 REGISTRY_REF_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*/[a-z0-9][a-z0-9._-]*(@\S+)?$")
 ID_FIELDS = ("id", "task_id", "instance_id")
@@ -38,6 +39,7 @@ class LoadedEnv:
     manifest: Manifest
     env: Environment
     ref: str
+    rewards: dict[str, RewardComponent] = field(default_factory=make_components)
 
     @property
     def name(self) -> str:
@@ -92,7 +94,34 @@ def load_env(ref: str) -> LoadedEnv:
                            "implement the Environment protocol (envhub.envs.environment)")
     if not hasattr(env, "manifest"):
         env.manifest = manifest  # type: ignore[misc]
-    return LoadedEnv(folder=folder, manifest=manifest, env=env, ref=ref)
+    return LoadedEnv(folder=folder, manifest=manifest, env=env, ref=ref,
+                     rewards=reward_components(folder, manifest))
+
+
+def reward_components(folder: Path, manifest: Manifest) -> dict[str, RewardComponent]:
+    """The built-in reward components plus the manifest's own (`name = { component = ... }`):
+    'module:Class' of the package first, else a dotted path."""
+    from envhub.envs import named
+
+    def load(path: str) -> Any:
+        module = path.partition(":")[0].replace(".", "/")
+        if ":" in path and ((folder / f"{module}.py").is_file()
+                            or (folder / module / "__init__.py").is_file()):
+            path = f"{package_name(folder)}.{path}"
+        return named.load({}, path, "reward component")
+
+    own = {k: e.component for k, e in manifest.rewards.items() if isinstance(e, RewardEntry)}
+    try:
+        return make_components(own, load)
+    except LookupError as e:
+        raise EnvLoadError(f"{folder}/envhub.toml: field 'rewards': {e}") from None
+
+
+def package_name(folder: Path) -> str:
+    """The import name of a package folder's modules (see `import_entrypoint`)."""
+    if folder.resolve().parent == BUILTIN_ROOT:
+        return f"envhub.envs.builtin.{folder.name}"
+    return _synthetic_package(folder)
 
 
 def import_entrypoint(folder: Path, manifest: Manifest) -> type:
@@ -109,11 +138,7 @@ def import_entrypoint(folder: Path, manifest: Manifest) -> type:
         raise EnvLoadError(f"{folder}/envhub.toml: field 'entrypoint': module '{module_name}' "
                            f"not found in the package; create {module_name}.py or fix the field")
     try:
-        if folder.resolve().parent == BUILTIN_ROOT:
-            package = f"envhub.envs.builtin.{folder.name}"
-        else:
-            package = _synthetic_package(folder)
-        module = importlib.import_module(f"{package}.{module_name}")
+        module = importlib.import_module(f"{package_name(folder)}.{module_name}")
     except Exception as e:
         raise EnvLoadError(f"{folder}: importing '{module_name}' failed: "
                            f"{type(e).__name__}: {e}") from e

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -17,16 +17,16 @@ class ManifestError(ValueError):
     """A bad `envhub.toml`; the message names the field and the fix."""
 
 
-SANDBOX_KINDS = ("auto", "docker", "local", "e2b", "none")
-REWARD_KEY_RE = re.compile(r"^(outcome|process|time|custom)(\.[A-Za-z0-9_-]+)?$")
+COMPONENT_KEY_RE = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
 class SandboxSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    kind: Literal["auto", "docker", "local", "e2b", "none"] = Field(
+    kind: str = Field(
         "auto",
         description="'none': the environment needs no sandbox (an in-process file store is "
-        "used); 'auto': best available; otherwise the preferred backend (--sandbox overrides)",
+        "used); 'auto': best available; otherwise the preferred backend, a name of the kinds "
+        "table (envs/sandbox/kinds.py) or a dotted path (--sandbox overrides)",
     )
     image: str | None = Field(None, description="docker image tag to run tasks in")
     dockerfile: str | None = Field(None, description="Dockerfile path, relative to the package")
@@ -35,6 +35,36 @@ class SandboxSpec(BaseModel):
     network: bool = Field(False, description="sandboxes have no network unless this is true")
     exec_timeout_s: float = Field(120.0, gt=0)
     setup_timeout_s: float = Field(600.0, gt=0)
+
+    supported_kinds: list[str] | None = Field(
+        None, description="sandbox kinds the environment works in (None: any); 'plain' is the "
+        "local kind without bubblewrap (plain processes in a host folder): leave it out and "
+        "such runs are refused up front with the fix")
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, v: str) -> str:
+        from envhub.envs.sandbox.kinds import check_kind  # the sandbox package imports us
+
+        return check_kind(v, manifest=True)
+
+    @field_validator("supported_kinds")
+    @classmethod
+    def _supported(cls, v: list[str] | None) -> list[str] | None:
+        from envhub.envs.sandbox.kinds import PLAIN, check_kind
+
+        if v is not None and not v:
+            raise ValueError("list at least one kind, or leave the field out (any kind)")
+        return v if v is None else [k if k == PLAIN else check_kind(k) for k in v]
+
+
+class RewardEntry(BaseModel):
+    """A reward component of the package's own: `name = { weight = 0.2, component = "m:C" }`."""
+
+    model_config = ConfigDict(extra="forbid")
+    weight: float = Field(1.0, description="weight of its events in the composite reward")
+    component: str = Field(..., description="'module:Class' in the package, or a dotted path "
+                           "'package.module:Class' (a RewardComponent, envs/rewards/base.py)")
 
 
 class AgentLimits(BaseModel):
@@ -62,7 +92,9 @@ class Manifest(BaseModel):
     tasks: TasksSource = Field(default_factory=TasksSource)
     sandbox: SandboxSpec = Field(default_factory=SandboxSpec)
     tools: list[str] = Field(default_factory=lambda: ["bash", "str_replace_editor", "submit"])
-    rewards: dict[str, float] = Field(default_factory=lambda: {"outcome": 1.0})
+    rewards: dict[str, float | RewardEntry] = Field(
+        default_factory=lambda: dict[str, float | RewardEntry](outcome=1.0),
+        description="reward components and their weights (envs/rewards/__init__.py)")
     agent: AgentLimits = Field(default_factory=AgentLimits)
     dependencies: list[str] = Field(default_factory=list, description="pip requirement strings")
     metadata: dict[str, Any] = Field(default_factory=dict)
@@ -83,14 +115,28 @@ class Manifest(BaseModel):
 
     @field_validator("rewards")
     @classmethod
-    def _rewards(cls, v: dict[str, float]) -> dict[str, float]:
-        for key in v:
-            if not REWARD_KEY_RE.match(key):
+    def _rewards(cls, v: dict[str, float | RewardEntry]) -> dict[str, float | RewardEntry]:
+        from envhub.envs.named import is_dotted
+        from envhub.envs.rewards import REWARDS
+
+        for key, entry in v.items():
+            if isinstance(entry, RewardEntry):
+                if not COMPONENT_KEY_RE.match(key) or not is_dotted(entry.component):
+                    raise ValueError(f"{key!r}: name a component with letters, digits, '_' or "
+                                     "'-' and give component = 'module:Class'")
+                continue
+            kind, _, sub = key.partition(".")
+            if kind not in (*REWARDS, "custom") or (key.endswith(".") or "." in sub):
                 raise ValueError(
-                    f"unknown reward weight {key!r}; use outcome, process, time, "
-                    "'process.<signal>' or 'custom.<name>'"
-                )
+                    f"unknown reward weight {key!r}; use {', '.join(REWARDS)}, "
+                    "'process.<signal>', 'custom.<name>', or a component of your own: "
+                    f"{key.split('.')[0]} = {{ weight = 1.0, component = \"module:Class\" }}")
         return v
+
+    def reward_weights(self) -> dict[str, float]:
+        """Manifest key -> weight, for built-in and own components alike."""
+        return {k: e.weight if isinstance(e, RewardEntry) else float(e)
+                for k, e in self.rewards.items()}
 
     @field_validator("entrypoint")
     @classmethod

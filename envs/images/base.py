@@ -175,4 +175,5 @@ def _import(rootfs: Path, recipe: BaseRecipe) -> None:
         code = tar.wait()
     if code != 0:
         raise ImageBuildError(f"tar of the base rootfs failed (exit {code}): {stderr[-2000:]}")
-    docker_client().images.get(recipe.tag).tag(LATEST_ALIAS)
+    if recipe == default_recipe():  # a custom recipe (other packages) must not take the alias
+        docker_client().images.get(recipe.tag).tag(LATEST_ALIAS)

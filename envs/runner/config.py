@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -36,8 +35,9 @@ class RunConfig(BaseModel):
     agent: str = Field("tool", description="tool | tool:summarize | oracle | a command line")
     model: str | None = Field(None, description="model for the in-process gateway "
                               "(None: the bundled tiny model; zero; provider/name)")
-    sandbox: Literal["auto", "docker", "local", "e2b"] | None = Field(
-        None, description="sandbox backend; None: each manifest's choice")
+    sandbox: str | None = Field(
+        None, description="sandbox kind (envs/sandbox/kinds.py, auto, or a dotted path); None: "
+        "each manifest's choice")
     n: int | None = Field(None, ge=1, description="tasks in total (split by the env weights)")
     k: int = Field(1, ge=1, le=1024, description="samples per task (group size)")
     concurrency: int = Field(4, ge=1, le=4096, description="rollouts in flight")
@@ -48,6 +48,13 @@ class RunConfig(BaseModel):
     admin_key: str | None = Field(None, description="admin key of --gateway")
     max_turns: int | None = Field(None, ge=1, description="override the manifests' max_turns")
     time_limit_s: float | None = Field(None, gt=0, description="override agent time limits")
+
+    @field_validator("sandbox")
+    @classmethod
+    def _sandbox(cls, v: str | None) -> str | None:
+        from envhub.envs.sandbox.kinds import check_kind
+
+        return v if v is None else check_kind(v)
 
     @field_validator("gateway")
     @classmethod

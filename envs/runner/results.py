@@ -1,4 +1,4 @@
-"""The results folder (`--out DIR`):
+"""The results folder of a run: `runs/<run_id>/` under the current directory, or `--out DIR`:
 
     DIR/run.json                 run id and options (lets --resume keep the same run and groups)
     DIR/rollouts/<env>__<task>__<sample>.json   one record per rollout (RolloutRecord)
@@ -39,7 +39,7 @@ class RolloutRecord(BaseModel):
     turns: int = 0
     outcome: float | None = None
     resolved: bool | None = None
-    components: dict[str, float] = Field(default_factory=dict)  # outcome/process/time/total
+    components: dict[str, float] = Field(default_factory=dict)  # per event kind, and total
     rewards: list[dict[str, Any]] = Field(default_factory=list)  # every reward event
     duration_s: float = 0.0  # the agent's working time
     setup_s: float = 0.0
@@ -49,13 +49,11 @@ class RolloutRecord(BaseModel):
 
 
 class ResultsFolder:
-    def __init__(self, out: Path | None) -> None:
+    def __init__(self, out: Path) -> None:
         self.out = out
 
     def start(self, run_id: str, options: dict[str, Any], resume: bool) -> str:
         """Create (or, resuming, reopen) the folder; returns the run id to use."""
-        if self.out is None:
-            return run_id
         meta = self.out / "run.json"
         if resume:
             if not meta.is_file():
@@ -71,8 +69,6 @@ class ResultsFolder:
 
     def finished(self, key: RolloutKey) -> RolloutRecord | None:
         """A finished record of this rollout from an earlier attempt, or None."""
-        if self.out is None:
-            return None
         path = self.out / "rollouts" / key.filename
         if not path.is_file():
             return None
@@ -83,12 +79,10 @@ class ResultsFolder:
         return record if record.status in FINISHED else None
 
     def write(self, key: RolloutKey, record: RolloutRecord) -> None:
-        if self.out is not None:
-            _atomic_write(self.out / "rollouts" / key.filename, record.model_dump(mode="json"))
+        _atomic_write(self.out / "rollouts" / key.filename, record.model_dump(mode="json"))
 
     def write_summary(self, summary: dict[str, Any]) -> None:
-        if self.out is not None:
-            _atomic_write(self.out / "summary.json", summary)
+        _atomic_write(self.out / "summary.json", summary)
 
 
 def _atomic_write(path: Path, data: Any) -> None:
@@ -108,8 +102,12 @@ def summarize(records: list[RolloutRecord]) -> dict[str, Any]:
     rollouts only: failures are counted, never averaged in as zeros."""
     def block(rs: list[RolloutRecord]) -> dict[str, Any]:
         done = [r for r in rs if r.status == "done"]
+        # the built-ins always, then any other kind the environment's components produced
+        kinds = dict.fromkeys(["outcome", "process", "time", *(k for r in done
+                                                                for k in r.components)])
+        kinds.pop("total", None)
         means = {c: (sum(r.components.get(c, 0.0) for r in done) / len(done) if done else None)
-                 for c in ("outcome", "process", "time", "total")}
+                 for c in [*kinds, "total"]}
         return {"rollouts": len(rs), "done": len(done),
                 "resolved": sum(1 for r in done if r.resolved),
                 "env_failure": sum(1 for r in rs if r.status == "env_failure"),

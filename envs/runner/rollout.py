@@ -63,7 +63,7 @@ class SandboxTracker:
         else:
             from envhub.envs.sandbox import open_sandbox
 
-            box = await open_sandbox(self.kind, spec, run_id=self.run_id,  # type: ignore[arg-type]
+            box = await open_sandbox(self.kind, spec, run_id=self.run_id,
                                      package_root=self.package_root)
         self.opened.append(box)
         return box

@@ -1,22 +1,23 @@
 """`envhub run`: groups of k samples per task across one or more environments, at most
-`concurrency` rollouts in flight, results folder, resume, and no leftovers.
+`concurrency` rollouts in flight, results folder (`runs/<run_id>/` unless `out` says
+otherwise), resume, and no leftovers.
 
 Leak guarantees: every rollout closes its own sandboxes; at the end the run reaps anything still
-labelled with its run id, removes its scratch folder (command agents' working folders, a
-temporary pool) and stops the gateway it started, on success, error or interruption alike
-(SIGINT, SIGTERM). A run killed outright (SIGKILL) leaves its scratch folder, which the next run
-on the machine removes once the owner process is gone.
+labelled with its run id, removes its scratch folder (command agents' working folders) and
+stops the gateway it started, on success, error or interruption alike (SIGINT, SIGTERM). A run
+killed outright (SIGKILL) leaves its scratch folder, which the next run on the machine removes
+once the owner process is gone.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import secrets
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
@@ -31,9 +32,12 @@ from envhub.envs.runner.progress import RunProgress
 from envhub.envs.runner.results import ResultsFolder, RolloutRecord, summarize
 from envhub.envs.runner.rollout import PendingRollout, RolloutSetup, execute
 from envhub.envs.runner.scoring import close_session, finalize_group
+from envhub.envs.sandbox import best_available, reap
+from envhub.envs.sandbox.kinds import AUTO, NONE, check_supported, effective_kind
 from envhub.envs.sandbox.reaper import owner_alive, owner_label
 
 log = logging.getLogger(__name__)
+RUNS_DIR = Path("runs")  # results of runs without --out: runs/<run_id>/
 OWNER_FILE = ".envhub-owner"  # "<host>:<pid>" of the run that owns a scratch folder
 
 
@@ -42,7 +46,7 @@ class RunOutcome:
     run_id: str
     records: list[RolloutRecord]
     summary: dict[str, Any]
-    out: Path | None
+    out: Path  # the results folder
 
 
 def new_run_id() -> str:
@@ -74,28 +78,34 @@ def plan_groups(config: RunConfig) -> list[GroupPlan]:
 
 
 def sandbox_kind(config: RunConfig, loaded: LoadedEnv) -> str:
-    """--sandbox, else the manifest's choice; `auto` becomes the best backend available."""
-    if loaded.manifest.sandbox.kind == "none":
-        return "none"
-    kind = config.sandbox or loaded.manifest.sandbox.kind
-    if kind == "auto":
-        from envhub.envs.sandbox import best_available
+    """--sandbox, else the manifest's choice; `auto` becomes the best backend available.
+    Raises SandboxUnavailable (with the fix) when the environment cannot run in it here."""
+    spec = loaded.manifest.sandbox
+    if spec.kind == NONE:
+        return NONE
+    kind = config.sandbox or spec.kind
+    check_supported(loaded.name, spec.supported_kinds, effective_kind(kind))
+    return best_available() if kind == AUTO else kind
 
-        kind = best_available()
-    return kind
 
-
-async def run(config: RunConfig, console: Any = None, progress: bool = True) -> RunOutcome:
+async def run(config: RunConfig, console: Any = None, progress: bool = True,
+              on_start: Callable[[str, Path], None] | None = None) -> RunOutcome:
     """Execute a run; raises RunConfigError/EnvLoadError/ManifestError/AgentSpecError before
-    anything starts when the options or packages are bad."""
+    anything starts when the options or packages are bad. `on_start(run_id, results folder)` is
+    called once the folder exists, before the first rollout."""
     agent = make_agent(config.agent)
     # In a thread: loading reads task files and may install a registry package, and a
     # registry install runs its own event loop.
     groups = await asyncio.to_thread(plan_groups, config)
-    results = ResultsFolder(config.out)
-    run_id = results.start(new_run_id(), config.model_dump(mode="json"), config.resume)
     kinds = await asyncio.to_thread(
         lambda: {g.loaded.name: sandbox_kind(config, g.loaded) for g in groups})
+    run_id = new_run_id()
+    # Results are kept by default: a run's trajectories are the product, never a temp file.
+    out = config.out or RUNS_DIR / run_id
+    results = ResultsFolder(out)
+    run_id = results.start(run_id, config.model_dump(mode="json"), config.resume)
+    if on_start is not None:
+        on_start(run_id, out)
     _sweep_stale_scratch()
     scratch = Path(tempfile.mkdtemp(prefix=f"envhub-{run_id}-"))
     (scratch / OWNER_FILE).write_text(owner_label())
@@ -106,8 +116,7 @@ async def run(config: RunConfig, console: Any = None, progress: bool = True) -> 
         if config.gateway:
             link = GatewayLink.connect(config.gateway, config.admin_key or "")
         else:
-            db = (config.out / "pool.db") if config.out else scratch / "pool.db"
-            link = await GatewayLink.start(config.model, db)
+            link = await GatewayLink.start(config.model, out / "pool.db")
         overrides = {k: v for k, v in (("max_turns", config.max_turns),
                                        ("time_limit_s", config.time_limit_s)) if v is not None}
         # Agents ask for "default": every envhub gateway serves its one model under that name
@@ -124,12 +133,12 @@ async def run(config: RunConfig, console: Any = None, progress: bool = True) -> 
     finally:
         if link is not None:
             await link.close()
-        await _reap(run_id, [k for k in kinds.values() if k != "none"])
+        await _reap(run_id, {k for k in kinds.values() if k != NONE})
         shutil.rmtree(scratch, ignore_errors=True)
     summary = {"run_id": run_id, "agent": config.agent, "started_at": started,
                "finished_at": time.time(), **summarize(records)}
     results.write_summary(summary)
-    return RunOutcome(run_id, records, summary, config.out)
+    return RunOutcome(run_id, records, summary, out)
 
 
 async def _run_group(g: GroupPlan, run_id: str, rs: RolloutSetup, results: ResultsFolder,
@@ -166,8 +175,7 @@ async def _run_group(g: GroupPlan, run_id: str, rs: RolloutSetup, results: Resul
             close_session(p.session, "env_failure", "interrupted") for p in finished)))
         raise
     done_before = [r for r in earlier.values() if r is not None]
-    new = await finalize_group(list(pendings), g.loaded.manifest.rewards, rs.agent_name,
-                               done_before)
+    new = await finalize_group(list(pendings), g.loaded, rs.agent_name, done_before)
     for key, rec in zip(todo, new, strict=True):
         results.write(key, rec)
         records.append(rec)
@@ -187,18 +195,13 @@ def _sweep_stale_scratch() -> None:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-async def _reap(run_id: str, kinds: list[str]) -> None:
-    """Remove any sandbox still labelled with this run (a crashed close, an interruption)."""
+async def _reap(run_id: str, kinds: set[str]) -> None:
+    """Remove any sandbox of this run's kinds still labelled with it (a crashed close, an
+    interruption)."""
     if not kinds:
         return
     try:
-        from envhub.envs.sandbox import reap
-    except ImportError:
-        return
-    try:
-        result = await asyncio.to_thread(reap, run_id)
-        if inspect.isawaitable(result):
-            await result
+        await asyncio.to_thread(reap, run_id, False, kinds)
     # reaping is a safety net: every sandbox was closed already
     except Exception as e:  # noqa: BLE001
         log.warning("reaping sandboxes of %s failed: %s", run_id, e)

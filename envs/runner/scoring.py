@@ -9,6 +9,7 @@ import inspect
 import logging
 from typing import Any
 
+from envhub.envs.loader import LoadedEnv
 from envhub.envs.rewards import SampleScore, components, score_group
 from envhub.envs.runner.results import RolloutRecord
 from envhub.envs.runner.rollout import PendingRollout
@@ -17,10 +18,11 @@ from envhub.sdk.types import RewardEvent
 log = logging.getLogger(__name__)
 
 
-async def finalize_group(pendings: list[PendingRollout], weights: dict[str, float],
-                         agent_name: str, earlier: list[RolloutRecord]) -> list[RolloutRecord]:
-    """Records for `pendings` (same order). `earlier` are this group's rollouts finished in a
-    previous attempt (--resume): they count towards the group's median time."""
+async def finalize_group(pendings: list[PendingRollout], loaded: LoadedEnv, agent_name: str,
+                         earlier: list[RolloutRecord]) -> list[RolloutRecord]:
+    """Records for `pendings` (same order), scored with the environment's reward components
+    and weights. `earlier` are this group's rollouts finished in a previous attempt
+    (--resume): they count towards the group's median time."""
     scores: dict[int, SampleScore] = {}
     for i, p in enumerate(pendings):
         if p.status != "done":
@@ -38,7 +40,8 @@ async def finalize_group(pendings: list[PendingRollout], weights: dict[str, floa
     previous = [SampleScore(r.outcome or 0.0, bool(r.resolved), r.duration_s)
                 for r in earlier if r.status == "done"]
     order = list(scores)
-    scored = score_group([scores[i] for i in order] + previous, weights)[: len(order)]
+    scored = score_group([scores[i] for i in order] + previous,
+                         loaded.manifest.reward_weights(), loaded.rewards)[: len(order)]
     events_of = dict(zip(order, scored, strict=True))
 
     records = []

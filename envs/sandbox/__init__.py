@@ -10,7 +10,8 @@ Public API (everything else in this package is internal):
         await sandbox.close()
 
 * `open_sandbox(kind, spec, ...)` -> `Sandbox` (see base.py for the protocol).
-  kind: "docker" | "local" | "e2b" | "auto" (docker when reachable, else local).
+  kind: a name of the kinds table (kinds.py: "docker" | "local" | "e2b"), "auto" (docker
+  when reachable, else local), or a dotted path to your own `SandboxKind` class.
 * `best_available()` -> the kind "auto" resolves to.
 * `reap(run_id=None, stale_only=False)` -> ids removed: docker containers, e2b sandboxes
   and local workdirs of a run (or all envhub ones; or only those whose owner process died).
@@ -25,12 +26,12 @@ it is an `ExecResult` with a non-zero exit code.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Literal
 
 from envhub.envs.manifest import SandboxSpec
-from envhub.envs.sandbox.base import ExecResult, Sandbox
+from envhub.envs.sandbox.base import ExecResult, Sandbox, SandboxKind
 from envhub.envs.sandbox.errors import (
     ImageBuildError,
     SandboxClosed,
@@ -38,14 +39,12 @@ from envhub.envs.sandbox.errors import (
     SandboxFileError,
     SandboxUnavailable,
 )
-
-Kind = Literal["docker", "local", "e2b", "auto"]
-KINDS: tuple[str, ...] = ("docker", "local", "e2b", "auto")
+from envhub.envs.sandbox.kinds import AUTO, SANDBOXES, sandbox_class
 
 __all__ = [
-    "ExecResult", "ImageBuildError", "Kind", "Sandbox", "SandboxClosed", "SandboxError",
-    "SandboxFileError", "SandboxSpec", "SandboxUnavailable", "best_available", "open_sandbox",
-    "reap",
+    "SANDBOXES", "ExecResult", "ImageBuildError", "Sandbox", "SandboxClosed", "SandboxError",
+    "SandboxFileError", "SandboxKind", "SandboxSpec", "SandboxUnavailable", "best_available",
+    "open_sandbox", "reap",
 ]
 
 
@@ -57,7 +56,7 @@ def best_available() -> Literal["docker", "local"]:
 
 
 async def open_sandbox(
-    kind: Kind,
+    kind: str,
     spec: SandboxSpec | None = None,
     *,
     run_id: str | None = None,
@@ -75,28 +74,10 @@ async def open_sandbox(
     Raises SandboxUnavailable (with the fix) when the backend cannot run here; the sandbox
     is closed again if seeding the files fails, so nothing leaks.
     """
-    if kind not in KINDS:
-        raise SandboxUnavailable(f"unknown sandbox kind {kind!r}; use one of {', '.join(KINDS)}")
-    spec = spec or SandboxSpec()
+    cls = sandbox_class(best_available() if kind == AUTO else kind)
     run_id = run_id or f"adhoc-{uuid.uuid4().hex[:8]}"
-    if kind == "auto":
-        kind = best_available()
-    sandbox: Sandbox
-    if kind == "docker":
-        from envhub.envs.images import aimage_for_spec
-        from envhub.envs.sandbox.docker import DockerSandbox
-
-        image = await aimage_for_spec(spec.image, spec.dockerfile, package_root)
-        sandbox = await DockerSandbox.create(spec, image, run_id, dict(labels or {}),
-                                             dict(env or {}))
-    elif kind == "local":
-        from envhub.envs.sandbox.local import LocalSandbox
-
-        sandbox = await LocalSandbox.create(spec, run_id)
-    else:
-        from envhub.envs.sandbox.e2b import E2BSandbox
-
-        sandbox = await E2BSandbox.create(spec, run_id, dict(labels or {}), dict(env or {}))
+    sandbox = await cls.open(spec or SandboxSpec(), run_id=run_id, labels=dict(labels or {}),
+                             env=dict(env or {}), package_root=package_root)
     try:
         for path, content in (workdir_files or {}).items():
             data = content.encode() if isinstance(content, str) else content
@@ -107,20 +88,12 @@ async def open_sandbox(
     return sandbox
 
 
-def reap(run_id: str | None = None, stale_only: bool = False) -> list[str]:
+def reap(run_id: str | None = None, stale_only: bool = False,
+         kinds: Iterable[str] | None = None) -> list[str]:
     """Remove envhub sandboxes (blocking): of `run_id`, or all of them, or with `stale_only`
-    those whose owner process is gone. Backends that are not reachable are skipped."""
+    those whose owner process is gone; of `kinds` (default: every kind of the table).
+    Backends that are not reachable are skipped."""
     removed: list[str] = []
-    from envhub.envs.sandbox.engine import docker_reachable
-
-    if docker_reachable():
-        from envhub.envs.sandbox.docker import reap_docker
-
-        removed += reap_docker(run_id, stale_only)
-    from envhub.envs.sandbox.e2b import reap_e2b
-
-    removed += reap_e2b(run_id, stale_only)
-    from envhub.envs.sandbox.local import reap_local
-
-    removed += reap_local(run_id, stale_only)
+    for kind in kinds if kinds is not None else SANDBOXES:
+        removed += sandbox_class(kind).reap(run_id, stale_only)
     return removed

@@ -1,9 +1,13 @@
-"""Sandbox protocol: every backend (docker, local bubblewrap, e2b) implements these methods."""
+"""Sandbox protocols: `Sandbox` (one isolated machine) and `SandboxKind` (how a backend opens
+and reaps them). Every backend (docker, local bubblewrap, e2b) implements both."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol, runtime_checkable
+
+from envhub.envs.manifest import SandboxSpec
 
 
 @dataclass
@@ -45,3 +49,21 @@ class Sandbox(Protocol):
     async def download(self, remote_path: str, local_path: str) -> None: ...
 
     async def close(self) -> None: ...
+
+
+class SandboxKind(Protocol):
+    """A sandbox implementation as the kinds table (`kinds.py`) sees it: the class itself,
+    with `open` a classmethod and `reap` a staticmethod (nothing to instantiate first)."""
+
+    kind: str
+
+    async def open(self, spec: SandboxSpec, *, run_id: str, labels: dict[str, str],
+                   env: dict[str, str], package_root: str | Path) -> Sandbox:
+        """A started sandbox for `spec` (its image built or found first where the kind has
+        images; `package_root` resolves a spec's `dockerfile`). Labels carry run and owner."""
+        ...
+
+    def reap(self, run_id: str | None = None, stale_only: bool = False) -> list[str]:
+        """Remove this kind's leaked sandboxes: of `run_id`, or all envhub ones, or those whose
+        owner process is gone; returns their ids. [] when the backend is not reachable."""
+        ...

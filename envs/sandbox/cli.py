@@ -10,6 +10,8 @@ from typing import Annotated, NoReturn
 
 import typer
 
+from envhub.envs.sandbox.kinds import choices
+
 BAD_INPUT = 2
 sandbox_app = typer.Typer(help="Sandboxes: list, reap leaked ones, check a backend works.",
                           no_args_is_help=True)
@@ -59,20 +61,24 @@ def list_cmd() -> None:
 
 @sandbox_app.command("check")
 def check_cmd(
-    kind: Annotated[str, typer.Argument(help="docker | local | e2b | auto")] = "auto",
+    kind: Annotated[str, typer.Argument(help=" | ".join(choices()) + " or a dotted path")
+                    ] = "auto",
 ) -> None:
     """Open a sandbox of KIND, run one command in it, close it: shows the backend works."""
     import asyncio
     import time
 
-    from envhub.envs.sandbox import KINDS, SandboxError, open_sandbox
+    from envhub.envs.sandbox import SandboxError, open_sandbox
+    from envhub.envs.sandbox.kinds import check_kind
 
-    if kind not in KINDS:
-        _fail(f"unknown sandbox kind {kind!r}; use one of {', '.join(KINDS)}")
+    try:
+        check_kind(kind)
+    except ValueError as e:
+        _fail(str(e))
 
     async def probe() -> None:
         start = time.monotonic()
-        box = await open_sandbox(kind, run_id="envhub-check")  # type: ignore[arg-type]
+        box = await open_sandbox(kind, run_id="envhub-check")
         opened = time.monotonic() - start
         try:
             result = await box.exec("echo ok; uname -sr", timeout=60)

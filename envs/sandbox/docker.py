@@ -20,7 +20,7 @@ from typing import Any
 from envhub.envs.manifest import SandboxSpec
 from envhub.envs.sandbox.archive import extract_as, tar_path
 from envhub.envs.sandbox.base import ExecResult
-from envhub.envs.sandbox.engine import docker_client, import_docker, in_thread
+from envhub.envs.sandbox.engine import docker_client, docker_reachable, import_docker, in_thread
 from envhub.envs.sandbox.errors import SandboxClosed, SandboxError, SandboxFileError
 from envhub.envs.sandbox.reaper import (
     LABEL_OWNER,
@@ -58,6 +58,21 @@ class DockerSandbox:
         self.spec = spec
         self.workdir = workdir
         self._closed = False
+
+    @classmethod
+    async def open(cls, spec: SandboxSpec, *, run_id: str, labels: dict[str, str],
+                   env: dict[str, str], package_root: str | Path) -> DockerSandbox:
+        """The kinds table's entry point: the spec's image (its `dockerfile` built on the envhub
+        base, else its `image`, else the base itself, built on first use), then a container."""
+        from envhub.envs.images import aimage_for_spec
+
+        image = await aimage_for_spec(spec.image, spec.dockerfile, package_root)
+        return await cls.create(spec, image, run_id, labels, env)
+
+    @staticmethod
+    def reap(run_id: str | None = None, stale_only: bool = False) -> list[str]:
+        """Containers removed (none when the engine is not reachable)."""
+        return reap_docker(run_id, stale_only) if docker_reachable() else []
 
     @classmethod
     async def create(cls, spec: SandboxSpec, image: str, run_id: str,

@@ -88,6 +88,16 @@ class E2BSandbox:
         self._closed = False
 
     @classmethod
+    async def open(cls, spec: SandboxSpec, *, run_id: str, labels: dict[str, str],
+                   env: dict[str, str], package_root: str | Path) -> E2BSandbox:
+        """The kinds table's entry point: the spec's `image` names the E2B template."""
+        return await cls.create(spec, run_id, labels, env)
+
+    @staticmethod
+    def reap(run_id: str | None = None, stale_only: bool = False) -> list[str]:
+        return reap_e2b(run_id, stale_only)
+
+    @classmethod
     async def create(cls, spec: SandboxSpec, run_id: str, labels: dict[str, str] | None = None,
                      env: dict[str, str] | None = None) -> E2BSandbox:
         install()

@@ -59,6 +59,11 @@ def _warn_unisolated() -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def bwrap_path() -> str | None:
+    """bubblewrap's program, or None: then local sandboxes are plain processes (kinds.PLAIN)."""
+    return shutil.which("bwrap")
+
+
 def _host_binds(mount: str) -> list[str]:
     """bwrap arguments binding the host read-only, top-level entry by entry, onto a tmpfs root
     (a tmpfs root lets bwrap create the workdir `mount` without touching the host)."""
@@ -89,13 +94,16 @@ def _private_paths() -> list[str]:
         if (folder.parent / "pyproject.toml").is_file():
             paths.add(folder.parent)  # an editable install: hide the checkout itself
     paths.add(Path(os.environ.get("ENVHUB_HOME", Path.home() / ".envhub")).resolve())
-    kept = sorted(p for p in paths if p.is_dir() and str(p) != "/")
+    # Under a hidden top-level folder (/root, /home, /tmp, ...) a path is out of sight already;
+    # bwrap could not even mkdir its mount point there (/root and /home are read-only tmpfs).
+    kept = sorted(p for p in paths if p.is_dir() and len(p.parts) > 1 and p.parts[1] not in HIDDEN)
     # a folder inside another hidden one is hidden already (and bwrap could not mkdir it)
     return [str(p) for p in kept if not any(q != p and q in p.parents for q in kept)]
 
 
 PIDS_LIMIT = 512  # processes (and threads) one call may have alive: a fork bomb stops here
 _PIDS_V1 = Path("/sys/fs/cgroup/pids")
+_cgroup_warned = False
 
 
 def _pids_cgroup() -> Path | None:
@@ -110,8 +118,11 @@ def _pids_cgroup() -> Path | None:
         (group / "pids.max").write_text(str(PIDS_LIMIT))
         return group
     except OSError as e:
-        log.warning("no pids cgroup for local sandbox calls (%s); fork bombs are bounded by "
-                    "the exec timeout only", e)
+        global _cgroup_warned
+        if not _cgroup_warned:  # once per process, not once per call
+            _cgroup_warned = True
+            log.warning("no pids cgroup for local sandbox calls (%s); fork bombs are bounded "
+                        "by the exec timeout only", e)
         return None
 
 
@@ -154,13 +165,24 @@ class LocalSandbox:
         self._closed = False
 
     @classmethod
+    async def open(cls, spec: SandboxSpec, *, run_id: str, labels: dict[str, str],
+                   env: dict[str, str], package_root: str | Path) -> LocalSandbox:
+        """The kinds table's entry point (labels live in the workdir's name; `env` is given
+        per exec; no images)."""
+        return await cls.create(spec, run_id)
+
+    @staticmethod
+    def reap(run_id: str | None = None, stale_only: bool = False) -> list[str]:
+        return reap_local(run_id, stale_only)
+
+    @classmethod
     async def create(cls, spec: SandboxSpec, run_id: str = "adhoc",
                      allow_unisolated: bool = True, mount: str = SANDBOX_WORKDIR
                      ) -> LocalSandbox:
         """Make the workdir, seen at `mount` inside bwrap. Without bwrap: a loud warning (or
         SandboxUnavailable when `allow_unisolated` is False)."""
         install()
-        bwrap = shutil.which("bwrap")
+        bwrap = bwrap_path()
         if bwrap is None:
             if not allow_unisolated:
                 from envhub.envs.sandbox.errors import SandboxUnavailable

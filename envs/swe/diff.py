@@ -17,7 +17,10 @@ TEST_DIRS = {"test", "tests", "testing"}
 CONFIG_FILES = {"conftest.py", "pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg",
                 "pyproject.toml", "noxfile.py", "sitecustomize.py", "usercustomize.py"}
 # Top-level names that would shadow the test runner or its dependencies when imported.
+# pytest and every module it imports at start-up (pygments since pytest 8.4; tomli and
+# exceptiongroup on older Pythons): a repository shadowing one runs code inside the grader.
 SHADOW_NAMES = {"pytest", "_pytest", "py", "pluggy", "iniconfig", "packaging", "unittest",
+                "pygments", "tomli", "exceptiongroup", "colorama",
                 "site", "sitecustomize", "usercustomize", "envhub_test_timeout"}
 
 

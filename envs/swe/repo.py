@@ -7,15 +7,12 @@ a prebuilt image's repository has its history cut (`cut_history`) before the age
 
 from __future__ import annotations
 
-import atexit
-import importlib.util
 import shlex
-import shutil
-import tempfile
 from pathlib import Path
 
 from envhub.envs.environment import EnvFailure
 from envhub.envs.sandbox.base import Sandbox
+from envhub.envs.swe.pylib import host_pylib
 from envhub.envs.swe.task import SWETask
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -25,9 +22,7 @@ GIT = ("git -c core.hooksPath=/dev/null -c core.fsmonitor=false -c safe.director
        "-c core.quotepath=false")
 GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null",
            "GIT_TERMINAL_PROMPT": "0"}
-PYTEST_DISTS = ("pytest", "_pytest", "pluggy", "iniconfig", "packaging", "py")
 MAX_DIFF_BYTES = 4 << 20
-_pylib_cache: Path | None = None
 
 
 def commit_message(task: SWETask) -> str:
@@ -93,37 +88,6 @@ async def agent_diff(sandbox: Sandbox, task: SWETask, base: str) -> tuple[str, s
     return (await sandbox.read_file(out)).decode("utf-8", errors="surrogateescape"), ""
 
 
-def host_pylib() -> Path:
-    """A folder holding this interpreter's (pure-Python) pytest and its dependencies, for
-    sandboxes whose python3 has no pytest (the local sandbox runs the host's /usr/bin/python3)."""
-    global _pylib_cache
-    if _pylib_cache is not None and _pylib_cache.is_dir():
-        return _pylib_cache
-    target = Path(tempfile.mkdtemp(prefix="envhub-pylib-"))
-    atexit.register(shutil.rmtree, target, True)
-    for name in PYTEST_DISTS:
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.origin is None:
-            continue
-        origin = Path(spec.origin)
-        if origin.name == "__init__.py":
-            shutil.copytree(origin.parent, target / name,
-                            ignore=shutil.ignore_patterns("__pycache__"))
-            site = origin.parent.parent
-        else:
-            shutil.copy2(origin, target / origin.name)
-            site = origin.parent
-        # pluggy and pytest read their own version from the installed metadata.
-        for info in sorted(site.glob(f"{name.lstrip('_')}-*.dist-info")):
-            if not (target / info.name).exists():
-                shutil.copytree(info, target / info.name)
-    if not (target / "pytest").is_dir():
-        raise EnvFailure("the sandbox's python3 has no pytest and neither has envhub's "
-                         "interpreter: pip install pytest (or apt-get install python3-pytest)")
-    _pylib_cache = target
-    return target
-
-
 async def pytest_env(sandbox: Sandbox) -> dict[str, str]:
     """Env vars that make `python3 -m pytest` work in the sandbox, plus the timeout plugin.
 
@@ -136,4 +100,10 @@ async def pytest_env(sandbox: Sandbox) -> dict[str, str]:
     if probe.exit_code != 0:
         await sandbox.upload(str(host_pylib()), f"{SCRATCH}/pylib")
         paths.append(f"{SCRATCH}/pylib")
+        env = {"PYTHONPATH": ":".join(paths)}
+        # A grader whose pytest cannot start would score every patch 0: an infra failure.
+        check = await sandbox.exec("python3 -c 'import pytest'", timeout=60, env=env)
+        if check.exit_code != 0:
+            raise EnvFailure("the pytest handed to the sandbox does not import with its "
+                             f"python3: {(check.stderr or check.stdout).strip()[-500:]}")
     return {"PYTHONPATH": ":".join(paths)}

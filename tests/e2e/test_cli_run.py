@@ -28,13 +28,22 @@ def test_init_then_run_oracle_resolves_on_embedded_defaults(tmp_path):
     made = envhub("init", "my-env", cwd=tmp_path)
     assert made.returncode == 0, made.stderr
     assert "envhub run ./my-env --agent oracle" in made.stdout
-    ran = envhub("run", "./my-env", "--agent", "oracle", "--sandbox", "local", "--out", "out",
-                 cwd=tmp_path)
+    ran = envhub("run", "./my-env", "--agent", "oracle", "--sandbox", "local", cwd=tmp_path)
     assert ran.returncode == 0, ran.stderr
-    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    # without --out the results are kept in runs/<run_id>/, and the run says how to read them
+    [out] = (tmp_path / "runs").iterdir()
+    summary = json.loads((out / "summary.json").read_text())
+    assert out.name == summary["run_id"]
     assert summary["overall"]["resolved"] == 2 and summary["overall"]["env_failure"] == 0
     assert "my-env/hello-file" in ran.stdout  # the results table
-    assert (tmp_path / "out" / "pool.db").is_file()  # the in-process gateway's pool
+    assert (out / "pool.db").is_file()  # the in-process gateway's pool
+    assert len(list((out / "rollouts").iterdir())) == 2
+    look = f"envhub export --db sqlite:///runs/{out.name}/pool.db --format jsonl"
+    assert f"results: runs/{out.name}/" in ran.stdout and look in ran.stdout
+    exported = envhub(*look.split()[1:], "--out", "t.jsonl", cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+    rows = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
+    assert len(rows) == 2
     assert not run_leftovers(summary["run_id"])
 
 
@@ -82,6 +91,51 @@ def test_list_and_info():
     data = json.loads(info.stdout)
     assert data["task_count"] == 64 and data["tools"] == ["calculator", "submit"]
     assert data["rewards"] == {"outcome": 1.0, "process": 0.1, "time": 0.05}
+
+
+def path_without(tmp_path: Path, program: str) -> str:
+    """A PATH holding every program of this one but `program` (a machine without it)."""
+    bin_dir = tmp_path / f"no-{program}-bin"
+    bin_dir.mkdir()
+    for folder in os.environ["PATH"].split(os.pathsep):
+        for entry in Path(folder).glob("*") if Path(folder).is_dir() else []:
+            target = bin_dir / entry.name
+            if entry.name != program and not target.exists() and os.access(entry, os.X_OK):
+                target.symlink_to(entry)
+    return str(bin_dir)
+
+
+@pytest.mark.parametrize("env,fix", [("swe-task", "apt-get install bubblewrap"),
+                                     ("terminal-task", "--sandbox docker")])
+def test_environments_needing_a_real_sandbox_refuse_the_plain_fallback_up_front(
+        tmp_path, env, fix):
+    """Without bubblewrap, `local` would be plain processes in a host folder: swe-task (fixed
+    paths under /workspace) and terminal-task (Dockerfiles) refuse it before any rollout, with
+    the fix, instead of ending every rollout as env_failure."""
+    plain = {**os.environ, "PATH": path_without(tmp_path, "bwrap")}
+    ran = subprocess.run([sys.executable, "-m", "envhub", "run", env, "--sandbox", "local",
+                          "-n", "1"], cwd=tmp_path, env=plain, text=True, capture_output=True,
+                         timeout=120, check=False)
+    assert ran.returncode == 2, ran.stderr
+    assert fix in ran.stderr and "--sandbox docker" in ran.stderr
+    assert not (tmp_path / "runs").exists()  # refused before anything was kept
+
+
+@pytest.mark.slow
+def test_the_plain_fallback_runs_environments_that_allow_it(tmp_path):
+    """arith needs no sandbox and a scaffolded environment works in a plain host folder: both
+    run without bubblewrap (the latter with the loud warning)."""
+    plain = {**os.environ, "PATH": path_without(tmp_path, "bwrap")}
+    assert envhub("init", "my-env", cwd=tmp_path).returncode == 0
+    for env in ("arith", "./my-env"):
+        ran = subprocess.run([sys.executable, "-m", "envhub", "run", env, "--agent", "oracle",
+                              "--sandbox", "local", "-n", "2", "--out", f"out-{env[-5:]}"],
+                             cwd=tmp_path, env=plain, text=True, capture_output=True,
+                             timeout=300, check=False)
+        assert ran.returncode == 0, ran.stderr
+        summary = json.loads((tmp_path / f"out-{env[-5:]}" / "summary.json").read_text())
+        assert summary["overall"]["resolved"] == 2, ran.stdout
+        assert ("PLAIN SUBPROCESSES" in ran.stderr) == (env != "arith")
 
 
 @pytest.mark.parametrize("args,message", [

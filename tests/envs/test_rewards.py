@@ -92,3 +92,89 @@ def test_outcome_is_clamped_to_unit_interval():
 ])
 def test_language_mixing(text, mixed):
     assert mixes_languages(text) is mixed
+
+
+# --- components from the table and from a manifest --------------------------------------------
+
+BREVITY = '''
+from envhub.sdk.types import RewardEvent
+
+
+class Brevity:
+    """-0.1 per turn: an environment's own component, listed in its manifest."""
+
+    def score(self, group, weights):
+        return [[RewardEvent(kind="custom", name="brevity", value=-0.1 * len(s.turn_seqs))]
+                for s in group]
+'''
+
+
+def arith_with(tmp_path, rewards: str, module: str = BREVITY):
+    """A copy of the built-in arith package whose manifest's [rewards] reads `rewards`."""
+    import re
+    import shutil
+
+    from envhub.envs.loader import resolve_folder
+
+    folder = tmp_path / "arith-own"
+    shutil.copytree(resolve_folder("arith"), folder, ignore=shutil.ignore_patterns("__pycache__"))
+    toml = (folder / "envhub.toml").read_text()
+    toml = re.sub(r"\[rewards\]\n(?:[^\[\n][^\n]*\n)*", "[rewards]\n" + rewards + "\n\n", toml)
+    (folder / "envhub.toml").write_text(toml)
+    (folder / "rewards.py").write_text(module)
+    return folder
+
+
+def test_a_manifest_lists_its_own_component_beside_the_built_ins(tmp_path):
+    from envhub.envs.loader import load_env
+
+    folder = arith_with(tmp_path, 'outcome = 1.0\nbrevity = { weight = 0.5, component = '
+                                  '"rewards:Brevity" }')
+    loaded = load_env(str(folder))
+    assert list(loaded.rewards) == ["outcome", "process", "time", "brevity"]
+    weights = loaded.manifest.reward_weights()
+    assert weights == {"outcome": 1.0, "brevity": 0.5}
+    (events,) = score_group([SampleScore(1.0, True, 2.0, [], [0, 1, 2])], weights,
+                            loaded.rewards)
+    brevity = [e for e in events if e.kind == "custom"]
+    assert [(e.name, e.weight) for e in brevity] == [("brevity", 0.5)]  # its manifest weight
+    assert brevity[0].value == pytest.approx(-0.3)
+    assert components(events)["custom"] == pytest.approx(-0.3)
+    assert composite(events) == pytest.approx(1.0 - 0.15)
+
+
+def test_a_dotted_path_can_replace_a_built_in(tmp_path):
+    from envhub.envs.loader import load_env
+
+    folder = arith_with(tmp_path, 'outcome = { weight = 2.0, component = '
+                                  '"envhub.envs.rewards.builtin:CompletionTime" }')
+    loaded = load_env(str(folder))
+    assert type(loaded.rewards["outcome"]).__name__ == "CompletionTime"
+
+
+@pytest.mark.parametrize("rewards,error", [
+    ("brevity = 0.5", "unknown reward weight 'brevity'"),
+    ('"process.a.b" = 1.0', "unknown reward weight"),
+    ('brevity = { weight = 1.0, component = "not a path" }', "component = 'module:Class'"),
+    ('brevity = { weight = 1.0, component = "rewards:Nope" }', "has no 'Nope'"),
+    ('brevity = { weight = 1.0, component = "nowhere.mod:Brevity" }', "No module named"),
+])
+def test_bad_reward_entries_name_the_field_and_the_fix(tmp_path, rewards, error):
+    from envhub.envs.errors import EnvLoadError
+    from envhub.envs.loader import load_env
+    from envhub.envs.manifest import ManifestError
+
+    folder = arith_with(tmp_path, rewards)
+    with pytest.raises((ManifestError, EnvLoadError), match="rewards") as caught:
+        load_env(str(folder))
+    assert error in str(caught.value)
+
+
+def test_existing_weights_stay_valid_and_the_built_ins_always_score():
+    from envhub.envs.loader import load_env
+    from envhub.envs.rewards import REWARDS
+
+    for name in ("arith", "swe-task", "terminal-task"):
+        loaded = load_env(name)
+        assert list(loaded.rewards) == list(REWARDS)
+        assert loaded.manifest.reward_weights() == {"outcome": 1.0, "process": 0.1, "time": 0.05}

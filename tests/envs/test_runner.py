@@ -24,6 +24,12 @@ from tests.support import run_leftovers as leftovers
 CRASHY = str(FIXTURES / "crashy_env")
 
 
+@pytest.fixture(autouse=True)
+def in_tmp_path(tmp_path, monkeypatch):
+    """Runs without `out` keep their results in ./runs/<run_id>/: not in the checkout."""
+    monkeypatch.chdir(tmp_path)
+
+
 @pytest.fixture
 def gateway(tmp_path):
     script = [tool_call("calculator", {"expression": "2+2"}),
@@ -123,11 +129,17 @@ def test_results_folder_is_not_overwritten_without_resume(gateway, tmp_path):
                                resume=True), progress=False))
 
 
-def test_several_environments_share_a_run_by_weight(gateway):
+def test_several_environments_share_a_run_by_weight(gateway, tmp_path):
+    started = []
     result = asyncio.run(run(config(gateway, "arith=3", f"{CRASHY}=1", agent="oracle", n=4),
-                             progress=False))
+                             progress=False, on_start=lambda *a: started.append(a)))
     envs = [r.env for r in result.records]
     assert envs.count("arith") == 3 and envs.count("crashy") == 1
+    # no `out`: kept in runs/<run_id>/ all the same, announced before the first rollout
+    assert started == [(result.run_id, Path("runs") / result.run_id)]
+    assert result.out == Path("runs") / result.run_id
+    assert len(list((tmp_path / result.out / "rollouts").iterdir())) == 4
+    assert (tmp_path / result.out / "summary.json").is_file()
 
 
 def test_command_agent_leaves_no_process_or_folder(gateway, tmp_path, monkeypatch):
@@ -209,3 +221,21 @@ def test_agent_failure_is_agent_error_and_not_scored(gateway, monkeypatch):
     assert record.status == "agent_error" and "exited with code 3" in (record.reason or "")
     t = trajectory(gateway, record.session_id)
     assert t["status"] == "agent_error" and t["rewards"] == [] and len(t["turns"]) == 2
+
+
+def test_an_environments_own_reward_component_reaches_the_records_and_the_pool(gateway,
+                                                                                 tmp_path):
+    from tests.envs.test_rewards import arith_with
+
+    folder = arith_with(tmp_path, 'outcome = 1.0\nbrevity = { weight = 0.5, component = '
+                                  '"rewards:Brevity" }')
+    result = asyncio.run(run(config(gateway, str(folder), agent="oracle", n=1, k=2),
+                             progress=False))
+    for record in result.records:
+        assert record.status == "done"
+        assert "custom" in record.components
+        names = [(e["kind"], e["name"], e["weight"]) for e in record.rewards]
+        assert ("custom", "brevity", 0.5) in names
+        stored = trajectory(gateway, record.session_id)["rewards"]
+        assert any(e["name"] == "brevity" for e in stored)
+    assert "custom" in result.summary["overall"]["mean"]  # in the summary too

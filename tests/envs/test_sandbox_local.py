@@ -214,3 +214,34 @@ def test_envhub_sources_and_task_data_are_hidden():
     assert read.exit_code != 0 or read.stdout == ""
     assert "builtin" not in listing.stdout
     assert py.stdout.strip() == "2"  # the system interpreter still works
+
+
+def test_an_envhub_home_under_the_masked_home_folders_does_not_break_calls(monkeypatch) -> None:
+    """The default ENVHUB_HOME is ~/.envhub, under /root or /home, which the sandbox masks with
+    a read-only tmpfs: it is hidden already, and bwrap could not mount over it (every call used
+    to fail with exit 1 once the folder existed)."""
+    import tempfile
+
+    require_tool("bwrap")
+    masked = next((p for p in (Path.home(), Path("/root")) if p.parts[1:2] in (("root",),
+                                                                             ("home",))), None)
+    if masked is None or not os.access(masked, os.W_OK):
+        pytest.skip("needs a writable home under /root or /home")
+    home = Path(tempfile.mkdtemp(prefix=".envhub-test-", dir=masked))
+    try:
+        (home / "credentials.json").write_text("{}")
+        monkeypatch.setenv("ENVHUB_HOME", str(home))
+
+        async def probe():
+            sb = await LocalSandbox.create(SandboxSpec(), run_id="home-test")
+            try:
+                return await sb.exec(f"echo ok; cat {home}/credentials.json", timeout=30)
+            finally:
+                await sb.close()
+
+        r = run(probe())
+        assert r.stdout.startswith("ok\n") and "{}" not in r.stdout, r.stderr
+    finally:
+        import shutil
+
+        shutil.rmtree(home, ignore_errors=True)

@@ -29,9 +29,45 @@ def cli() -> typer.Typer:
     return app
 
 
+CUSTOM = "tests.envs.runtime_fixtures.custom_kind:FolderSandbox"
+
+
 def test_unknown_kind_is_a_clear_error() -> None:
-    with pytest.raises(SandboxUnavailable, match="use one of docker, local, e2b, auto"):
-        run(open_sandbox("vm", SandboxSpec()))  # type: ignore[arg-type]
+    with pytest.raises(SandboxUnavailable, match="use one of docker, local, e2b or a dotted"):
+        run(open_sandbox("vm", SandboxSpec()))
+    with pytest.raises(SandboxUnavailable, match="No module named 'nowhere'"):
+        run(open_sandbox("nowhere.box:Box", SandboxSpec()))
+
+
+def test_every_consumer_reads_the_kinds_table() -> None:
+    """open_sandbox, reap, the manifest, the run options and the CLI derive from one table;
+    a dotted path is a kind too."""
+    from envhub.envs.manifest import ManifestError, parse_manifest
+    from envhub.envs.runner import EnvChoice, RunConfig
+    from envhub.envs.sandbox import SANDBOXES, reap
+    from envhub.envs.sandbox.kinds import choices
+
+    assert choices() == [*SANDBOXES, "auto"] and choices(manifest=True)[-1] == "none"
+    base = 'name = "x"\nversion = "1.0.0"\nentrypoint = "env:E"\n[sandbox]\n'
+    assert parse_manifest(base + f'kind = "{CUSTOM}"').sandbox.kind == CUSTOM
+    with pytest.raises(ManifestError, match="field 'sandbox.kind'.*use one of docker, local"):
+        parse_manifest(base + 'kind = "vm"')
+    with pytest.raises(ManifestError, match="sandbox.supported_kinds"):
+        parse_manifest(base + 'supported_kinds = ["docker", "vm"]')
+    assert RunConfig(envs=[EnvChoice.parse("arith")], sandbox=CUSTOM).sandbox == CUSTOM
+    with pytest.raises(ValueError, match="use one of docker, local, e2b, auto"):
+        RunConfig(envs=[EnvChoice.parse("arith")], sandbox="vm")
+
+    async def custom() -> tuple[str, bytes]:
+        box = await open_sandbox(CUSTOM, SandboxSpec(), run_id="t-custom-kind",
+                                 workdir_files={"a.txt": "1"})
+        try:
+            return box.kind, await box.read_file("a.txt")  # type: ignore[attr-defined]
+        finally:
+            await box.close()
+
+    assert run(custom()) == ("folder", b"1")
+    assert reap("t-custom-kind", kinds=[CUSTOM]) == []  # closed already: nothing left
 
 
 def test_auto_follows_docker_reachability() -> None:

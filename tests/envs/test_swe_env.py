@@ -100,6 +100,24 @@ def archive_blob_ids(swe: SWETask, root: Path) -> dict[str, str]:
 pytestmark = pytest.mark.bwrap
 
 
+def test_the_pytest_handed_to_sandboxes_stands_alone() -> None:
+    """The local sandbox grades with the host's python3, which usually has no pytest: the copy
+    of envhub's pytest must import with nothing else installed (`-S`: no site-packages; pytest
+    8.4+ needs pygments, which a hand-written list once missed)."""
+    import subprocess
+    import sys
+
+    from envhub.envs.swe.pylib import host_pylib
+
+    lib = host_pylib()
+    assert not list(lib.rglob("__pycache__"))
+    version = subprocess.run([sys.executable, "-S", "-m", "pytest", "--version"],
+                             env={"PYTHONPATH": str(lib)}, capture_output=True, text=True,
+                             timeout=60, check=False)
+    assert version.returncode == 0, version.stderr
+    assert (lib / "pygments").is_dir() and (lib / "pluggy").is_dir()
+
+
 def test_shipped_task_set_meets_the_issue() -> None:
     root = Path(load_env("swe-task").folder)
     tasks = load_swe_tasks(root / "data" / "tasks.jsonl")

@@ -164,6 +164,23 @@ def test_search_tool(local_box) -> None:
     assert many.content.count("\n") == 200  # 200 match lines, then the note
 
 
+def test_search_reports_a_sandbox_that_never_ran_grep(tmp_path) -> None:
+    """bwrap failing to set up a call (a namespace limit under load, a mount it cannot make)
+    exits 1, like grep finding nothing: the tool must say the search failed, not "no matches"."""
+    from envhub.envs.sandbox.local import LocalSandbox
+
+    broken = tmp_path / "bwrap"
+    broken.write_text("#!/bin/sh\necho 'bwrap: Creating new namespace failed: Resource "
+                      "temporarily unavailable' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    box = LocalSandbox(SandboxSpec(exec_timeout_s=20), workdir, bwrap=str(broken))
+    result = call(box, "search", {"pattern": "("})
+    assert result.is_error and "search failed" in result.content
+    assert "namespace failed" in result.content and "no matches" not in result.content
+
+
 def test_submit_tool_with_dict_state() -> None:
     state: dict = {}
     first = run(call_tool("submit", '{"message": "done"}', None, state))  # type: ignore[arg-type]

@@ -1,0 +1,136 @@
+"""`bash scripts/main.sh` on a clean machine: a container with nothing but Debian's python3.
+
+The machine is a Docker container from a debootstrap image (python3, python3-venv,
+ca-certificates; built like envhub's base image, nothing pulled) holding a copy of this
+checkout. main.sh must notice that neither bubblewrap nor git is there, install them with
+apt-get and say so, create its venv from PyPI, run swe-task in the local sandbox and keep
+`runs/<run_id>/` with a pool whose turns hold token ids. The host's pip configuration (its
+index mirrors, local wheels such as the CPU torch wheel, its CA bundle) is handed over as is,
+so the container installs what this host would. Takes ~2-4 minutes on a warm machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.support import require_docker, require_tool
+
+pytestmark = pytest.mark.docker
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("python3", "python3-venv", "ca-certificates")
+# bubblewrap needs to create namespaces and mounts inside the container (--privileged is
+# refused where dockerd itself runs in a container; these are enough).
+NAMESPACES = ["--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined",
+              "--security-opt", "systempaths=unconfined", "--cap-add", "SYS_ADMIN",
+              "--cap-add", "NET_ADMIN"]
+
+
+def clean_image() -> str:
+    from envhub.envs.images.base import ensure_base_image
+    from envhub.envs.images.recipe import BaseRecipe, host_mirror, host_suite
+
+    recipe = BaseRecipe(suite=host_suite(), mirror=host_mirror(), packages=PACKAGES)
+    return ensure_base_image(recipe).tag
+
+
+def copy_checkout(dest: Path) -> None:
+    """The checkout's files as a fresh clone would have them (tracked and new, not ignored:
+    no .venv, no runs/)."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
+                           capture_output=True, check=True).stdout.split(b"\0")
+    present = b"\0".join(f for f in files if f and os.path.lexists(ROOT / f.decode()))
+    tar = subprocess.run(["tar", "--null", "-T", "-", "-cf", "-"], cwd=ROOT, input=present,
+                         capture_output=True, check=True).stdout
+    dest.mkdir()
+    subprocess.run(["tar", "-xf", "-", "-C", str(dest)], input=tar, check=True)
+
+
+def pip_setup() -> list[str]:
+    """`docker run` arguments handing over this host's pip configuration: its config files,
+    PIP_* variables, and the local folders and CA bundle they name, all read-only."""
+    config = [Path("/etc/pip.conf"), Path.home() / ".config/pip/pip.conf",
+              Path.home() / ".pip/pip.conf"]
+    if os.environ.get("PIP_CONFIG_FILE"):
+        config.append(Path(os.environ["PIP_CONFIG_FILE"]))
+    texts = [p.read_text() for p in config if p.is_file()]
+    texts += [v for k, v in os.environ.items() if k.startswith("PIP_")]
+    paths = {Path(p) for p in config if p.is_file()}
+    for word in " ".join(texts).replace("=", " ").split():
+        path = Path(word.removeprefix("file://"))
+        if word.startswith(("/", "file:///")) and path.exists():
+            # a local index's pages link to files beside them: ROOT/simple -> ROOT/files
+            paths.add(path.parent if path.name == "simple" else path)
+    args = []
+    for path in sorted(paths):
+        target = str(path).replace(str(Path.home()), "/root", 1)
+        args += ["-v", f"{path}:{target}:ro"]
+    for key, value in os.environ.items():
+        if key.startswith("PIP_"):
+            args += ["-e", f"{key}={value}"]
+    return args
+
+
+@pytest.mark.slow
+def test_main_script_provisions_and_keeps_a_run_on_a_clean_machine(tmp_path: Path) -> None:
+    require_docker()
+    require_tool("debootstrap")
+    if os.geteuid() != 0:
+        pytest.skip("building the clean image with debootstrap needs root")
+    image = clean_image()
+    src = tmp_path / "src"
+    copy_checkout(src)
+    name = f"envhub-main-{uuid.uuid4().hex[:8]}"
+    cmd = ["docker", "run", "--rm", "--name", name, *NAMESPACES, *pip_setup(),
+           "-v", f"{src}:/src", "-w", "/src", image,
+           "bash", "scripts/main.sh", "-n", "1", "--max-turns", "2", "-c", "1"]
+    start = time.monotonic()
+    try:
+        ran = subprocess.run(cmd, capture_output=True, text=True, timeout=1500, check=False)
+    finally:
+        subprocess.run(["docker", "rm", "-f", name], capture_output=True, check=False)
+    took = time.monotonic() - start
+    print(f"main.sh in a clean container: exit {ran.returncode} after {took:.0f}s")
+    out = ran.stdout + ran.stderr
+    assert ran.returncode == 0, out[-4000:]
+    assert "main.sh: installing bubblewrap git with apt-get" in ran.stdout
+    assert "main.sh: sandbox: local" in ran.stdout
+    [run] = (src / "runs").iterdir()
+    assert f"results: runs/{run.name}/" in ran.stdout
+    assert (run / "summary.json").is_file() and len(list((run / "rollouts").iterdir())) == 1
+    with sqlite3.connect(run / "pool.db") as db:
+        turns = db.execute("SELECT length(prompt_delta), length(completion) FROM turns "
+                           "ORDER BY seq").fetchall()
+        status = db.execute("SELECT status FROM sessions").fetchall()
+    assert turns and all(prompt > 0 and completion > 0 for prompt, completion in turns)
+    assert turns[0][0] % 4 == 0  # int32 token ids
+    # the rollout ran and was graded by a pytest that started (not an infrastructure failure)
+    assert status == [("done",)], out[-4000:]
+    [record] = (run / "rollouts").iterdir()
+    problems = " ".join(json.loads(record.read_text())["verdict"].get("problems", []))
+    assert "no pytest summary" not in problems and "no sealed record" not in problems, problems
+
+
+def test_main_script_without_root_stops_before_the_run_with_the_command(tmp_path: Path) -> None:
+    """Not root, so nothing can be installed: main.sh stops at once (exit 2) and prints the
+    command that provisions the machine, before creating a venv or starting a run."""
+    require_docker()
+    require_tool("debootstrap")
+    if os.geteuid() != 0:
+        pytest.skip("building the clean image with debootstrap needs root")
+    image = clean_image()
+    src = tmp_path / "src"
+    copy_checkout(src)
+    ran = subprocess.run(["docker", "run", "--rm", "--user", "65534:65534", "-v",
+                          f"{src}:/src:ro", "-w", "/src", image, "bash", "scripts/main.sh"],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert ran.returncode == 2, ran.stdout + ran.stderr
+    assert "sudo apt-get install -y bubblewrap git" in ran.stderr
+    assert "installing" not in ran.stdout and "sandbox:" not in ran.stdout
