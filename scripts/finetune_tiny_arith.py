@@ -422,7 +422,7 @@ async def _rollout(gw: Any, admin_key: str, env: Any, task: Any, temperature: fl
     result = await ToolCallingAgent(temperature=temperature).run(ctx)
     trajectory = await session.trajectory()
     verdict = await env.verify(task, ctx.sandbox, run)
-    await session.close("done")
+    await session.aclose("done")
     malformed = sum(s.name == "malformed_tool_call" for s in trajectory.signals)
     return verdict.resolved, result.turns, malformed, result.stopped
 

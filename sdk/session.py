@@ -14,7 +14,6 @@ async one, and `close` / `aclose` to end the session and release its HTTP connec
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import httpx
@@ -217,13 +216,6 @@ class AsyncSession(_Base):
                                              json=_close_body(status, reason)))
         finally:
             await self._http.aclose()
-
-    async def close(self, status: str | SessionStatus = "done",
-                    reason: str | None = None) -> None:
-        """Deprecated name of `aclose` (httpx's twins: `close` is the sync one)."""
-        warnings.warn("AsyncSession.close() is now aclose(), the twin of Session.close()",
-                      DeprecationWarning, stacklevel=2)
-        await self.aclose(status, reason)
 
     async def __aenter__(self) -> AsyncSession:
         return self

@@ -118,7 +118,7 @@ async def execute(key: RolloutKey, group_id: str, loaded: LoadedEnv, task: Task,
 
 async def _close_quietly(session: Any, reason: str) -> None:
     try:
-        await session.close(status="env_failure", reason=reason)
+        await session.aclose(status="env_failure", reason=reason)
     except Exception as e:  # noqa: BLE001 - best effort while shutting down
         log.warning("closing session %s failed: %s", getattr(session, "id", "?"), e)
 

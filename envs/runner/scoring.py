@@ -62,13 +62,9 @@ async def close_session(session: Any, status: str, reason: str | None) -> None:
     if session is None:
         return
     try:
-        await session.close(status=status, reason=reason)
+        await session.aclose(status=status, reason=reason)  # also releases its HTTP client
     except Exception as e:  # noqa: BLE001 - the record on disk still carries the status
         log.warning("closing session %s failed: %s", getattr(session, "id", "?"), e)
-    finally:
-        aclose = getattr(session, "aclose", None)  # the SDK session's HTTP client
-        if aclose is not None:
-            await aclose()
 
 
 async def _post_rewards(session: Any, events: list[RewardEvent]) -> None:

@@ -138,19 +138,6 @@ def test_close_releases_the_http_client(gw: GatewayHandle) -> None:
     assert http.is_closed
 
 
-def test_deprecated_async_close_still_ends_the_session(gw: GatewayHandle) -> None:
-    async def main() -> SessionStatus:
-        s = await AsyncSession.open(gw.url, admin_key=ADMIN)
-        with pytest.warns(DeprecationWarning, match="aclose"):
-            await s.close("done")
-        await s.aclose()  # what envs/runner/scoring.py does next: releases the client only
-        status = (await s.trajectory()).status
-        await s.aclose()
-        return status
-
-    assert asyncio.run(main()) == SessionStatus.done
-
-
 def test_bad_keys_are_refused_with_what_to_fix(gw: GatewayHandle) -> None:
     with pytest.raises(GatewayError) as e:
         Session.open(gw.url, admin_key="not-the-admin-key")
@@ -198,7 +185,7 @@ def test_the_twins_have_the_same_methods() -> None:
         return {n: getattr(cls, n) for n in dir(cls) if not n.startswith("_")}
 
     sync, asyn = public(Session), public(AsyncSession)
-    assert set(sync) - {"close"} == set(asyn) - {"aclose", "close"}
+    assert set(sync) - {"close"} == set(asyn) - {"aclose"}
     for name in set(sync) - {"open", "openai", "base_url", "close"}:
         assert inspect.iscoroutinefunction(asyn[name]), name
     assert inspect.iscoroutinefunction(asyn["aclose"])
