@@ -101,19 +101,19 @@ def load_env(ref: str) -> LoadedEnv:
 def reward_components(folder: Path, manifest: Manifest) -> dict[str, RewardComponent]:
     """The built-in reward components plus the manifest's own (`name = { component = ... }`):
     'module:Class' of the package first, else a dotted path."""
-    from envhub.envs import named
+    from envhub.sdk.plugins import load_object
 
     def load(path: str) -> Any:
         module = path.partition(":")[0].replace(".", "/")
         if ":" in path and ((folder / f"{module}.py").is_file()
                             or (folder / module / "__init__.py").is_file()):
             path = f"{package_name(folder)}.{path}"
-        return named.load({}, path, "reward component")
+        return load_object(path, {}, "reward component")
 
     own = {k: e.component for k, e in manifest.rewards.items() if isinstance(e, RewardEntry)}
     try:
         return make_components(own, load)
-    except LookupError as e:
+    except (LookupError, ImportError) as e:
         raise EnvLoadError(f"{folder}/envhub.toml: field 'rewards': {e}") from None
 
 

@@ -116,12 +116,12 @@ class Manifest(BaseModel):
     @field_validator("rewards")
     @classmethod
     def _rewards(cls, v: dict[str, float | RewardEntry]) -> dict[str, float | RewardEntry]:
-        from envhub.envs.named import is_dotted
         from envhub.envs.rewards import REWARDS
+        from envhub.sdk.plugins import is_dotted_path
 
         for key, entry in v.items():
             if isinstance(entry, RewardEntry):
-                if not COMPONENT_KEY_RE.match(key) or not is_dotted(entry.component):
+                if not COMPONENT_KEY_RE.match(key) or not is_dotted_path(entry.component):
                     raise ValueError(f"{key!r}: name a component with letters, digits, '_' or "
                                      "'-' and give component = 'module:Class'")
                 continue

@@ -21,7 +21,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from envhub.envs import named
 from envhub.envs.rewards.base import RewardComponent, SampleScore, weight_of
 from envhub.envs.rewards.builtin import (
     PROCESS_SIGNALS,
@@ -30,6 +29,7 @@ from envhub.envs.rewards.builtin import (
     time_values,
 )
 from envhub.envs.rewards.language import mixes_languages, scripts_of
+from envhub.sdk.plugins import load_object
 from envhub.sdk.types import RewardEvent
 
 REWARDS: dict[str, str] = {
@@ -49,8 +49,8 @@ def make_components(custom: Mapping[str, str] | None = None,
                     load: Callable[[str], Any] | None = None) -> dict[str, RewardComponent]:
     """Manifest key -> component: the built-ins, then `custom` (key -> dotted path, loaded
     with `load`, default a plain import). Raises LookupError naming a path that fails."""
-    load = load or (lambda path: named.load({}, path, "reward component"))
-    found = {name: named.load(REWARDS, name, "reward component") for name in REWARDS}
+    load = load or (lambda path: load_object(path, {}, "reward component"))
+    found = {name: load_object(name, REWARDS, "reward component") for name in REWARDS}
     found.update({key: load(path) for key, path in (custom or {}).items()})
     return {key: obj() if isinstance(obj, type) else obj for key, obj in found.items()}
 

@@ -8,9 +8,9 @@ plus the `Sandbox` methods on its instances. `open_sandbox`, `reap`, the manifes
 
 from __future__ import annotations
 
-from envhub.envs import named
 from envhub.envs.sandbox.base import SandboxKind
 from envhub.envs.sandbox.errors import SandboxUnavailable
+from envhub.sdk.plugins import is_dotted_path, load_object
 
 SANDBOXES: dict[str, str] = {
     "docker": "envhub.envs.sandbox.docker:DockerSandbox",  # a container per sandbox
@@ -32,7 +32,7 @@ def choices(manifest: bool = False) -> list[str]:
 def check_kind(kind: str, manifest: bool = False) -> str:
     """`kind` when it names a kind (or reads as a dotted path: imported when first opened);
     ValueError with the choices otherwise."""
-    if kind in choices(manifest) or named.is_dotted(kind):
+    if kind in choices(manifest) or is_dotted_path(kind):
         return kind
     raise ValueError(f"unknown sandbox kind {kind!r}; use one of {', '.join(choices(manifest))}"
                      " or a dotted path 'package.module:SandboxClass'")
@@ -42,9 +42,11 @@ def sandbox_class(kind: str) -> SandboxKind:
     """The implementation of `kind` (a table name or a dotted path); SandboxUnavailable with
     the choices when there is none."""
     try:
-        cls: SandboxKind = named.load(SANDBOXES, kind, "sandbox kind")
+        cls: SandboxKind = load_object(kind, SANDBOXES, "sandbox kind")
     except LookupError as e:
         raise SandboxUnavailable(str(e)) from None
+    except ImportError as e:  # ours, but a dependency it needs is missing
+        raise SandboxUnavailable(f"sandbox kind {kind!r} cannot be loaded: {e}") from None
     return cls
 
 

@@ -31,8 +31,8 @@ def test_a_dotted_path_works_like_a_name() -> None:
 
 @pytest.mark.parametrize("name,match", [
     ("nope", "use one of local, openai, sglang, vllm, zero, or the dotted path"),
-    ("no_such_pkg.mod.Backend", "no module 'no_such_pkg'"),
-    ("envhub.gateway.backends.zero.Nope", "has no class 'Nope'"),
+    ("no_such_pkg.mod.Backend", "No module named 'no_such_pkg'"),
+    ("envhub.gateway.backends.zero.Nope", "has no 'Nope'"),
     ("envhub.gateway.backends.scripted.ScriptedBackend", "lacks remote, text_only, from_config"),
 ])
 def test_unknown_backends_list_the_choices(name: str, match: str) -> None:
