@@ -33,7 +33,8 @@ CUSTOM = "tests.envs.runtime_fixtures.custom_kind:FolderSandbox"
 
 
 def test_unknown_kind_is_a_clear_error() -> None:
-    with pytest.raises(SandboxUnavailable, match="use one of docker, e2b, local, or the dotted path"):
+    with pytest.raises(SandboxUnavailable,
+                       match="use one of docker, e2b, local, or the dotted path"):
         run(open_sandbox("vm", SandboxSpec()))
     with pytest.raises(SandboxUnavailable, match="No module named 'nowhere'"):
         run(open_sandbox("nowhere.box:Box", SandboxSpec()))
