@@ -78,8 +78,8 @@ def pip_setup() -> list[str]:
     return args
 
 
-@pytest.mark.slow
-def test_main_script_provisions_and_keeps_a_run_on_a_clean_machine(tmp_path: Path) -> None:
+def clean_machine(tmp_path: Path) -> tuple[str, Path]:
+    """The clean image (python3 only) and a copy of this checkout to mount into it."""
     require_docker()
     require_tool("debootstrap")
     if os.geteuid() != 0:
@@ -87,6 +87,12 @@ def test_main_script_provisions_and_keeps_a_run_on_a_clean_machine(tmp_path: Pat
     image = clean_image()
     src = tmp_path / "src"
     copy_checkout(src)
+    return image, src
+
+
+@pytest.mark.slow
+def test_main_script_provisions_and_keeps_a_run_on_a_clean_machine(tmp_path: Path) -> None:
+    image, src = clean_machine(tmp_path)
     name = f"envhub-main-{uuid.uuid4().hex[:8]}"
     cmd = ["docker", "run", "--rm", "--name", name, *NAMESPACES, *pip_setup(),
            "-v", f"{src}:/src", "-w", "/src", image,
@@ -121,13 +127,7 @@ def test_main_script_provisions_and_keeps_a_run_on_a_clean_machine(tmp_path: Pat
 def test_main_script_without_root_stops_before_the_run_with_the_command(tmp_path: Path) -> None:
     """Not root, so nothing can be installed: main.sh stops at once (exit 2) and prints the
     command that provisions the machine, before creating a venv or starting a run."""
-    require_docker()
-    require_tool("debootstrap")
-    if os.geteuid() != 0:
-        pytest.skip("building the clean image with debootstrap needs root")
-    image = clean_image()
-    src = tmp_path / "src"
-    copy_checkout(src)
+    image, src = clean_machine(tmp_path)
     ran = subprocess.run(["docker", "run", "--rm", "--user", "65534:65534", "-v",
                           f"{src}:/src:ro", "-w", "/src", image, "bash", "scripts/main.sh"],
                          capture_output=True, text=True, timeout=120, check=False)
