@@ -69,10 +69,12 @@ class Agent:
 
     async def turns(self, n: int, done: list[int] | None = None) -> None:
         # A client per phase: each phase runs in its own event loop.
-        # keepalive_expiry below uvicorn's 5 s keep-alive: the client never reuses a
-        # connection the server is closing at that instant (a transport race, not a
-        # gateway failure, which max_retries=0 would otherwise report as one).
-        http = openai.DefaultAsyncHttpxClient(limits=httpx.Limits(keepalive_expiry=2))
+        # No keep-alive: a reused connection can meet uvicorn's 5 s keep-alive timeout at
+        # that instant (a transport race, not a gateway failure, which max_retries=0 would
+        # report as one). A shorter client expiry is not enough: the gateway runs in this
+        # process, and on a loaded machine the client's loop sees a response seconds after
+        # the server wrote it, so the server's idle clock runs ahead of the client's.
+        http = openai.DefaultAsyncHttpxClient(limits=httpx.Limits(max_keepalive_connections=0))
         async with openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key=self.sid,
                                       max_retries=0, timeout=120, http_client=http) as client:
             for _ in range(n):
