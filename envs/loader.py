@@ -16,14 +16,21 @@ import re
 import shutil
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from envhub.envs.builtin import BUILTIN_ROOT, builtin_folders
-from envhub.envs.environment import Environment, Task
+from envhub.envs.environment import Environment, Task, ToolProvider
 from envhub.envs.errors import EnvLoadError, EnvNotFound
-from envhub.envs.manifest import Manifest, RewardEntry, TasksSource, load_manifest
+from envhub.envs.manifest import (
+    Manifest,
+    ManifestError,
+    RewardEntry,
+    TasksSource,
+    load_manifest,
+)
 from envhub.envs.rewards import RewardComponent, make_components
 
 REGISTRY_REF_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*/[a-z0-9][a-z0-9._-]*(@\S+)?$")
@@ -94,8 +101,32 @@ def load_env(ref: str) -> LoadedEnv:
                            "implement the Environment protocol (envhub.envs.environment)")
     if not hasattr(env, "manifest"):
         env.manifest = manifest  # type: ignore[misc]
-    return LoadedEnv(folder=folder, manifest=manifest, env=env, ref=ref,
-                     rewards=reward_components(folder, manifest))
+    loaded = LoadedEnv(folder=folder, manifest=manifest, env=env, ref=ref,
+                       rewards=reward_components(folder, manifest))
+    check_tools(loaded)
+    return loaded
+
+
+def check_tools(loaded: LoadedEnv, tasks: Sequence[Task] = ()) -> None:
+    """Refuse tool names that neither the shared tool table (envs/tools) nor the environment
+    itself (a ToolProvider) provides: otherwise every rollout would end as agent_error.
+
+    An environment with tools of its own knows them per task, so it is checked once `tasks`
+    are given (the runner and `envhub info` pass them); any other is checked at load."""
+    from envhub.envs.tools import TOOL_NAMES
+
+    names, own = list(loaded.manifest.tools), []
+    if isinstance(loaded.env, ToolProvider):
+        if not tasks:
+            return
+        names = list(loaded.env.tools(tasks[0]))
+        own = [s["function"]["name"] for s in loaded.env.tool_schemas(tasks[0])]
+    unknown = [name for name in names if name not in TOOL_NAMES and name not in own]
+    if unknown:
+        choices = ", ".join([*TOOL_NAMES, *(n for n in own if n not in TOOL_NAMES)])
+        raise ManifestError(f"{loaded.folder}/envhub.toml: field 'tools': unknown tool "
+                            f"{unknown[0]!r}; use one of {choices} (or give the environment "
+                            "a tool of that name: tool_schemas/call_tool)")
 
 
 def reward_components(folder: Path, manifest: Manifest) -> dict[str, RewardComponent]:
