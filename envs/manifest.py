@@ -23,6 +23,9 @@ TOOL_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 # TOML gives typed values, so every model here is strict: "no" is not a boolean, "2" not a
 # number (pydantic's lax mode would read them as False and 2 without a word).
 STRICT = ConfigDict(extra="forbid", strict=True)
+# Tables and arrays nested deeper than this are refused: no manifest needs it, and a deep one
+# (a hostile package) would exhaust the parser's or the JSON encoder's recursion.
+MAX_NESTING = 32
 
 
 class SandboxSpec(BaseModel):
@@ -210,11 +213,33 @@ def _explain(err: Any) -> str:
     return str(err["msg"])
 
 
+def _too_deep(data: dict[str, Any]) -> str | None:
+    """The dotted location of the first value nested over MAX_NESTING levels, else None
+    (iterative: the point is to survive input that recursion would not)."""
+    stack: list[tuple[Any, list[str]]] = [(data, [])]
+    while stack:
+        value, loc = stack.pop()
+        if len(loc) > MAX_NESTING:
+            return ".".join(loc[:3]) + "..."
+        if isinstance(value, dict):
+            stack.extend((v, [*loc, str(k)]) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((v, [*loc, str(i)]) for i, v in enumerate(value))
+    return None
+
+
 def parse_manifest(text: str, source: str = "envhub.toml") -> Manifest:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ManifestError(f"{source}: not valid TOML: {e}") from None
+    except RecursionError:
+        raise ManifestError(f"{source}: arrays or tables nested too deeply for the parser; "
+                            f"keep nesting under {MAX_NESTING} levels") from None
+    where = _too_deep(data)
+    if where is not None:
+        raise ManifestError(f"{source}: field '{where}': nested more than {MAX_NESTING} levels "
+                            "deep; flatten it")
     try:
         return Manifest.model_validate(data)
     except ValidationError as e:
