@@ -257,5 +257,8 @@ def load_manifest(folder: str | Path) -> Manifest:
     path = Path(folder) / "envhub.toml"
     if not path.is_file():
         raise ManifestError(f"{path}: missing; an environment folder needs an envhub.toml "
-                            "(create one with `envhub init NAME`)")
+                            "(create one with `envhub init NAME`), or give a Harbor task "
+                            "folder (task.toml, instruction.md, environment/Dockerfile, "
+                            "tests/test.sh), a terminal-bench task (task.yaml) or a folder "
+                            "of such tasks")
     return parse_manifest(path.read_text(encoding="utf-8"), str(path))
