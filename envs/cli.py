@@ -95,11 +95,12 @@ def info_command(
     """An environment's manifest, tasks, tools and reward weights."""
     import json
 
-    from envhub.envs.loader import load_env
+    from envhub.envs.loader import check_tools, load_env
 
     try:
         loaded = load_env(env)
         tasks = loaded.env.load_tasks()
+        check_tools(loaded, tasks)
     except _user_errors() as e:
         _fail(_describe(e))
     data: dict[str, Any] = {

@@ -16,14 +16,21 @@ import re
 import shutil
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from envhub.envs.builtin import BUILTIN_ROOT, builtin_folders
-from envhub.envs.environment import Environment, Task
+from envhub.envs.environment import Environment, Task, ToolProvider
 from envhub.envs.errors import EnvLoadError, EnvNotFound
-from envhub.envs.manifest import Manifest, RewardEntry, TasksSource, load_manifest
+from envhub.envs.manifest import (
+    Manifest,
+    ManifestError,
+    RewardEntry,
+    TasksSource,
+    load_manifest,
+)
 from envhub.envs.rewards import RewardComponent, make_components
 
 REGISTRY_REF_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*/[a-z0-9][a-z0-9._-]*(@\S+)?$")
@@ -80,6 +87,8 @@ def resolve_folder(ref: str) -> Path:
 def load_env(ref: str) -> LoadedEnv:
     """Resolve, validate and instantiate. Raises ManifestError / EnvNotFound / EnvLoadError."""
     folder = resolve_folder(ref)
+    if not (folder / "envhub.toml").is_file() and task_folder_kind(folder) is not None:
+        return load_task_folders(folder, ref)
     manifest = load_manifest(folder)
     cls = import_entrypoint(folder, manifest)
     try:
@@ -94,8 +103,91 @@ def load_env(ref: str) -> LoadedEnv:
                            "implement the Environment protocol (envhub.envs.environment)")
     if not hasattr(env, "manifest"):
         env.manifest = manifest  # type: ignore[misc]
-    return LoadedEnv(folder=folder, manifest=manifest, env=env, ref=ref,
-                     rewards=reward_components(folder, manifest))
+    loaded = LoadedEnv(folder=folder, manifest=manifest, env=env, ref=ref,
+                       rewards=reward_components(folder, manifest))
+    check_tools(loaded)
+    return loaded
+
+
+def task_folder_kind(folder: Path) -> str | None:
+    """'harbor' / 'terminal-bench' when `folder` is such a task, or a folder of them (a
+    dataset); None otherwise."""
+    from envhub.envs.harbor.tbench import is_tbench_task
+
+    for candidates in ([folder], sorted(p for p in folder.iterdir() if p.is_dir())):
+        if any((p / "task.toml").is_file() for p in candidates):
+            return "harbor"
+        if any(is_tbench_task(p) for p in candidates):
+            return "terminal-bench"
+    return None
+
+
+def load_task_folders(folder: Path, ref: str) -> LoadedEnv:
+    """A bare Harbor task folder, a folder of them, or terminal-bench 1 task folder(s), run as
+    they are: a synthetic environment over the folder with the built-in terminal-task's
+    manifest and code (envs/builtin/terminal_task). Terminal-bench folders are read through a
+    Harbor layout staged in a temporary folder (envs/harbor/tbench.py); the user's folder is
+    never written to."""
+    from envhub.envs.builtin.terminal_task.env import TerminalTaskEnv
+    from envhub.envs.harbor import HarborTaskError
+
+    root = folder
+    try:
+        if task_folder_kind(folder) == "terminal-bench":
+            root = _stage_tbench(folder)
+        base = load_manifest(builtin_folders()["terminal-task"])
+        name = re.sub(r"[^a-z0-9._-]+", "-", folder.name.lower()).strip("-._")[:64] or "tasks"
+        manifest = base.model_copy(update={
+            "name": name, "metadata": {"tasks_dir": "."},
+            "description": f"Harbor tasks in {folder} (run as they are)"})
+        env = TerminalTaskEnv(root, manifest)
+        if not env.load_tasks():
+            raise HarborTaskError(f"{folder}: no task folders found")
+    except HarborTaskError as e:
+        raise EnvLoadError(str(e)) from None
+    return LoadedEnv(folder=root, manifest=manifest, env=env, ref=ref,
+                     rewards=reward_components(root, manifest))
+
+
+def _stage_tbench(folder: Path) -> Path:
+    """A temporary Harbor layout of terminal-bench task(s) in `folder` (removed at exit)."""
+    import atexit
+
+    from envhub.envs.harbor.tbench import is_tbench_task, stage
+
+    staging = Path(tempfile.mkdtemp(prefix="envhub-tbench-"))
+    atexit.register(shutil.rmtree, staging, True)
+    tasks = [folder] if is_tbench_task(folder) else sorted(
+        p for p in folder.iterdir() if p.is_dir() and is_tbench_task(p))
+    try:
+        for task in tasks:
+            stage(task, staging / task.name)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return staging if len(tasks) > 1 or folder not in tasks else staging / folder.name
+
+
+def check_tools(loaded: LoadedEnv, tasks: Sequence[Task] = ()) -> None:
+    """Refuse tool names that neither the shared tool table (envs/tools) nor the environment
+    itself (a ToolProvider) provides: otherwise every rollout would end as agent_error.
+
+    An environment with tools of its own knows them per task, so it is checked once `tasks`
+    are given (the runner and `envhub info` pass them); any other is checked at load."""
+    from envhub.envs.tools import TOOL_NAMES
+
+    names, own = list(loaded.manifest.tools), []
+    if isinstance(loaded.env, ToolProvider):
+        if not tasks:
+            return
+        names = list(loaded.env.tools(tasks[0]))
+        own = [s["function"]["name"] for s in loaded.env.tool_schemas(tasks[0])]
+    unknown = [name for name in names if name not in TOOL_NAMES and name not in own]
+    if unknown:
+        choices = ", ".join([*TOOL_NAMES, *(n for n in own if n not in TOOL_NAMES)])
+        raise ManifestError(f"{loaded.folder}/envhub.toml: field 'tools': unknown tool "
+                            f"{unknown[0]!r}; use one of {choices} (or give the environment "
+                            "a tool of that name: tool_schemas/call_tool)")
 
 
 def reward_components(folder: Path, manifest: Manifest) -> dict[str, RewardComponent]:

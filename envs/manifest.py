@@ -18,10 +18,18 @@ class ManifestError(ValueError):
 
 
 COMPONENT_KEY_RE = re.compile(r"^[A-Za-z0-9_-]+$")
+# OpenAI's rule for function (tool) names; the environment's own tools must follow it too.
+TOOL_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+# TOML gives typed values, so every model here is strict: "no" is not a boolean, "2" not a
+# number (pydantic's lax mode would read them as False and 2 without a word).
+STRICT = ConfigDict(extra="forbid", strict=True)
+# Tables and arrays nested deeper than this are refused: no manifest needs it, and a deep one
+# (a hostile package) would exhaust the parser's or the JSON encoder's recursion.
+MAX_NESTING = 32
 
 
 class SandboxSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     kind: str = Field(
         "auto",
         description="'none': the environment needs no sandbox (an in-process file store is "
@@ -61,14 +69,14 @@ class SandboxSpec(BaseModel):
 class RewardEntry(BaseModel):
     """A reward component of the package's own: `name = { weight = 0.2, component = "m:C" }`."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     weight: float = Field(1.0, description="weight of its events in the composite reward")
     component: str = Field(..., description="'module:Class' in the package, or a dotted path "
                            "'package.module:Class' (a RewardComponent, envs/rewards/base.py)")
 
 
 class AgentLimits(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     max_turns: int = Field(30, ge=1)
     max_tokens: int = Field(32768, ge=1, description="total completion tokens per rollout")
     max_tokens_per_turn: int = Field(2048, ge=1, description="completion tokens per model call")
@@ -77,21 +85,25 @@ class AgentLimits(BaseModel):
 
 
 class TasksSource(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     path: str | None = Field(None, description="JSONL/Parquet file in the package")
     dataset: str | None = Field(None, description="a `datasets` hub id (needs network)")
     split: str = "train"
 
 
 class Manifest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     name: str
     version: str
     description: str = ""
     entrypoint: str = Field(..., description="'module:Class' (module relative to the package)")
     tasks: TasksSource = Field(default_factory=TasksSource)
     sandbox: SandboxSpec = Field(default_factory=SandboxSpec)
-    tools: list[str] = Field(default_factory=lambda: ["bash", "str_replace_editor", "submit"])
+    tools: list[str] = Field(
+        default_factory=lambda: ["bash", "str_replace_editor", "submit"],
+        description="tools offered to the agent: names of the shared tool table "
+        "(envs/tools/__init__.py) or of the environment's own tools (ToolProvider); the "
+        "loader refuses any other name (`check_tools`)")
     rewards: dict[str, float | RewardEntry] = Field(
         default_factory=lambda: dict[str, float | RewardEntry](outcome=1.0),
         description="reward components and their weights (envs/rewards/__init__.py)")
@@ -104,6 +116,18 @@ class Manifest(BaseModel):
     def _name(cls, v: str) -> str:
         if not NAME_RE.match(v):
             raise ValueError("use lowercase letters, digits, '.', '_' or '-', at most 64 chars")
+        return v
+
+    @field_validator("tools")
+    @classmethod
+    def _tools(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not TOOL_NAME_RE.match(name):
+                raise ValueError(f"tool name {name!r} is not valid; use letters, digits, '_' "
+                                 "or '-' (at most 64), e.g. one of " + ", ".join(_tool_names()))
+        twice = sorted({name for name in v if v.count(name) > 1})
+        if twice:
+            raise ValueError(f"tool {twice[0]!r} is listed twice; list each tool once")
         return v
 
     @field_validator("version")
@@ -146,8 +170,35 @@ class Manifest(BaseModel):
         return v
 
 
+def _tool_names() -> tuple[str, ...]:
+    from envhub.envs.tools import TOOL_NAMES  # the tools package imports the sandbox, then us
+
+    return TOOL_NAMES
+
+
+# pydantic's type errors -> (what TOML value the field takes, an example to write)
+TOML_TYPES = {"bool_type": ("a boolean", "true or false, no quotes"),
+              "int_type": ("a whole number", "e.g. 2048, no quotes"),
+              "float_type": ("a number", "e.g. 1.5, no quotes"),
+              "string_type": ("a string", 'e.g. "text", in quotes'),
+              "list_type": ("a list", 'e.g. ["a", "b"]'),
+              "dict_type": ("a table", "e.g. [section] or { key = 1 }")}
+
+
+UNION_TAGS = {"float", "int", "str", "bool", "RewardEntry"}
+
+
 def _explain(err: Any) -> str:
     """pydantic's message, plus the fix where pydantic's own words do not give one."""
+    if err["type"] in TOML_TYPES:
+        key = str(err["loc"][-1]) if err["loc"] else "value"
+        got, (noun, example) = err.get("input"), TOML_TYPES[err["type"]]
+        if err["type"] == "bool_type" and isinstance(got, str):
+            fix = "true" if got.strip().lower() in ("yes", "y", "true", "on", "1") else "false"
+            return f"{got!r} is a string, not a boolean; write {key} = {fix} (no quotes)"
+        return f"{got!r} is not {noun}; write {example}"
+    if err["type"] == "value_error":
+        return str(err["msg"]).removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         model: Any = Manifest
         for part in err["loc"][:-1]:
@@ -162,24 +213,52 @@ def _explain(err: Any) -> str:
     return str(err["msg"])
 
 
+def _too_deep(data: dict[str, Any]) -> str | None:
+    """The dotted location of the first value nested over MAX_NESTING levels, else None
+    (iterative: the point is to survive input that recursion would not)."""
+    stack: list[tuple[Any, list[str]]] = [(data, [])]
+    while stack:
+        value, loc = stack.pop()
+        if len(loc) > MAX_NESTING:
+            return ".".join(loc[:3]) + "..."
+        if isinstance(value, dict):
+            stack.extend((v, [*loc, str(k)]) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((v, [*loc, str(i)]) for i, v in enumerate(value))
+    return None
+
+
 def parse_manifest(text: str, source: str = "envhub.toml") -> Manifest:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ManifestError(f"{source}: not valid TOML: {e}") from None
+    except RecursionError:
+        raise ManifestError(f"{source}: arrays or tables nested too deeply for the parser; "
+                            f"keep nesting under {MAX_NESTING} levels") from None
+    where = _too_deep(data)
+    if where is not None:
+        raise ManifestError(f"{source}: field '{where}': nested more than {MAX_NESTING} levels "
+                            "deep; flatten it")
     try:
         return Manifest.model_validate(data)
     except ValidationError as e:
-        problems = "; ".join(
-            f"field '{'.'.join(str(p) for p in err['loc']) or '(root)'}': {_explain(err)}"
-            for err in e.errors()
-        )
-        raise ManifestError(f"{source}: {problems}") from None
+        problems: dict[str, str] = {}
+        for err in e.errors():
+            # A union (`rewards.x`: a number or a RewardEntry) reports once per member, tagged
+            # with the member's name; the first member's words are enough.
+            loc = [str(p) for p in err["loc"] if str(p) not in UNION_TAGS]
+            problems.setdefault(".".join(loc) or "(root)", _explain(err))
+        raise ManifestError(f"{source}: " + "; ".join(
+            f"field '{loc}': {why}" for loc, why in problems.items())) from None
 
 
 def load_manifest(folder: str | Path) -> Manifest:
     path = Path(folder) / "envhub.toml"
     if not path.is_file():
         raise ManifestError(f"{path}: missing; an environment folder needs an envhub.toml "
-                            "(create one with `envhub init NAME`)")
+                            "(create one with `envhub init NAME`), or give a Harbor task "
+                            "folder (task.toml, instruction.md, environment/Dockerfile, "
+                            "tests/test.sh), a terminal-bench task (task.yaml) or a folder "
+                            "of such tasks")
     return parse_manifest(path.read_text(encoding="utf-8"), str(path))

@@ -29,7 +29,7 @@ from envhub.registry.errors import (
     NotFound,
 )
 from envhub.registry.extract import scan
-from envhub.registry.limits import Limits
+from envhub.registry.limits import Limits, brief
 from envhub.registry.models import PackageInfo, PublishResult, SearchHit, VersionInfo
 from envhub.registry.refs import PackageRef, Version, VersionSpec, check_name, check_owner
 
@@ -178,7 +178,7 @@ class Catalog:
         hits = []
         for owner, name in names:
             pkg = self.package(owner, name)
-            hits.append(SearchHit(owner=owner, name=name, description=pkg.description,
+            hits.append(SearchHit(owner=owner, name=name, description=brief(pkg.description),
                                   latest=pkg.latest))
         return hits
 

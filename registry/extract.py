@@ -11,6 +11,7 @@ headers are never trusted for memory (tarfile itself reads through our guarded s
 
 from __future__ import annotations
 
+import errno
 import gzip
 import io
 import os
@@ -120,16 +121,30 @@ def safe_name(m: tarfile.TarInfo, limits: Limits) -> str:
     """The entry's normalized relative path, or BadPackage saying why it is unsafe."""
     name = m.name
     if not name or "\x00" in name or "\\" in name:
-        raise BadPackage(f"entry {name!r}: empty names, NUL bytes and backslashes are refused")
+        raise BadPackage(f"entry {_short(name)!r}: empty names, NUL bytes and backslashes "
+                         "are refused")
     if name.startswith("/") or _DRIVE_RE.match(name):
-        raise BadPackage(f"entry '{name}' is an absolute path; archives must hold relative "
-                         "paths (build them with `envhub pack`)")
-    if len(name) > limits.max_path_chars:
-        raise BadPackage(f"entry '{name[:80]}...' is longer than {limits.max_path_chars} chars")
+        raise BadPackage(f"entry '{_short(name)}' is an absolute path; archives must hold "
+                         "relative paths (build them with `envhub pack`)")
+    size = len(name.encode("utf-8", "surrogateescape"))
+    if size > limits.max_path_bytes:
+        raise BadPackage(f"entry '{_short(name)}' has a path of {size} bytes, over the "
+                         f"{limits.max_path_bytes}-byte limit; use shorter paths")
     parts = [p for p in name.split("/") if p not in ("", ".")]
     if ".." in parts:
-        raise BadPackage(f"entry '{name}' contains '..' (path traversal); refused")
+        raise BadPackage(f"entry '{_short(name)}' contains '..' (path traversal); refused")
+    for part in parts:
+        size = len(part.encode("utf-8", "surrogateescape"))
+        if size > limits.max_name_bytes:
+            raise BadPackage(f"entry '{_short(name)}' has a file or folder name of {size} "
+                             f"bytes, over the {limits.max_name_bytes}-byte limit of "
+                             "filesystems; rename it")
     return "/".join(parts)
+
+
+def _short(name: str) -> str:
+    """An entry name fit for a message: long names are cut in the middle."""
+    return name if len(name) <= 120 else f"{name[:60]}...{name[-40:]}"
 
 
 Sink = Callable[[str, tarfile.TarInfo, IO[bytes] | None], None]
@@ -262,6 +277,11 @@ def unpack_into(archive: str | Path, folder: str | Path,
             fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
         except (FileExistsError, NotADirectoryError, IsADirectoryError) as e:
             raise BadPackage(f"entry '{rel}' conflicts with another entry ({e.strerror})") from None
+        except OSError as e:
+            if e.errno != errno.ENAMETOOLONG:
+                raise
+            raise BadPackage(f"entry '{_short(rel)}' has a name this filesystem refuses "
+                             f"({e.strerror}); the package cannot be installed here") from None
         with os.fdopen(fd, "wb") as out:
             while chunk := data.read(CHUNK):
                 out.write(chunk)

@@ -35,7 +35,8 @@ class PackageInfo(BaseModel):
 class SearchHit(BaseModel):
     owner: str
     name: str
-    description: str = ""
+    description: str = Field(default="", description="at most 500 characters, cut with an "
+                             "ellipsis; the package's own endpoint has the whole text")
     latest: str | None = None
 
 

@@ -105,8 +105,27 @@ def _workdir(dockerfile: Path) -> str:
     return found[-1] if found else "/"
 
 
+def _refuse_steps(folder: Path) -> None:
+    """Multi-step tasks (`[[steps]]` in task.toml, steps/<name>/) are refused: each step's agent
+    phase continues the previous step's container, while envhub grades a rollout once, in a
+    fresh sandbox holding only the agent's changes (the containment contract). Running steps
+    would need grading inside the agent's own container between steps."""
+    try:
+        declared = "steps" in tomllib.loads((folder / "task.toml").read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError):
+        declared = False
+    if declared or (folder / "steps").is_dir():
+        raise HarborTaskError(
+            f"{folder}: a multi-step Harbor task ([[steps]] in task.toml, steps/); envhub "
+            "grades each rollout once in a fresh sandbox, so steps that build on each other's "
+            "container are not supported. Split the steps into separate task folders (each "
+            "with its own instruction.md, tests/ and a Dockerfile that sets up the state the "
+            "step starts from)")
+
+
 def load_harbor_task(folder: str | Path) -> HarborTask:
     folder = Path(folder)
+    _refuse_steps(folder)
     for rel in ("task.toml", "instruction.md", "environment/Dockerfile", "tests/test.sh"):
         if not (folder / rel).is_file():
             raise HarborTaskError(f"{folder}: missing {rel}; a Harbor task folder needs "
@@ -130,6 +149,8 @@ def load_harbor_tasks(root: str | Path) -> list[HarborTask]:
     root = Path(root)
     if not root.is_dir():
         raise HarborTaskError(f"{root}: no such folder of Harbor tasks")
+    if (root / "task.toml").is_file():  # the folder is itself one task
+        return [load_harbor_task(root)]
     tasks = [load_harbor_task(p) for p in sorted(root.iterdir()) if (p / "task.toml").is_file()]
     names = [t.name for t in tasks]
     duplicates = sorted({n for n in names if names.count(n) > 1})

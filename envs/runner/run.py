@@ -24,7 +24,7 @@ from typing import Any, Self
 
 from envhub.envs.agents import make_agent
 from envhub.envs.errors import RunConfigError
-from envhub.envs.loader import LoadedEnv, load_env
+from envhub.envs.loader import LoadedEnv, check_tools, load_env
 from envhub.envs.runner.config import RunConfig
 from envhub.envs.runner.gateway_link import GatewayLink
 from envhub.envs.runner.plan import GroupPlan, RolloutKey, allocate, interleave
@@ -64,6 +64,7 @@ def plan_groups(config: RunConfig) -> list[GroupPlan]:
     task_lists = []
     for le in loaded:
         tasks = le.env.load_tasks()
+        check_tools(le, tasks)
         if wanted:
             tasks = [t for t in tasks if t.id in wanted]
         task_lists.append(tasks)
