@@ -14,6 +14,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from envhub.gateway import admin_api, admin_fleet, anthropic_api, openai_api
 from envhub.gateway.backends import backend_class, make_backend
@@ -107,6 +108,21 @@ class _Edge:
         await send({"type": "http.response.body", "body": body})
 
 
+_ROUTERS = (openai_api.router, anthropic_api.router, admin_api.router, admin_fleet.router)
+
+
+def _allowed(request: Request) -> str:
+    """Every method some route serves on this path (Starlette's 405 names only the first
+    route that matched the path: `GET /sessions` and `POST /sessions` are two routes)."""
+    methods: set[str] = set()
+    for route in (r for router in _ROUTERS for r in router.routes):
+        match, _ = route.matches({**request.scope, "method": "\0"})
+        if match == Match.PARTIAL and getattr(route, "methods", None):
+            methods |= route.methods
+    methods.discard("HEAD")
+    return ", ".join(sorted(methods))
+
+
 @dataclass
 class GatewayState:
     config: GatewayConfig
@@ -148,10 +164,8 @@ def create_app(config: GatewayConfig, backend: Backend | None = None) -> FastAPI
 
     app = FastAPI(title="envhub gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.gw = state
-    app.include_router(openai_api.router)
-    app.include_router(anthropic_api.router)
-    app.include_router(admin_api.router)
-    app.include_router(admin_fleet.router)
+    for router in _ROUTERS:
+        app.include_router(router)
 
     @app.exception_handler(GatewayError)
     async def _gateway_error(request: Request, exc: GatewayError) -> Response:
@@ -169,8 +183,19 @@ def create_app(config: GatewayConfig, backend: Backend | None = None) -> FastAPI
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        return Response(_error_body(str(exc.detail), "invalid_request_error"),
-                        status_code=exc.status_code, media_type="application/json")
+        # routing errors (404 no such path, 405 wrong method): keep Starlette's headers (a 405
+        # carries `Allow`), in the shape of the API the path belongs to
+        err = GatewayError(str(exc.detail))
+        err.status_code = exc.status_code
+        if request.url.path.startswith("/v1/messages"):
+            resp = anthropic_api.error_response(err)
+        else:
+            resp = Response(_error_body(err.message, "invalid_request_error"),
+                            status_code=exc.status_code, media_type="application/json")
+        resp.headers.update(exc.headers or {})
+        if exc.status_code == 405:
+            resp.headers["allow"] = _allowed(request)
+        return resp
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> Response:

@@ -62,8 +62,10 @@ def tool_use(**over):
 
 @pytest.mark.parametrize("change,words", [
     ({"max_tokens": None}, "'max_tokens' is required"),
-    ({"max_tokens": 0}, "'max_tokens' is required"),
-    ({"max_tokens": "16"}, "'max_tokens' is required"),
+    ({"max_tokens": 0}, "'max_tokens' must be an integer ≥ 1 and ≤ 1048576; got 0"),
+    ({"max_tokens": "16"}, "'max_tokens' must be an integer"),
+    ({"max_tokens": 1e9}, "'max_tokens' must be an integer ≥ 1 and ≤ 1048576; got 1000000000.0"),
+    ({"max_tokens": 1 << 30}, "≤ 1048576"),
     ({"model": None}, "'model' is required"),
     ({"messages": []}, "non-empty list"),
     ({"messages": "hi"}, "non-empty list"),
@@ -97,7 +99,9 @@ def tool_use(**over):
     ({"top_k": -1}, "'top_k'"),
     ({"stop_sequences": "END"}, "'stop_sequences'"),
     ({"stop_sequences": [""]}, "'stop_sequences'"),
-    ({"stream": "yes"}, "'stream' must be a boolean"),
+    ({"stream": "yes"}, "'stream' must be a JSON boolean"),
+    ({"stream": "false"}, "'stream' must be a JSON boolean"),
+    ({"stream": 1}, "'stream' must be a JSON boolean"),
     ({"metadata": "user-1"}, "'metadata' must be an object"),
 ])
 def test_bad_requests(gateway, change, words):
@@ -145,6 +149,14 @@ def test_errors_through_the_official_client(gateway):
         pass
     # validation comes first: not even the session was opened, nothing is half-recorded
     assert httpx.get(f"{gateway.url}/sessions/bad-client").status_code == 404
+
+
+def test_wrong_method_names_the_allowed_ones(gateway):
+    r = httpx.get(f"{gateway.url}/v1/messages")
+    assert_error(r, 405, "invalid_request_error", "Method Not Allowed")
+    assert r.headers["allow"] == "POST"
+    assert_error(httpx.get(f"{gateway.url}/v1/messages/nothing"), 404, "not_found_error",
+                 "Not Found")
 
 
 def test_count_tokens_errors(gateway):
