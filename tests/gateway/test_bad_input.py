@@ -120,7 +120,8 @@ def test_unknown_route_and_method(gateway):
 
 
 CALLED = {"role": "assistant", "content": "", "tool_calls": [
-    {"id": "call_1", "type": "function", "function": {"name": "calc", "arguments": '{"expr": "1"}'}}]}
+    {"id": "call_1", "type": "function",
+     "function": {"name": "calc", "arguments": '{"expr": "1"}'}}]}
 
 
 def _called(arguments):
