@@ -411,7 +411,7 @@ async def sse_events(message: dict[str, Any]) -> AsyncIterator[bytes]:
         yield _event("content_block_stop", {"type": "content_block_stop", "index": i})
     yield _event("message_delta", {"type": "message_delta", "delta": {
         "stop_reason": message["stop_reason"], "stop_sequence": message["stop_sequence"]},
-        "usage": {"output_tokens": message["usage"]["output_tokens"]}})
+        "usage": message["usage"]})  # complete, as the response's: clients read it here
     yield _event("message_stop", {"type": "message_stop"})
 
 

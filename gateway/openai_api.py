@@ -278,17 +278,24 @@ async def _chat_stream(gw: Any, answer: ChatAnswer, model: str, want_lp: bool,
         yield _sse({**base, "choices": [{"index": i, "delta": {"role": "assistant",
                                                                 "content": ""},
                                          "logprobs": None, "finish_reason": None}]})
+        # Every sampled token's logprob goes out once, on the first chunk that carries output:
+        # the text, else the first tool call (a tool-call answer has no text), else the final
+        # chunk (a completion of only EOS). The stream is synthesised from a whole answer, so
+        # tokens are not split between text and tool calls.
+        pending = _logprobs(gw, c) if want_lp else None
         if c.parsed.content:
             yield _sse({**base, "choices": [{
                 "index": i, "delta": {"content": c.parsed.content},
-                "logprobs": _logprobs(gw, c) if want_lp else None, "finish_reason": None}]})
+                "logprobs": pending, "finish_reason": None}]})
+            pending = None
         for j, call in enumerate(c.tool_calls):
             yield _sse({**base, "choices": [{"index": i, "delta": {"tool_calls": [{
                 "index": j, "id": call["id"], "type": "function",
                 "function": {"name": call["function"]["name"],
                              "arguments": call["function"]["arguments"]}}]},
-                "logprobs": None, "finish_reason": None}]})
-        yield _sse({**base, "choices": [{"index": i, "delta": {}, "logprobs": None,
+                "logprobs": pending, "finish_reason": None}]})
+            pending = None
+        yield _sse({**base, "choices": [{"index": i, "delta": {}, "logprobs": pending,
                                          "finish_reason": c.finish_reason}]})
     if include_usage:
         yield _sse({**base, "choices": [], "usage": _usage(answer)})
