@@ -437,7 +437,8 @@ async def messages(request: Request) -> Response:
             # neither re-validated nor re-hashed (cost ∝ new messages, as on the OpenAI route)
             answer = await until_disconnect(request, gw.service.chat(
                 live, gw.sessions.history, ChatCall(req.messages, req.tools, req.params,
-                                                    normalize=normalize_message)))
+                                                    normalize=normalize_message,
+                                                    requested_model=req.model)))
         finally:
             gw.metrics.in_flight.dec()
     except GatewayError as exc:

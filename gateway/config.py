@@ -7,6 +7,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, model_validator
 
+from envhub.gateway.model_names import ModelNames
+
 BUNDLED_MODEL = Path(__file__).parent / "engine" / "tiny"
 
 
@@ -17,6 +19,12 @@ class GatewayConfig(BaseModel):
                                                 "tokenizer; default: the bundled tiny model")
     model_name: str | None = Field(None, description="name served on /v1/models (default: "
                                                      "the model folder's name)")
+    model_aliases: list[str] = Field(
+        default_factory=list,
+        description="PATTERN=MODEL (repeatable): a requested model name matching the fnmatch "
+                    "glob PATTERN (e.g. 'claude-*') is served by MODEL (the served name or "
+                    "'default'); first match wins. None given: every name is served by the "
+                    "served model. Given: other names get 404")
     tokenizer: str | None = Field(None, description="tokenizer folder when it differs from model")
     chat_template: str | None = Field(None, description="jinja file or built-in name "
                                                         "('deepseek_v3') overriding the model's")
@@ -65,7 +73,11 @@ class GatewayConfig(BaseModel):
             raise ValueError(f"listening on {self.host!r} without an admin key would let anyone "
                              "who can reach it read every session; set --admin-key or "
                              "ENVHUB_ADMIN_KEY, or listen on 127.0.0.1")
+        self.model_table()  # a bad alias fails here, before anything starts
         return self
+
+    def model_table(self) -> ModelNames:
+        return ModelNames([self.served_name(), "default"], self.model_aliases)
 
     def model_path(self) -> Path:
         return Path(self.model) if self.model else BUNDLED_MODEL

@@ -167,14 +167,16 @@ def sampling_params(body: dict, default_max_tokens: int, stop_token_ids: list[in
 
 
 def check_model(request: Request, body: dict) -> str:
-    state = request.app.state.gw
+    """The requested model name (echoed in the response and recorded on the turn), once the
+    alias table maps it to a served model; NotFound when nothing serves it."""
+    models = request.app.state.gw.models
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequest("'model' is required; GET /v1/models lists the served models",
                          param="model")
-    if model not in state.model_names:
-        raise NotFound(f"the model '{model}' does not exist here; served: "
-                       f"{', '.join(sorted(state.model_names))}", param="model",
+    if models.resolve(model) is None:
+        raise NotFound(f"the model '{model}' does not exist here; {models.describe()} (add "
+                       "one with --model-alias PATTERN=MODEL)", param="model",
                        code="model_not_found")
     return model
 
@@ -207,7 +209,8 @@ async def chat_completions(request: Request) -> Response:
     gw.metrics.in_flight.inc()
     try:
         answer = await until_disconnect(request, gw.service.chat(
-            live, gw.sessions.history, ChatCall(messages, tools, params, n, normalize_message)))
+            live, gw.sessions.history, ChatCall(messages, tools, params, n, normalize_message,
+                                                 requested_model=model)))
     finally:
         gw.metrics.in_flight.dec()
     want_lp = bool(body.get("logprobs"))
@@ -323,7 +326,8 @@ async def completions(request: Request) -> Response:
     if flag(body, "stream"):
         raise BadRequest("streaming is supported on /v1/chat/completions only", param="stream")
     live = await gw.sessions.authenticate(request.state.api_key)
-    answer = await gw.service.complete(live, gw.sessions.history, ids, params, n)
+    answer = await gw.service.complete(live, gw.sessions.history, ids, params, n,
+                                       requested_model=model)
     choices = []
     for i, c in enumerate(answer.choices):
         res = c.result

@@ -22,6 +22,7 @@ from envhub.gateway.backends.base import Backend
 from envhub.gateway.config import GatewayConfig
 from envhub.gateway.errors import GatewayError, Overloaded
 from envhub.gateway.metrics import Metrics
+from envhub.gateway.model_names import ModelNames
 from envhub.gateway.pool.store import Store
 from envhub.gateway.render.chat_template import ChatRenderer
 from envhub.gateway.service import ChatService
@@ -133,6 +134,7 @@ class GatewayState:
     service: ChatService
     metrics: Metrics
     model_names: set[str]
+    models: ModelNames
     url: str | None = None
 
     def public_url(self, request: Request) -> str:
@@ -152,7 +154,8 @@ def create_app(config: GatewayConfig, backend: Backend | None = None) -> FastAPI
         config=config, renderer=renderer, backend=backend, store=store, sessions=sessions,
         service=ChatService(renderer, backend, store, metrics, config.max_model_len,
                             text_backend=backend_class(config.backend).text_only),
-        metrics=metrics, model_names={config.served_name(), "default"})
+        metrics=metrics, model_names={config.served_name(), "default"},
+        models=config.model_table())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

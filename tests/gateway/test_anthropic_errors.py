@@ -23,7 +23,9 @@ OK = {"model": "default", "max_tokens": 16, "messages": USER}
 def gateway(tmp_path_factory, renderer: ChatRenderer) -> Iterator[GatewayHandle]:
     """One gateway for the module (each test uses its own session key): starting one per
     test would cost more than the tests."""
-    handle = start(tmp_path_factory.mktemp("anthropic-errors"), scripted(renderer, ["Fine."]))
+    # an explicit alias table: names it does not match get 404 (without one, any name serves)
+    handle = start(tmp_path_factory.mktemp("anthropic-errors"), scripted(renderer, ["Fine."]),
+                   model_aliases=["claude-*-4-5=default"])
     yield handle
     handle.close()
 
@@ -135,7 +137,7 @@ def test_unknown_model_is_not_found(gateway):
         client(gateway, "bad-model").messages.create(model="claude-x", max_tokens=8,
                                                      messages=USER)
     assert err.value.body["error"]["type"] == "not_found_error"
-    assert "served: default" in err.value.body["error"]["message"]
+    assert "served: default, tiny" in err.value.body["error"]["message"]
 
 
 def test_errors_through_the_official_client(gateway):

@@ -72,10 +72,16 @@ def test_bad_sampling_params(gateway, extra, param):
     still_serving(gateway)
 
 
-def test_unknown_model(gateway):
-    assert_error(post(gateway, {**OK, "model": "gpt-9"}), 404, "does not exist")
-    assert_error(post(gateway, {"messages": OK["messages"]}), 400, "'model' is required")
-    still_serving(gateway)
+def test_unknown_model(tmp_path, tool_script):
+    gw = start(tmp_path, tool_script, model_aliases=["gpt-5*=default"])
+    try:
+        resp = post(gw, {**OK, "model": "gpt-9"})
+        assert_error(resp, 404, "does not exist")
+        assert resp.json()["error"]["code"] == "model_not_found"
+        assert_error(post(gw, {"messages": OK["messages"]}), 400, "'model' is required")
+        assert post(gw, {**OK, "model": "gpt-5-mini"}).status_code == 200
+    finally:
+        gw.close()
 
 
 def test_body_over_default_limit(gateway):
