@@ -118,8 +118,8 @@ def _allowed(request: Request) -> str:
     methods: set[str] = set()
     for route in (r for router in _ROUTERS for r in router.routes):
         match, _ = route.matches({**request.scope, "method": "\0"})
-        if match == Match.PARTIAL and getattr(route, "methods", None):
-            methods |= route.methods
+        if match == Match.PARTIAL:
+            methods |= getattr(route, "methods", None) or set()
     methods.discard("HEAD")
     return ", ".join(sorted(methods))
 
