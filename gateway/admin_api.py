@@ -1,7 +1,9 @@
 """Session and operations routes: /sessions..., /health, /metrics.
 
-A session's own key may read and write only that session; the admin key may do anything.
-Without an admin key (local use) every caller is trusted.
+With an admin key: a session's own key reads and writes only that session (another session's
+key gets 403, an unknown key 401), and creating or listing sessions needs the admin key.
+Without one (local single-user mode, allowed on loopback only: see GatewayConfig) every caller
+is trusted.
 """
 
 from __future__ import annotations
@@ -14,11 +16,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, Field, ValidationError
 
-from envhub.gateway.errors import BadRequest, Unauthorized
+from envhub.gateway.errors import BadRequest, Forbidden, Unauthorized
 from envhub.gateway.openai_api import json_response, read_json
 from envhub.gateway.pool.store import op_event, op_update_session
 from envhub.gateway.pool.trajectory import build_trajectory, session_info
-from envhub.gateway.sessions import LiveSession, key_hash
+from envhub.gateway.sessions import LiveSession
 from envhub.sdk.types import CMAction, RewardEvent, SessionStatus, Signal
 
 router = APIRouter()
@@ -47,22 +49,32 @@ def _parse(model: type[BaseModel], body: dict) -> Any:
         raise BadRequest(f"field '{field}': {err['msg']}", param=field) from None
 
 
-def _require_admin(request: Request) -> None:
+async def _require_admin(request: Request) -> None:
     gw = request.app.state.gw
-    if gw.sessions.admin_key is not None and not gw.sessions.is_admin(request.state.api_key):
-        raise Unauthorized("this endpoint needs the gateway's admin key as a bearer token")
+    if gw.sessions.admin_key is None or gw.sessions.is_admin(request.state.api_key):
+        return
+    if request.state.api_key and await gw.sessions.by_key(request.state.api_key) is not None:
+        raise Forbidden("a session key cannot do this: this endpoint needs the gateway's "
+                        "admin key as a bearer token")
+    raise Unauthorized("this endpoint needs the gateway's admin key as a bearer token")
 
 
 async def _session_for(request: Request, session_id: str) -> LiveSession:
     """The session, if the caller may access it (admin, local mode, or its own key)."""
-    gw = request.app.state.gw
+    sessions = request.app.state.gw.sessions
     token = request.state.api_key
-    if gw.sessions.admin_key is not None and not gw.sessions.is_admin(token):
-        live = await gw.sessions.get(session_id) if token else None
-        if live is None or token is None or live.key_hash != key_hash(token):
-            raise Unauthorized("this key does not belong to that session")
-        return live
-    return await gw.sessions.get(session_id)
+    if sessions.admin_key is None or sessions.is_admin(token):
+        return await sessions.get(session_id)
+    # a session key: resolved by the key itself, so whether another session exists is not
+    # revealed to it (403 either way)
+    live = await sessions.by_key(token) if token else None
+    if live is None:
+        raise Unauthorized("missing or unknown API key: send the session's own key or the "
+                           "admin key as a bearer token")
+    if live.id != session_id:
+        raise Forbidden(f"this key does not belong to that session (it is session {live.id!r}'s "
+                        "key); only the admin key reaches other sessions")
+    return live
 
 
 @router.get("/health")
@@ -80,7 +92,7 @@ async def metrics(request: Request) -> Response:
 
 @router.post("/sessions")
 async def create_session(request: Request) -> Response:
-    _require_admin(request)
+    await _require_admin(request)
     gw = request.app.state.gw
     spec = _parse(NewSession, await read_json(request))
     live, key = await gw.sessions.create(
@@ -96,7 +108,7 @@ async def create_session(request: Request) -> Response:
 async def list_sessions(request: Request, group_id: str | None = None,
                         status: str | None = None, limit: int = 1000,
                         offset: int = 0) -> Response:
-    _require_admin(request)
+    await _require_admin(request)
     if status is not None and status not in SessionStatus.__members__:
         raise BadRequest(f"status must be one of {', '.join(SessionStatus.__members__)}",
                          param="status")

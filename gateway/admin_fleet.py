@@ -86,7 +86,7 @@ async def _body(request: Request) -> dict[str, Any]:
 
 @router.post("/admin/pause")
 async def pause(request: Request) -> Response:
-    _require_admin(request)
+    await _require_admin(request)
     fleet = _fleet(request)
     spec = _parse(PauseSpec, await _body(request))
     fleet.pause()
@@ -97,7 +97,7 @@ async def pause(request: Request) -> Response:
 
 @router.post("/admin/resume")
 async def resume(request: Request) -> Response:
-    _require_admin(request)
+    await _require_admin(request)
     fleet = _fleet(request)
     fleet.resume()
     return json_response({"paused": False, "weight_version": fleet.weight_version})
@@ -105,7 +105,7 @@ async def resume(request: Request) -> Response:
 
 @router.post("/admin/weights")
 async def weights(request: Request) -> Response:
-    _require_admin(request)
+    await _require_admin(request)
     spec = _parse(WeightsSpec, await read_json(request))
     backend = request.app.state.gw.backend
     if isinstance(backend, Fleet):
@@ -121,5 +121,5 @@ async def weights(request: Request) -> Response:
 
 @router.get("/admin/fleet")
 async def fleet_state(request: Request) -> Response:
-    _require_admin(request)
+    await _require_admin(request)
     return json_response(_fleet(request).describe())

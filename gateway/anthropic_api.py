@@ -39,6 +39,7 @@ from envhub.gateway.errors import BadRequest, GatewayError, Overloaded
 from envhub.gateway.openai_api import (
     ClientGone,
     check_model,
+    flag,
     number,
     read_json,
     until_disconnect,
@@ -54,8 +55,10 @@ router = APIRouter()
 _KNOWN = {"model", "messages", "system", "max_tokens", "tools", "tool_choice", "stop_sequences",
           "temperature", "top_p", "stream"}
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
-                403: "permission_error", 404: "not_found_error", 409: "invalid_request_error",
+                403: "permission_error", 404: "not_found_error", 405: "invalid_request_error",
+                409: "invalid_request_error",
                 413: "request_too_large", 429: "rate_limit_error"}
+_MAX_TOKENS = 1 << 20
 _JOIN = "\n\n"  # between text blocks of one message (a single block stays byte-exact)
 
 
@@ -174,7 +177,8 @@ def _assistant(blocks: list[dict[str, Any]], where: str) -> dict[str, Any]:
                 raise BadRequest(f"{at} needs {{'type': 'tool_use', 'id': str, 'name': str, "
                                  "'input': {...}}", param=at)
             calls.append({"id": uid, "type": "function",
-                          "function": {"name": name, "arguments": args}})
+                          "function": {"name": name,
+                                       "arguments": orjson.dumps(args).decode()}})
         elif kind == "thinking":
             if isinstance(block.get("thinking"), str):
                 thinking.append(block["thinking"])
@@ -285,10 +289,13 @@ def _tool_choice(raw: Any, tools: list[dict[str, Any]] | None) -> list[dict[str,
 
 def _params(body: dict, stop_token_ids: list[int]) -> SamplingParams:
     max_tokens = body.get("max_tokens")
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) \
-            or not 1 <= max_tokens <= 1 << 20:
+    if max_tokens is None:
         raise BadRequest("'max_tokens' is required: an integer >= 1 (the completion budget)",
                          param="max_tokens")
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) \
+            or not 1 <= max_tokens <= _MAX_TOKENS:
+        raise BadRequest(f"'max_tokens' must be an integer ≥ 1 and ≤ {_MAX_TOKENS}; got "
+                         f"{max_tokens!r}", param="max_tokens")
     stops = body.get("stop_sequences") or []
     if not isinstance(stops, list) or len(stops) > 16 or not all(
             isinstance(s, str) and s for s in stops):
@@ -315,10 +322,9 @@ def parse_request(request: Request, body: dict[str, Any], *, counting: bool = Fa
         params = SamplingParams()
     else:
         params = _params(body, gw.renderer.stop_token_ids)
-    if body.get("stream") not in (None, True, False):
-        raise BadRequest("'stream' must be a boolean", param="stream")
+    stream = flag(body, "stream")
     ignored = sorted(k for k in body if k not in _KNOWN and body[k] is not None)
-    return MessagesRequest(model, messages, tools, params, bool(body.get("stream")), ignored)
+    return MessagesRequest(model, messages, tools, params, stream, ignored)
 
 
 # -- response --------------------------------------------------------------------------------
@@ -405,7 +411,7 @@ async def sse_events(message: dict[str, Any]) -> AsyncIterator[bytes]:
         yield _event("content_block_stop", {"type": "content_block_stop", "index": i})
     yield _event("message_delta", {"type": "message_delta", "delta": {
         "stop_reason": message["stop_reason"], "stop_sequence": message["stop_sequence"]},
-        "usage": {"output_tokens": message["usage"]["output_tokens"]}})
+        "usage": message["usage"]})  # complete, as the response's: clients read it here
     yield _event("message_stop", {"type": "message_stop"})
 
 
@@ -431,7 +437,8 @@ async def messages(request: Request) -> Response:
             # neither re-validated nor re-hashed (cost ∝ new messages, as on the OpenAI route)
             answer = await until_disconnect(request, gw.service.chat(
                 live, gw.sessions.history, ChatCall(req.messages, req.tools, req.params,
-                                                    normalize=normalize_message)))
+                                                    normalize=normalize_message,
+                                                    requested_model=req.model)))
         finally:
             gw.metrics.in_flight.dec()
     except GatewayError as exc:

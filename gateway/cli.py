@@ -9,7 +9,7 @@ from envhub.gateway.config import GatewayConfig
 from envhub.sdk.config_cli import config_command
 
 # Flag names that differ from the field names (kept from earlier releases and the docs).
-FLAGS = {"upstreams": "--upstream"}
+FLAGS = {"upstreams": "--upstream", "model_aliases": "--model-alias"}
 ENVVARS = {"admin_key": "ENVHUB_ADMIN_KEY"}
 
 

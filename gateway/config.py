@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
+
+from envhub.gateway.model_names import ModelNames
 
 BUNDLED_MODEL = Path(__file__).parent / "engine" / "tiny"
 
@@ -16,6 +19,12 @@ class GatewayConfig(BaseModel):
                                                 "tokenizer; default: the bundled tiny model")
     model_name: str | None = Field(None, description="name served on /v1/models (default: "
                                                      "the model folder's name)")
+    model_aliases: list[str] = Field(
+        default_factory=list,
+        description="PATTERN=MODEL (repeatable): a requested model name matching the fnmatch "
+                    "glob PATTERN (e.g. 'claude-*') is served by MODEL (the served name or "
+                    "'default'); first match wins. None given: every name is served by the "
+                    "served model. Given: other names get 404")
     tokenizer: str | None = Field(None, description="tokenizer folder when it differs from model")
     chat_template: str | None = Field(None, description="jinja file or built-in name "
                                                         "('deepseek_v3') overriding the model's")
@@ -27,8 +36,11 @@ class GatewayConfig(BaseModel):
                                  description="engine URLs for vllm/sglang backends")
     db: str = Field("sqlite:///envhub-pool.db", description="pool URL: sqlite:///FILE or "
                                                            "postgresql://...")
-    admin_key: str | None = Field(None, description="when set, sessions must be created with "
-                                                    "it and unknown keys get 401")
+    admin_key: str | None = Field(None, min_length=1,
+                                  description="when set, sessions must be created with it, "
+                                              "unknown keys get 401 and a session key reaches "
+                                              "only its own session; required to listen on a "
+                                              "non-loopback address")
     max_body_bytes: int = Field(64 << 20, ge=1024, description="request body limit")
     default_max_tokens: int = Field(256, ge=1, description="completion budget when a request "
                                                           "sets none")
@@ -53,6 +65,20 @@ class GatewayConfig(BaseModel):
                                                                "when that one carries more than "
                                                                "this x the mean load")
 
+    @model_validator(mode="after")
+    def _exposed_needs_admin_key(self) -> GatewayConfig:
+        # Without an admin key every caller is trusted (local single-user mode: any token opens
+        # a session, anyone lists sessions and reads trajectories); only loopback may have that.
+        if self.admin_key is None and not is_loopback(self.host):
+            raise ValueError(f"listening on {self.host!r} without an admin key would let anyone "
+                             "who can reach it read every session; set --admin-key or "
+                             "ENVHUB_ADMIN_KEY, or listen on 127.0.0.1")
+        self.model_table()  # a bad alias fails here, before anything starts
+        return self
+
+    def model_table(self) -> ModelNames:
+        return ModelNames([self.served_name(), "default"], self.model_aliases)
+
     def model_path(self) -> Path:
         return Path(self.model) if self.model else BUNDLED_MODEL
 
@@ -61,3 +87,13 @@ class GatewayConfig(BaseModel):
 
     def served_name(self) -> str:
         return self.model_name or self.model_path().name
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 and `localhost`; anything else (0.0.0.0, "", a name) may be reachable."""
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

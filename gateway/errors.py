@@ -26,6 +26,13 @@ class Unauthorized(GatewayError):
     type = "authentication_error"
 
 
+class Forbidden(GatewayError):
+    """A valid key that may not do this (another session's key, not the admin key)."""
+
+    status_code = 403
+    type = "permission_error"
+
+
 class NotFound(GatewayError):
     status_code = 404
     type = "not_found_error"

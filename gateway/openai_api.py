@@ -90,6 +90,43 @@ def number(body: dict[str, Any], name: str, default: float | None, lo: float, hi
     return float(v)
 
 
+def flag(body: dict[str, Any], name: str) -> bool:
+    """body[name] as a JSON boolean (absent/null → False). A string such as "false" is refused:
+    it is truthy, and treating it as true is how `"stream": "false"` used to stream."""
+    v = body.get(name)
+    if v is None:
+        return False
+    if not isinstance(v, bool):
+        raise BadRequest(f"'{name}' must be a JSON boolean (true or false), not "
+                         f"{type(v).__name__} {v!r}", param=name)
+    return v
+
+
+def _tool_choice(raw: Any, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """The tools to render for `tool_choice`. A named function must be declared; 'required'
+    needs tools. (Neither can force a call here: no constrained decoding.)"""
+    if raw is None or raw == "auto":
+        return tools
+    if raw == "none":
+        return None
+    if raw == "required":
+        if not tools:
+            raise BadRequest("tool_choice 'required' needs a non-empty 'tools' list",
+                             param="tool_choice")
+        return tools
+    fn = raw.get("function") if isinstance(raw, dict) and raw.get("type") == "function" \
+        else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise BadRequest("'tool_choice' must be 'none', 'auto', 'required' or "
+                         "{'type': 'function', 'function': {'name': ...}}", param="tool_choice")
+    declared = [t["function"]["name"] for t in tools or []]
+    if fn["name"] not in declared:
+        raise BadRequest(f"tool_choice names the function {fn['name']!r}, which is not in "
+                         f"'tools' (declared: {', '.join(declared) or 'none'})",
+                         param="tool_choice")
+    return tools
+
+
 def _int(body: dict, name: str, lo: int, hi: int) -> int | None:
     v = body.get(name)
     if v is None:
@@ -130,14 +167,16 @@ def sampling_params(body: dict, default_max_tokens: int, stop_token_ids: list[in
 
 
 def check_model(request: Request, body: dict) -> str:
-    state = request.app.state.gw
+    """The requested model name (echoed in the response and recorded on the turn), once the
+    alias table maps it to a served model; NotFound when nothing serves it."""
+    models = request.app.state.gw.models
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequest("'model' is required; GET /v1/models lists the served models",
                          param="model")
-    if model not in state.model_names:
-        raise NotFound(f"the model '{model}' does not exist here; served: "
-                       f"{', '.join(sorted(state.model_names))}", param="model",
+    if models.resolve(model) is None:
+        raise NotFound(f"the model '{model}' does not exist here; {models.describe()} (add "
+                       "one with --model-alias PATTERN=MODEL)", param="model",
                        code="model_not_found")
     return model
 
@@ -157,27 +196,26 @@ async def chat_completions(request: Request) -> Response:
     body = await read_json(request)
     model = check_model(request, body)
     messages = check_message_list(body.get("messages"))
-    tools = validate_tools(body.get("tools"))
-    tool_choice = body.get("tool_choice")
-    if tool_choice not in (None, "none", "auto", "required") and not (
-            isinstance(tool_choice, dict) and tool_choice.get("type") == "function"):
-        raise BadRequest("'tool_choice' must be 'none', 'auto', 'required' or "
-                         "{'type': 'function', 'function': {'name': ...}}", param="tool_choice")
-    if tool_choice == "none":
-        tools = None
+    tools = _tool_choice(body.get("tool_choice"), validate_tools(body.get("tools")))
     params, n = sampling_params(body, gw.config.default_max_tokens,
                                 gw.renderer.stop_token_ids)
+    stream = flag(body, "stream")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise BadRequest("'stream_options' must be an object ({'include_usage': true})",
+                         param="stream_options")
+    include_usage = flag(options or {}, "include_usage")
     live = await gw.sessions.authenticate(request.state.api_key)
     gw.metrics.in_flight.inc()
     try:
         answer = await until_disconnect(request, gw.service.chat(
-            live, gw.sessions.history, ChatCall(messages, tools, params, n, normalize_message)))
+            live, gw.sessions.history, ChatCall(messages, tools, params, n, normalize_message,
+                                                 requested_model=model)))
     finally:
         gw.metrics.in_flight.dec()
     want_lp = bool(body.get("logprobs"))
-    if body.get("stream"):
-        usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        return StreamingResponse(_chat_stream(gw, answer, model, want_lp, usage),
+    if stream:
+        return StreamingResponse(_chat_stream(gw, answer, model, want_lp, include_usage),
                                  media_type="text/event-stream")
     out = _chat_body(gw, answer, model, want_lp, body.get("return_token_ids"))
     # time the gateway itself spent (parse, render, record), without the engine's time
@@ -243,17 +281,24 @@ async def _chat_stream(gw: Any, answer: ChatAnswer, model: str, want_lp: bool,
         yield _sse({**base, "choices": [{"index": i, "delta": {"role": "assistant",
                                                                 "content": ""},
                                          "logprobs": None, "finish_reason": None}]})
+        # Every sampled token's logprob goes out once, on the first chunk that carries output:
+        # the text, else the first tool call (a tool-call answer has no text), else the final
+        # chunk (a completion of only EOS). The stream is synthesised from a whole answer, so
+        # tokens are not split between text and tool calls.
+        pending = _logprobs(gw, c) if want_lp else None
         if c.parsed.content:
             yield _sse({**base, "choices": [{
                 "index": i, "delta": {"content": c.parsed.content},
-                "logprobs": _logprobs(gw, c) if want_lp else None, "finish_reason": None}]})
+                "logprobs": pending, "finish_reason": None}]})
+            pending = None
         for j, call in enumerate(c.tool_calls):
             yield _sse({**base, "choices": [{"index": i, "delta": {"tool_calls": [{
                 "index": j, "id": call["id"], "type": "function",
                 "function": {"name": call["function"]["name"],
                              "arguments": call["function"]["arguments"]}}]},
-                "logprobs": None, "finish_reason": None}]})
-        yield _sse({**base, "choices": [{"index": i, "delta": {}, "logprobs": None,
+                "logprobs": pending, "finish_reason": None}]})
+            pending = None
+        yield _sse({**base, "choices": [{"index": i, "delta": {}, "logprobs": pending,
                                          "finish_reason": c.finish_reason}]})
     if include_usage:
         yield _sse({**base, "choices": [], "usage": _usage(answer)})
@@ -278,10 +323,11 @@ async def completions(request: Request) -> Response:
         raise BadRequest("'prompt' must be a string or a non-empty list of token ids (one "
                          "prompt per request)", param="prompt")
     params, n = sampling_params(body, 16, [])
-    if body.get("stream"):
+    if flag(body, "stream"):
         raise BadRequest("streaming is supported on /v1/chat/completions only", param="stream")
     live = await gw.sessions.authenticate(request.state.api_key)
-    answer = await gw.service.complete(live, gw.sessions.history, ids, params, n)
+    answer = await gw.service.complete(live, gw.sessions.history, ids, params, n,
+                                       requested_model=model)
     choices = []
     for i, c in enumerate(answer.choices):
         res = c.result

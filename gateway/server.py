@@ -14,6 +14,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from envhub.gateway import admin_api, admin_fleet, anthropic_api, openai_api
 from envhub.gateway.backends import backend_class, make_backend
@@ -21,6 +22,7 @@ from envhub.gateway.backends.base import Backend
 from envhub.gateway.config import GatewayConfig
 from envhub.gateway.errors import GatewayError, Overloaded
 from envhub.gateway.metrics import Metrics
+from envhub.gateway.model_names import ModelNames
 from envhub.gateway.pool.store import Store
 from envhub.gateway.render.chat_template import ChatRenderer
 from envhub.gateway.service import ChatService
@@ -107,6 +109,21 @@ class _Edge:
         await send({"type": "http.response.body", "body": body})
 
 
+_ROUTERS = (openai_api.router, anthropic_api.router, admin_api.router, admin_fleet.router)
+
+
+def _allowed(request: Request) -> str:
+    """Every method some route serves on this path (Starlette's 405 names only the first
+    route that matched the path: `GET /sessions` and `POST /sessions` are two routes)."""
+    methods: set[str] = set()
+    for route in (r for router in _ROUTERS for r in router.routes):
+        match, _ = route.matches({**request.scope, "method": "\0"})
+        if match == Match.PARTIAL:
+            methods |= getattr(route, "methods", None) or set()
+    methods.discard("HEAD")
+    return ", ".join(sorted(methods))
+
+
 @dataclass
 class GatewayState:
     config: GatewayConfig
@@ -117,6 +134,7 @@ class GatewayState:
     service: ChatService
     metrics: Metrics
     model_names: set[str]
+    models: ModelNames
     url: str | None = None
 
     def public_url(self, request: Request) -> str:
@@ -136,7 +154,8 @@ def create_app(config: GatewayConfig, backend: Backend | None = None) -> FastAPI
         config=config, renderer=renderer, backend=backend, store=store, sessions=sessions,
         service=ChatService(renderer, backend, store, metrics, config.max_model_len,
                             text_backend=backend_class(config.backend).text_only),
-        metrics=metrics, model_names={config.served_name(), "default"})
+        metrics=metrics, model_names={config.served_name(), "default"},
+        models=config.model_table())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -148,10 +167,8 @@ def create_app(config: GatewayConfig, backend: Backend | None = None) -> FastAPI
 
     app = FastAPI(title="envhub gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.gw = state
-    app.include_router(openai_api.router)
-    app.include_router(anthropic_api.router)
-    app.include_router(admin_api.router)
-    app.include_router(admin_fleet.router)
+    for router in _ROUTERS:
+        app.include_router(router)
 
     @app.exception_handler(GatewayError)
     async def _gateway_error(request: Request, exc: GatewayError) -> Response:
@@ -169,8 +186,19 @@ def create_app(config: GatewayConfig, backend: Backend | None = None) -> FastAPI
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        return Response(_error_body(str(exc.detail), "invalid_request_error"),
-                        status_code=exc.status_code, media_type="application/json")
+        # routing errors (404 no such path, 405 wrong method): keep Starlette's headers (a 405
+        # carries `Allow`), in the shape of the API the path belongs to
+        err = GatewayError(str(exc.detail))
+        err.status_code = exc.status_code
+        if request.url.path.startswith("/v1/messages"):
+            resp = anthropic_api.error_response(err)
+        else:
+            resp = Response(_error_body(err.message, "invalid_request_error"),
+                            status_code=exc.status_code, media_type="application/json")
+        resp.headers.update(exc.headers or {})
+        if exc.status_code == 405:
+            resp.headers["allow"] = _allowed(request)
+        return resp
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> Response:

@@ -22,7 +22,7 @@ from envhub.gateway.errors import BackendUnavailable, BadRequest, Conflict, Gate
 from envhub.gateway.history import History, Plan, TurnState
 from envhub.gateway.metrics import Metrics
 from envhub.gateway.pool import schema as t
-from envhub.gateway.pool.rows import turn_insert
+from envhub.gateway.pool.rows import turn_info, turn_insert
 from envhub.gateway.pool.store import Store, WriteOp, op_event
 from envhub.gateway.render.chat_template import ChatRenderer
 from envhub.gateway.render.messages import message_hash, tools_hash
@@ -53,6 +53,7 @@ class ChatCall:
     params: SamplingParams
     n: int = 1
     normalize: Callable[[Message, int], Message] | None = None
+    requested_model: str | None = None  # the name the client asked for, recorded per turn
 
     def prepared(self, live: LiveSession) -> tuple[list[bytes], Callable[[int], Message]]:
         """Message hashes, and an accessor for the normalised message i."""
@@ -135,7 +136,7 @@ class ChatService:
             tool_names={tool["function"]["name"] for tool in call.tools or []},
             extends=extends,
             messages=[message(i) for i in range(n_messages)] if self.text_backend else None,
-            tools=call.tools), t0)
+            tools=call.tools, requested_model=call.requested_model), t0)
         answer.render_ms = render_ms
         return answer
 
@@ -167,7 +168,8 @@ class ChatService:
             return len(self._prompt(plan, message, len(hashes), call.tools)[0])
 
     async def complete(self, live: LiveSession, history_loader: HistoryLoader, prompt: list[int],
-                       params: SamplingParams, n: int) -> ChatAnswer:
+                       params: SamplingParams, n: int,
+                       requested_model: str | None = None) -> ChatAnswer:
         """A raw token/text completion: extends the latest turn when its ids prefix the prompt,
         else starts a new segment (no chat messages, so no context-action classification)."""
         if live.status != "open":
@@ -191,7 +193,7 @@ class ChatService:
             appended_hashes=[], tools_key=_RAW, request_key=_raw_key(prompt), action=None,
             new_segment=parent is None, params=replace(params, max_tokens=min(
                 params.max_tokens, budget)), n_messages=0, tool_names=set(), extends=parent,
-            raw=True), t0)
+            raw=True, requested_model=requested_model), t0)
 
     async def _execute(self, live: LiveSession, history: History, p: _Prepared,
                        t0: float) -> ChatAnswer:
@@ -251,6 +253,8 @@ class ChatService:
                 self.metrics.cm_actions.labels(action.kind).inc()
             for sig in signals:
                 ops.append(op_event("signals", live.id, sig.model_dump()))
+            if p.requested_model is not None:
+                ops.append(turn_info(live.id, seq, requested_model=p.requested_model))
         try:
             await self.store.write(*ops)
         except Exception:
@@ -323,3 +327,4 @@ class _Prepared:
     raw: bool = False
     messages: list[Message] | None = None  # for text-only backends
     tools: list[dict[str, Any]] | None = None
+    requested_model: str | None = None

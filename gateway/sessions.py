@@ -78,6 +78,15 @@ class Sessions:
             self._remember(live)
         return live
 
+    async def by_key(self, token: str) -> LiveSession | None:
+        """The existing session this key belongs to, or None; never opens one."""
+        kh = key_hash(token)
+        live = self._by_key.get(kh)
+        if live is not None:
+            return live
+        row = await asyncio.to_thread(self.store.session_by_key, kh)
+        return self._live_from_row(row) if row is not None else None
+
     async def authenticate(self, token: str | None) -> LiveSession:
         """The session a bearer token belongs to; opens one in local mode."""
         if not token:
@@ -85,13 +94,10 @@ class Sessions:
                 raise Unauthorized("missing API key: send the session's key as a bearer token "
                                    "(or x-api-key); create sessions with POST /sessions")
             token = "default"
-        kh = key_hash(token)
-        live = self._by_key.get(kh)
+        live = await self.by_key(token)
         if live is not None:
             return live
-        row = await asyncio.to_thread(self.store.session_by_key, kh)
-        if row is not None:
-            return self._live_from_row(row)
+        kh = key_hash(token)
         if self.admin_key is not None:
             raise Unauthorized("unknown API key: create a session with POST /sessions (admin "
                                "key) and use the api_key it returns")

@@ -64,6 +64,9 @@ class Turn(BaseModel):
     prompt_ids: list[int] | None = None
     # Text-only turns (hosted models through litellm) keep text instead of ids.
     completion_text: str | None = None
+    # The model name the client asked for (e.g. claude-*), before the gateway's alias table
+    # mapped it to the served model; None in pools written before it was recorded.
+    requested_model: str | None = None
 
     @model_validator(mode="after")
     def _lengths(self) -> Turn:

@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 
 from envhub.gateway.pool import schema as t
-from envhub.gateway.pool.store import WriteOp, op_insert
+from envhub.gateway.pool.store import WriteOp, op_event, op_insert
 from envhub.sdk.types import ToolCall
 
 
@@ -43,3 +43,9 @@ def turn_insert(session_id: str, *, seq: int, segment: int, parent_seq: int | No
         "msg_hashes": b"".join(msg_hashes), "response_hash": response_hash,
         "tools_hash": tools_hash, "latency_ms": latency_ms, "instance": instance,
         "trainable": trainable, "completion_text": completion_text, "created_at": time.time()})
+
+
+def turn_info(session_id: str, seq: int, *, requested_model: str) -> WriteOp:
+    """Facts about a turn kept beside it (schema.turn_info): the model name the client asked
+    for (before the alias table mapped it to a served model)."""
+    return op_event("turn_info", session_id, {"seq": seq, "requested_model": requested_model})

@@ -73,6 +73,10 @@ def _events(name: str, index: str) -> Table:
 cm_actions = _events("cm_actions", "ix_cm_session")  # bodies: CMAction JSON
 rewards = _events("rewards", "ix_rewards_session")  # RewardEvent JSON
 signals = _events("signals", "ix_signals_session")  # Signal JSON
+# Per-turn facts added after the `turns` table shipped: {"seq", "requested_model"}. A table
+# of its own because create_all adds missing tables to an existing pool (SQLite or
+# PostgreSQL) but never columns, and there is no migration step.
+turn_info = _events("turn_info", "ix_turn_info_session")
 
 
 def pack_ids(ids: list[int]) -> bytes:

@@ -138,8 +138,8 @@ class Store:
             return [dict(r._mapping) for r in c.execute(q)]
 
     def events(self, table_name: str, session_id: str) -> list[dict]:
-        table = {"cm_actions": t.cm_actions, "rewards": t.rewards, "signals": t.signals}[
-            table_name]
+        table = {"cm_actions": t.cm_actions, "rewards": t.rewards, "signals": t.signals,
+                 "turn_info": t.turn_info}[table_name]
         q = select(table.c.body).where(table.c.session_id == session_id).order_by(table.c.id)
         with self.engine.connect() as c:
             return [orjson.loads(r[0]) for r in c.execute(q)]

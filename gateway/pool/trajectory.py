@@ -60,6 +60,7 @@ def build_trajectory(store: Store, session_row: dict) -> Trajectory:
     rows = store.turn_rows(sid)
     history = history_from_rows(rows)
     turns: list[Turn] = []
+    info = {e["seq"]: e for e in store.events("turn_info", sid)}
     segments: dict[int, dict[str, list]] = {}
     for row in rows:
         state = history.states[row["seq"]]
@@ -72,6 +73,7 @@ def build_trajectory(store: Store, session_row: dict) -> Trajectory:
             tool_calls=[ToolCall(**c) for c in calls], latency_ms=row["latency_ms"],
             instance=row["instance"], trainable=row["trainable"], created_at=row["created_at"],
             prompt_ids=state.prompt_ids(), completion_text=row["completion_text"],
+            requested_model=info.get(row["seq"], {}).get("requested_model"),
         )
         turns.append(turn)
         seg = segments.setdefault(row["segment"], {"ids": [], "mask": [], "lp": [], "wv": [],

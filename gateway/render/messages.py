@@ -58,20 +58,31 @@ def _tool_calls_of(raw: Any, where: str) -> list[dict[str, Any]]:
                 "{'name': str, 'arguments': str}}",
                 param=where,
             )
-        args = fn.get("arguments", "{}")
-        if isinstance(args, str):
-            try:
-                parsed = orjson.loads(args) if args.strip() else {}
-            except orjson.JSONDecodeError:
-                parsed = args  # keep what the agent sent; templates render strings as-is
-        else:
-            parsed = args
+        parsed = _arguments_of(fn.get("arguments", "{}"), f"{where}.tool_calls[{j}]")
         calls.append({
             "id": call.get("id") or f"call_{j}",
             "type": "function",
             "function": {"name": fn["name"], "arguments": parsed},
         })
     return calls
+
+
+def _arguments_of(args: Any, where: str) -> dict[str, Any]:
+    """OpenAI sends `function.arguments` as JSON text of an object; an empty string is taken
+    as `{}` (clients send it for tools without parameters)."""
+    if not isinstance(args, str):
+        raise BadRequest(f"{where}.function.arguments must be a JSON string (e.g. "
+                         f"'{{\"x\": 1}}'), not {type(args).__name__}", param=where)
+    if not args.strip():
+        return {}
+    try:
+        parsed = orjson.loads(args)
+    except orjson.JSONDecodeError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise BadRequest(f"{where}.function.arguments must be the JSON text of an object; "
+                         f"got {args[:80]!r}", param=where)
+    return parsed
 
 
 def normalize_message(m: Any, i: int) -> dict[str, Any]:
@@ -89,9 +100,11 @@ def normalize_message(m: Any, i: int) -> dict[str, Any]:
     if role == "assistant" and m.get("tool_calls"):
         msg["tool_calls"] = _tool_calls_of(m["tool_calls"], where)
     if role == "tool":
-        if "tool_call_id" in m and not isinstance(m["tool_call_id"], str):
-            raise BadRequest(f"{where}.tool_call_id must be a string", param=where)
-        msg["tool_call_id"] = m.get("tool_call_id") or ""
+        call_id = m.get("tool_call_id")
+        if not isinstance(call_id, str) or not call_id:
+            raise BadRequest(f"{where}.tool_call_id is required: the id of the assistant "
+                             "tool call this message answers", param=f"{where}.tool_call_id")
+        msg["tool_call_id"] = call_id
         if isinstance(m.get("name"), str):
             msg["name"] = m["name"]
     if role == "assistant" and isinstance(m.get("reasoning_content"), str):

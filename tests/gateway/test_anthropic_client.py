@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -81,8 +82,31 @@ def test_stream_true_raw_events(gateway, tool_script):
     assert events[1].content_block.type == "text" and events[1].content_block.text == ""
     assert events[2].delta.type == "text_delta" and events[2].delta.text == "The answer is 6."
     assert events[4].delta.stop_reason == "end_turn"
-    assert events[4].usage.output_tokens == len(
-        trajectory(gateway, "a-raw")["turns"][0]["completion_ids"])
+    turn = trajectory(gateway, "a-raw")["turns"][0]
+    assert events[4].usage.output_tokens == len(turn["completion_ids"])
+    # message_delta's usage is complete (LangChain reads input_tokens there, not in
+    # message_start): the same numbers as the non-streaming response's usage
+    assert events[4].usage.input_tokens == len(turn["prompt_ids"])
+    start = events[0].message.usage
+    assert events[4].usage.cache_read_input_tokens == start.cache_read_input_tokens
+    assert events[4].usage.cache_creation_input_tokens == start.cache_creation_input_tokens
+
+
+def test_stream_message_delta_usage_on_the_wire(gateway):
+    body = {"model": "default", "max_tokens": 64, "stream": True, "tools": [CALC],
+            "messages": [{"role": "user", "content": "add"}]}
+    r = httpx.post(f"{gateway.url}/v1/messages", json=body,
+                   headers={"x-api-key": "a-usage", "anthropic-version": "2023-06-01"})
+    delta = next(json.loads(line.removeprefix("data: ")) for line in r.text.splitlines()
+                 if line.startswith("data: ") and '"message_delta"' in line)
+    whole = httpx.post(f"{gateway.url}/v1/messages", json={**body, "stream": False},
+                       headers={"x-api-key": "a-usage-2", "anthropic-version": "2023-06-01"})
+    assert set(delta["usage"]) == set(whole.json()["usage"]) == {
+        "input_tokens", "output_tokens", "cache_creation_input_tokens",
+        "cache_read_input_tokens"}
+    turn = trajectory(gateway, "a-usage")["turns"][0]
+    assert delta["usage"]["input_tokens"] == len(turn["prompt_ids"])
+    assert delta["usage"]["output_tokens"] == len(turn["completion_ids"])
 
 
 def test_sse_wire_format(gateway):

@@ -23,7 +23,9 @@ OK = {"model": "default", "max_tokens": 16, "messages": USER}
 def gateway(tmp_path_factory, renderer: ChatRenderer) -> Iterator[GatewayHandle]:
     """One gateway for the module (each test uses its own session key): starting one per
     test would cost more than the tests."""
-    handle = start(tmp_path_factory.mktemp("anthropic-errors"), scripted(renderer, ["Fine."]))
+    # an explicit alias table: names it does not match get 404 (without one, any name serves)
+    handle = start(tmp_path_factory.mktemp("anthropic-errors"), scripted(renderer, ["Fine."]),
+                   model_aliases=["claude-*-4-5=default"])
     yield handle
     handle.close()
 
@@ -62,8 +64,10 @@ def tool_use(**over):
 
 @pytest.mark.parametrize("change,words", [
     ({"max_tokens": None}, "'max_tokens' is required"),
-    ({"max_tokens": 0}, "'max_tokens' is required"),
-    ({"max_tokens": "16"}, "'max_tokens' is required"),
+    ({"max_tokens": 0}, "'max_tokens' must be an integer ≥ 1 and ≤ 1048576; got 0"),
+    ({"max_tokens": "16"}, "'max_tokens' must be an integer"),
+    ({"max_tokens": 1e9}, "'max_tokens' must be an integer ≥ 1 and ≤ 1048576; got 1000000000.0"),
+    ({"max_tokens": 1 << 30}, "≤ 1048576"),
     ({"model": None}, "'model' is required"),
     ({"messages": []}, "non-empty list"),
     ({"messages": "hi"}, "non-empty list"),
@@ -97,7 +101,9 @@ def tool_use(**over):
     ({"top_k": -1}, "'top_k'"),
     ({"stop_sequences": "END"}, "'stop_sequences'"),
     ({"stop_sequences": [""]}, "'stop_sequences'"),
-    ({"stream": "yes"}, "'stream' must be a boolean"),
+    ({"stream": "yes"}, "'stream' must be a JSON boolean"),
+    ({"stream": "false"}, "'stream' must be a JSON boolean"),
+    ({"stream": 1}, "'stream' must be a JSON boolean"),
     ({"metadata": "user-1"}, "'metadata' must be an object"),
 ])
 def test_bad_requests(gateway, change, words):
@@ -131,7 +137,7 @@ def test_unknown_model_is_not_found(gateway):
         client(gateway, "bad-model").messages.create(model="claude-x", max_tokens=8,
                                                      messages=USER)
     assert err.value.body["error"]["type"] == "not_found_error"
-    assert "served: default" in err.value.body["error"]["message"]
+    assert "served: default, tiny" in err.value.body["error"]["message"]
 
 
 def test_errors_through_the_official_client(gateway):
@@ -145,6 +151,14 @@ def test_errors_through_the_official_client(gateway):
         pass
     # validation comes first: not even the session was opened, nothing is half-recorded
     assert httpx.get(f"{gateway.url}/sessions/bad-client").status_code == 404
+
+
+def test_wrong_method_names_the_allowed_ones(gateway):
+    r = httpx.get(f"{gateway.url}/v1/messages")
+    assert_error(r, 405, "invalid_request_error", "Method Not Allowed")
+    assert r.headers["allow"] == "POST"
+    assert_error(httpx.get(f"{gateway.url}/v1/messages/nothing"), 404, "not_found_error",
+                 "Not Found")
 
 
 def test_count_tokens_errors(gateway):

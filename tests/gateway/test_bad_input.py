@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import httpx
+import openai
 import pytest
 
 from tests.gateway.conftest import CALC_TOOL, start
@@ -71,10 +72,16 @@ def test_bad_sampling_params(gateway, extra, param):
     still_serving(gateway)
 
 
-def test_unknown_model(gateway):
-    assert_error(post(gateway, {**OK, "model": "gpt-9"}), 404, "does not exist")
-    assert_error(post(gateway, {"messages": OK["messages"]}), 400, "'model' is required")
-    still_serving(gateway)
+def test_unknown_model(tmp_path, tool_script):
+    gw = start(tmp_path, tool_script, model_aliases=["gpt-5*=default"])
+    try:
+        resp = post(gw, {**OK, "model": "gpt-9"})
+        assert_error(resp, 404, "does not exist")
+        assert resp.json()["error"]["code"] == "model_not_found"
+        assert_error(post(gw, {"messages": OK["messages"]}), 400, "'model' is required")
+        assert post(gw, {**OK, "model": "gpt-5-mini"}).status_code == 200
+    finally:
+        gw.close()
 
 
 def test_body_over_default_limit(gateway):
@@ -110,6 +117,71 @@ def test_prompt_over_context_length(tmp_path, tool_script):
 
 
 def test_unknown_route_and_method(gateway):
-    assert httpx.get(f"{gateway.url}/v2/nothing").status_code == 404
-    assert httpx.get(f"{gateway.url}/v1/chat/completions").status_code == 405
+    assert_error(httpx.get(f"{gateway.url}/v2/nothing"), 404, "Not Found")
+    r = httpx.get(f"{gateway.url}/v1/chat/completions")
+    assert_error(r, 405, "Method Not Allowed")
+    assert r.headers["allow"] == "POST"
+    assert httpx.delete(f"{gateway.url}/sessions").headers["allow"] == "GET, POST"
     still_serving(gateway)
+
+
+CALLED = {"role": "assistant", "content": "", "tool_calls": [
+    {"id": "call_1", "type": "function",
+     "function": {"name": "calc", "arguments": '{"expr": "1"}'}}]}
+
+
+def _called(arguments):
+    return {**CALLED, "tool_calls": [{**CALLED["tool_calls"][0], "function": {
+        "name": "calc", "arguments": arguments}}]}
+
+
+@pytest.mark.parametrize("change,param,words", [
+    ({"stream": "false"}, "stream", "'stream' must be a JSON boolean"),
+    ({"stream": 1}, "stream", "'stream' must be a JSON boolean"),
+    ({"stream": True, "stream_options": "usage"}, "stream_options", "must be an object"),
+    ({"stream": True, "stream_options": {"include_usage": "yes"}}, "include_usage",
+     "JSON boolean"),
+    ({"messages": [OK["messages"][0], CALLED, {"role": "tool", "content": "2"}]},
+     "messages[2].tool_call_id", "tool_call_id is required"),
+    ({"messages": [OK["messages"][0], CALLED, {"role": "tool", "content": "2",
+                                               "tool_call_id": ""}]},
+     "messages[2].tool_call_id", "tool_call_id is required"),
+    ({"messages": [OK["messages"][0], _called("{expr: 1}"), OK["messages"][0]]},
+     "messages[1].tool_calls[0]", "JSON text of an object; got '{expr: 1}'"),
+    ({"messages": [OK["messages"][0], _called("[1, 2]"), OK["messages"][0]]},
+     "messages[1].tool_calls[0]", "JSON text of an object"),
+    ({"messages": [OK["messages"][0], _called({"expr": "1"}), OK["messages"][0]]},
+     "messages[1].tool_calls[0]", "must be a JSON string"),
+    ({"tools": [CALC_TOOL], "tool_choice": {"type": "function", "function": {"name": "web"}}},
+     "tool_choice", "names the function 'web', which is not in 'tools' (declared: calc)"),
+    ({"tool_choice": {"type": "function", "function": {"name": "calc"}}}, "tool_choice",
+     "declared: none"),
+    ({"tool_choice": {"type": "function"}}, "tool_choice", "'tool_choice' must be"),
+    ({"tool_choice": "required"}, "tool_choice", "'required' needs a non-empty 'tools'"),
+    ({"tools": [], "tool_choice": "required"}, "tool_choice", "'required' needs"),
+])
+def test_strict_fields(gateway, change, param, words):
+    """Values that used to slip through (a truthy "false" streamed) are refused by name."""
+    resp = post(gateway, {**OK, **change}, key="strict-1")
+    assert_error(resp, 400, words)
+    assert resp.json()["error"]["param"] == param
+    still_serving(gateway)
+
+
+def test_strict_fields_through_the_official_client(gateway):
+    c = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="strict-2", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as err:
+        c.chat.completions.create(model="default", messages=[
+            {"role": "user", "content": "hi"}, CALLED, {"role": "tool", "content": "2"}])
+    assert err.value.body["param"] == "messages[2].tool_call_id"
+    with pytest.raises(openai.BadRequestError) as err:
+        c.chat.completions.create(model="default", messages=OK["messages"],
+                                  tools=[CALC_TOOL], tool_choice={
+                                      "type": "function", "function": {"name": "web"}})
+    assert "not in 'tools'" in err.value.body["message"]
+    # the accepted forms still pass: a named declared tool, 'required' with tools, "" args
+    ok = c.chat.completions.create(
+        model="default", tools=[CALC_TOOL], tool_choice="required",
+        messages=[OK["messages"][0], _called(""), {"role": "tool", "content": "2",
+                                                   "tool_call_id": "call_1"}])
+    assert ok.choices[0].message is not None

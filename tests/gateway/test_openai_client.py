@@ -50,6 +50,40 @@ def test_plain_text_stream_and_logprobs(gateway, tool_script):
     assert [x.logprob for x in lps] == traj["turns"][0]["completion_logprobs"]
 
 
+def _streamed_logprobs(chunks) -> list[float]:
+    return [x.logprob for ch in chunks if ch.choices and ch.choices[0].logprobs
+            for x in ch.choices[0].logprobs.content or []]
+
+
+def test_streamed_tool_call_carries_logprobs(gateway):
+    """A tool-call answer has no text chunk; its logprobs ride on the tool-call chunk."""
+    chunks = list(client(gateway, "run-stream-lp").chat.completions.create(
+        model="default", messages=[{"role": "user", "content": "add"}], tools=[CALC_TOOL],
+        stream=True, logprobs=True))
+    [carrier] = [ch for ch in chunks if ch.choices and ch.choices[0].logprobs]
+    assert carrier.choices[0].delta.tool_calls[0].function.name == "calc"
+    turn = trajectory(gateway, "run-stream-lp")["turns"][0]
+    assert _streamed_logprobs(chunks) == turn["completion_logprobs"]
+    entry = carrier.choices[0].logprobs.content[0]
+    assert entry.token == "<tool_call>" and entry.bytes == list(b"<tool_call>")
+
+
+def test_streamed_text_carries_logprobs_once(gateway, tool_script):
+    tool_script._next = 2  # the plain answer
+    chunks = list(client(gateway, "run-stream-text").chat.completions.create(
+        model="default", messages=[{"role": "user", "content": "hi"}], stream=True,
+        logprobs=True))
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text == "The answer is 6."
+    turn = trajectory(gateway, "run-stream-text")["turns"][0]
+    assert _streamed_logprobs(chunks) == turn["completion_logprobs"]
+    # without logprobs=True, no chunk carries any
+    tool_script._next = 2
+    plain = list(client(gateway, "run-stream-text-2").chat.completions.create(
+        model="default", messages=[{"role": "user", "content": "hi"}], stream=True))
+    assert not any(ch.choices and ch.choices[0].logprobs for ch in plain)
+
+
 def test_twenty_turn_tool_conversation_is_token_exact(gateway, tool_script):
     c = client(gateway, "run-20")
     msgs = [{"role": "system", "content": "You can use a calculator."},

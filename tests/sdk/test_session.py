@@ -153,7 +153,7 @@ def test_bad_keys_are_refused_with_what_to_fix(gw: GatewayHandle) -> None:
                  lambda: stolen.signal("x"), lambda: stolen.context_action("reset")):
         with pytest.raises(GatewayError) as e:
             call()
-        assert e.value.status == 401 and "does not belong to that session" in str(e.value)
+        assert e.value.status == 403 and "does not belong to that session" in str(e.value)
     with pytest.raises(openai.AuthenticationError):
         Session(gw.url, mine.id, "made-up-key").openai(max_retries=0).chat.completions.create(
             model="default", messages=QUESTION)
