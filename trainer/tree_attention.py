@@ -199,3 +199,16 @@ def restore_attention(model: Any) -> None:
     name = model.config._attn_implementation or ""
     if name.startswith(PREFIX + "/"):
         model.config._attn_implementation = name[len(PREFIX) + 1:]
+
+
+def check_tree_forward(model: Any, sparse: bool = True) -> None:
+    """Install tree attention and run a 2-node tree through `model` without gradients, so a
+    layer passing an attention argument the tree cannot keep raises now, not mid-training."""
+    use_tree_attention(model)
+    param = next(model.parameters())
+    end = torch.tensor([2, 2], device=param.device)  # node 1 is node 0's child
+    depth = torch.tensor([0, 1], device=param.device)
+    with torch.no_grad():
+        model(input_ids=torch.zeros(1, 2, dtype=torch.long, device=param.device),
+              position_ids=depth[None], attention_mask=tree_mask(end, depth, param.dtype, sparse),
+              use_cache=False, logits_to_keep=1)
