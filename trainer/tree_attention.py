@@ -20,6 +20,11 @@ Installed for good (`use_tree_attention`), not around one forward: gradient chec
 recomputes layers during backward and must find the same attention function. Inputs without
 the placeholder (generation, plain forwards) go to the model's previous implementation, so
 the model behaves as before on them.
+
+Not FlexAttention (`create_block_mask` + a softcap `score_mod`): in torch 2.13 on CPU it has
+no backward ("FlexAttention does not support backward on CPU"), and for a 5728-node tree its
+forward took 4.2 s eager, 49 ms compiled (after a 25 s compile) and 1.4-2 s per
+`create_block_mask`, against 26 ms for the block-sparse forward here.
 """
 
 from __future__ import annotations
