@@ -159,19 +159,20 @@ def tree_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: t
                    *, base: str = "sdpa", **kwargs: Any) -> tuple[torch.Tensor, Any]:
     """AttentionInterface function: tree attention on a placeholder mask, `base` otherwise."""
     t = getattr(attention_mask, "_envhub_tree", None)
-    fn = base_attention(module, base) if t is None or not t.sparse else None
-    if t is None:
-        return fn(module, query, key, value, attention_mask, scaling=scaling,  # type: ignore[misc]
-                  dropout=dropout, **kwargs)
+    if t is None:  # a plain forward: exactly what the model did before
+        return base_attention(module, base)(module, query, key, value,  # type: ignore[no-any-return]
+                                            attention_mask, scaling=scaling, dropout=dropout,
+                                            **kwargs)
     window, softcap = check_kwargs(module, kwargs)
     if query.shape[0] != 1:
         raise ValueError("tree attention needs one packed row (batch size 1)")
-    if fn is not None:  # dense: the model's own kernel with this layer's mask
+    if not t.sparse:  # dense: the model's own kernel with this layer's [1, 1, N, N] mask
         if base not in ("eager", "sdpa"):
             raise TrainerError(f"dense tree attention needs the model's eager or sdpa "
                                f"attention, not {base!r}: use sparse_attention=True")
-        return fn(module, query, key, value, dense_bias(t, query.dtype, window),  # type: ignore[no-any-return]
-                  scaling=scaling, dropout=dropout, **kwargs)
+        return base_attention(module, base)(  # type: ignore[no-any-return]
+            module, query, key, value, dense_bias(t, query.dtype, window), scaling=scaling,
+            dropout=dropout, **kwargs)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     p = dropout if getattr(module, "training", False) else 0.0
     return _sparse(t, query, key, value, scale, p, window, softcap), None
