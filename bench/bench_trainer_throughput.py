@@ -1,17 +1,32 @@
-"""Trainer throughput on CPU (issue 7): full `Trainer.step` — filters, advantages, packed
-forward/backward, AdamW — on the bundled model (or a same-size random Qwen2 if absent).
+"""Trainer throughput and memory on CPU (issue 7): full `Trainer.step` — filters, advantages,
+packed forward/backward, AdamW — on the bundled model (or a same-size random Qwen2 if absent),
+one row per configuration, side by side.
 
-Reports tokens/s counted two ways: sequence tokens (what an unmerged batch would process)
-and packed tokens (what the model actually ran), with and without prefix merging.
+Each row runs in its own subprocess, so its peak memory is its own: `peak MB` is the child's
+max RSS (`resource.getrusage(RUSAGE_SELF).ru_maxrss`) at the end, `step MB` how far the steps
+pushed it above the max RSS after loading the model and the groups (the activations,
+gradients and optimizer state of the step). tokens/s counts sequence tokens (what an unmerged
+batch processes) and packed tokens (what the model actually ran).
 
-    .venv/bin/python bench/bench_trainer_throughput.py [--groups 4] [--steps 2]
+    .venv/bin/python bench/bench_trainer_throughput.py [--groups 4] [--steps 2] [--turns 10]
+                                                       [--model bundled|wide]
+
+Add a configuration by adding a `Row` to ROWS (TrainerConfig overrides, parameter dtype).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import pickle
+import resource
+import subprocess
+import sys
+import tempfile
 import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -23,9 +38,35 @@ from envhub.trainer.trainer import Trainer
 TINY = Path(__file__).resolve().parents[1] / "gateway" / "engine" / "tiny"
 
 
-def load_model():
+@dataclass
+class Row:
+    """One configuration: a label, TrainerConfig overrides and the parameters' dtype."""
+
+    name: str
+    config: dict[str, Any] = field(default_factory=dict)
+    dtype: str = "float32"
+
+
+ROWS = [
+    Row("tree", {"prefix_merge": True}),
+    Row("tree + ckpt", {"prefix_merge": True, "gradient_checkpointing": True}),
+    Row("unmerged", {"prefix_merge": False}),
+    Row("unmerged + ckpt", {"prefix_merge": False, "gradient_checkpointing": True}),
+    Row("tree, dense mask", {"prefix_merge": True, "sparse_attention": False}),
+]
+
+
+def load_model(kind: str = "bundled") -> tuple[str, Any]:
+    """bundled: the gateway's tiny model (hidden 64, 2 layers, 151k vocabulary: the LM head
+    dominates); wide: a random Qwen2 whose decoder layers dominate (what checkpointing
+    trades)."""
     from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+    if kind == "wide":
+        torch.manual_seed(0)
+        cfg = Qwen2Config(vocab_size=8192, hidden_size=256, intermediate_size=768,
+                          num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=4)
+        return "random wide Qwen2", Qwen2ForCausalLM(cfg).float()
     if (TINY / "config.json").is_file():
         return "bundled tiny model", AutoModelForCausalLM.from_pretrained(TINY,
                                                                          dtype=torch.float32)
@@ -36,34 +77,71 @@ def load_model():
     return "random Qwen2 (bundled-model size)", Qwen2ForCausalLM(cfg).float()
 
 
+def max_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def run_row(row: Row, kind: str, groups_file: str, steps: int) -> dict[str, float]:
+    """In the child: `steps` timed steps after a warm-up one; best step time and memory."""
+    _, model = load_model(kind)
+    model = model.to(getattr(torch, row.dtype))
+    with open(groups_file, "rb") as f:
+        groups: list[Group] = pickle.load(f)
+    base_mb = max_rss_mb()
+    cfg = {"max_tokens_per_forward": 8192, "optim": {"lr": 1e-6}, **row.config}
+    trainer = Trainer(model, TrainerConfig.model_validate(cfg))
+    trainer.step(groups[:1])  # warm-up (allocator, optimizer state)
+    best, metrics = float("inf"), {}
+    for _ in range(steps):
+        t = time.perf_counter()
+        metrics = trainer.step(groups)
+        best = min(best, time.perf_counter() - t)
+    peak = max_rss_mb()
+    return {"seq": metrics["tokens/naive"], "packed": metrics["tokens/packed"], "step_s": best,
+            "peak_mb": peak, "step_mb": peak - base_mb}
+
+
+def sample_groups(model: Any, n: int, turns: int) -> list[Group]:
+    shape = RolloutShape(sessions=8, turns=turns, prompt_len=128, completion_len=(16, 48),
+                         tool_len=(16, 48), cm_every=5, keep_prompt=96, summary_len=32)
+    return [Group(f"g{i}", sample_group(model, f"g{i}", shape, seed=i)) for i in range(n)]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--groups", type=int, default=4)
     ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--turns", type=int, default=10)
+    ap.add_argument("--model", choices=["bundled", "wide"], default="bundled")
+    ap.add_argument("--row", help=argparse.SUPPRESS)  # child mode: a Row as JSON
+    ap.add_argument("--groups-file", help=argparse.SUPPRESS)
     args = ap.parse_args()
     torch.set_num_threads(2)
-    name, model = load_model()
-    shape = RolloutShape(sessions=8, turns=10, prompt_len=128, completion_len=(16, 48),
-                         tool_len=(16, 48), cm_every=5, keep_prompt=96, summary_len=32)
+    if args.row:
+        print(json.dumps(run_row(Row(**json.loads(args.row)), args.model, args.groups_file,
+                                 args.steps)))
+        return
+    name, model = load_model(args.model)
     t0 = time.perf_counter()
-    groups = [Group(f"g{i}", sample_group(model, f"g{i}", shape, seed=i))
-              for i in range(args.groups)]
+    groups = sample_groups(model, args.groups, args.turns)
     print(f"{name}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params; sampled "
-          f"{args.groups} groups x 8 sessions x 10 turns in {time.perf_counter() - t0:.1f}s")
-    print(f"{'packing':<10} {'seq tok':>8} {'packed':>8} {'step s':>8} {'seq tok/s':>10} "
-          f"{'packed tok/s':>12}")
-    for merge in (True, False):
-        trainer = Trainer(model, TrainerConfig.model_validate(
-            {"prefix_merge": merge, "max_tokens_per_forward": 8192, "optim": {"lr": 1e-6}}))
-        trainer.step(groups[:1])  # warm-up
-        best, metrics = float("inf"), {}
-        for _ in range(args.steps):
-            t = time.perf_counter()
-            metrics = trainer.step(groups)
-            best = min(best, time.perf_counter() - t)
-        seq, packed = metrics["tokens/naive"], metrics["tokens/packed"]
-        print(f"{'tree' if merge else 'unmerged':<10} {seq:>8.0f} {packed:>8.0f} {best:>8.2f} "
-              f"{seq / best:>10.0f} {packed / best:>12.0f}")
+          f"{args.groups} groups x 8 sessions x {args.turns} turns in "
+          f"{time.perf_counter() - t0:.1f}s")
+    with tempfile.NamedTemporaryFile(suffix=".pkl") as f:
+        pickle.dump(groups, f)
+        f.flush()
+        print(f"{'configuration':<18} {'dtype':>8} {'seq tok':>8} {'packed':>8} {'step s':>7} "
+              f"{'seq tok/s':>10} {'packed tok/s':>12} {'peak MB':>8} {'step MB':>8}")
+        for row in ROWS:
+            out = subprocess.run([sys.executable, __file__, "--row", json.dumps(asdict(row)),
+                                  "--groups-file", f.name, "--steps", str(args.steps),
+                                  "--model", args.model],
+                                 capture_output=True, text=True, check=True)
+            r = json.loads(out.stdout.strip().splitlines()[-1])
+            print(f"{row.name:<18} {row.dtype:>8} {r['seq']:>8.0f} {r['packed']:>8.0f} "
+                  f"{r['step_s']:>7.2f} {r['seq'] / r['step_s']:>10.0f} "
+                  f"{r['packed'] / r['step_s']:>12.0f} {r['peak_mb']:>8.0f} "
+                  f"{r['step_mb']:>8.0f}")
 
 
 if __name__ == "__main__":

@@ -76,5 +76,10 @@ class TrainerConfig(BaseModel):
         default=True, description="Block-sparse tree attention (cost ~ ancestors per query "
         "block instead of N^2); used where the model supports transformers' "
         "AttentionInterface, dense masked attention otherwise.")
+    gradient_checkpointing: bool = Field(
+        default=False, description="Recompute each decoder layer's activations in the backward "
+        "instead of keeping them (transformers' activation checkpointing, non-reentrant): "
+        "less memory for about one more forward of compute. Works with both tree-attention "
+        "modes.")
     prefix_merge: bool = Field(default=True, description="Pack shared prefixes as one tree "
                                "(off: one branch per sequence, for comparison).")

@@ -1,8 +1,9 @@
 """Forward pass of a packed tree through a transformers causal LM.
 
-The model gets a custom 4D additive mask and explicit position_ids: transformers (v4.45+ and
-v5) returns a 4D `attention_mask` from its mask builder as-is, and eager/SDPA attention use
-it directly, so the ancestor-relation mask reaches every layer unchanged. Only the nodes that
+The model gets explicit position_ids (node depths) and a 4D placeholder `attention_mask`
+carrying the tree: transformers (v4.45+ and v5) returns a 4D mask from its mask builder
+as-is, so it reaches every layer's attention function, `tree_attention` (tree_attention.py),
+which applies the tree with that layer's own window and soft-cap. Only the nodes that
 predict a loss token go through the LM head (`logits_to_keep` with an index tensor), which
 keeps the [nodes, vocab] logits small.
 """
@@ -61,31 +62,22 @@ def tree_logprobs(model: Any, tree: PackedTree, loss_masks: list[list[int]] | No
 
     `chunked_head` (default: when the model allows it) applies the LM head in checkpointed
     chunks; otherwise the model's own forward computes logits for the predicting nodes.
-    `sparse_attention` (default: when the model uses transformers' AttentionInterface) runs
-    block-sparse tree attention (tree_attention.py) instead of the dense masked kernel.
+    `sparse_attention` (default on) runs block-sparse tree attention instead of handing each
+    layer's dense [N, N] tree mask to the model's own eager/SDPA kernel. Either way the
+    model's attention is routed through `tree_attention` for good (`use_tree_attention`:
+    refuses models whose attention the tree cannot keep exact), so a backward with gradient
+    checkpointing recomputes the same attention.
     """
-    from envhub.trainer.tree_attention import sparse_tree_attention, supports
-
-    if sparse_attention is None:
-        sparse_attention = supports(model)
-    if sparse_attention:
-        with sparse_tree_attention(model):
-            return _tree_logprobs(model, tree, loss_masks, with_entropy, chunked_head, True)
-    return _tree_logprobs(model, tree, loss_masks, with_entropy, chunked_head, False)
-
-
-def _tree_logprobs(model: Any, tree: PackedTree, loss_masks: list[list[int]] | None,
-                   with_entropy: bool, chunked_head: bool | None, sparse: bool
-                   ) -> TokenLogprobs:
     import torch
 
-    from envhub.trainer.tree_attention import tree_mask
+    from envhub.trainer.tree_attention import tree_mask, use_tree_attention
 
+    use_tree_attention(model)
     param = next(model.parameters())
     device, dtype = param.device, param.dtype
     seq_index, token_index, pred_nodes, targets = select_targets(tree, loss_masks)
-    mask = (tree_mask(tree.subtree_end.to(device), dtype) if sparse
-            else tree.attention_bias(dtype, device))
+    mask = tree_mask(tree.subtree_end.to(device), tree.position_ids.to(device), dtype,
+                     sparse=sparse_attention is not False)
     inputs = {"input_ids": tree.input_ids[None].to(device),
               "position_ids": tree.position_ids[None].to(device),
               "attention_mask": mask, "use_cache": False}

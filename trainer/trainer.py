@@ -51,6 +51,18 @@ class Trainer:
         self.tokenizer = tokenizer
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = self._new_optimizer()
+        self._prepare_models()
+
+    def _prepare_models(self) -> None:
+        """Tree attention on (refusing models it cannot keep exact) and, if configured,
+        activation checkpointing; both stay on for the Trainer's life."""
+        from envhub.trainer.tree_attention import check_tree_forward
+
+        for m in (self.model, self.reference):
+            if m is not None:
+                check_tree_forward(m, self.config.sparse_attention)
+        if self.config.gradient_checkpointing:
+            self.model.activation_checkpointing_enable({"use_reentrant": False})
 
     def _new_optimizer(self) -> torch.optim.Optimizer:
         import torch
@@ -126,7 +138,7 @@ class Trainer:
             masks = [s.loss_mask for s in seqs]
             packed += tree.n_nodes
             naive += tree.n_sequence_tokens
-            sparse = None if cfg.sparse_attention else False
+            sparse = cfg.sparse_attention
             out = tree_logprobs(self.model, tree, masks, sparse_attention=sparse)
             device = out.logprobs.device
             flat = _flat_index(seqs, out.seq_index, out.token_index)

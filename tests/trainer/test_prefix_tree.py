@@ -115,11 +115,35 @@ def _check_equivalence(model, lp_tol: float = 1e-5, grad_tol: float = 1e-5,
 @pytest.mark.parametrize("arch, attn, sparse", [
     ("qwen2", "sdpa", True), ("qwen2", "sdpa", False), ("qwen2", "eager", False),
     ("llama", "sdpa", True), ("llama", "sdpa", False), ("llama", "eager", False),
+    ("mistral", "sdpa", True), ("mistral", "sdpa", False), ("mistral", "eager", False),
+    ("gemma2", "eager", True), ("gemma2", "eager", False),
 ])
 def test_merged_equals_unmerged_random_models(arch: str, attn: str, sparse: bool) -> None:
-    """sparse: block-sparse tree attention; dense: the 4D mask through the model's own
-    eager or SDPA attention."""
+    """sparse: block-sparse tree attention; dense: each layer's [N, N] tree mask through the
+    model's own eager or SDPA attention. Mistral slides a 16-token window over every layer,
+    Gemma-2 soft-caps scores at 5 and slides on layer 0 only (sequences: 17-39 tokens)."""
     _check_equivalence(tiny_model(arch, attn), sparse=sparse)
+
+
+@pytest.mark.parametrize("arch, feature", [("mistral", "window"), ("gemma2", "window"),
+                                           ("gemma2", "softcap")])
+def test_window_and_softcap_matter_in_the_test_models(arch: str, feature: str) -> None:
+    """The equivalence above is not vacuous: without the feature the model's own output moves
+    by far more than its 1e-5 tolerance (before the fix, the tree was 0.15-0.43 nats off)."""
+    model = tiny_model(arch)
+    seq = torch.randint(0, 512, (1, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        before = model(input_ids=seq).logits
+        if feature == "window":
+            model.config.sliding_window = 1024  # longer than the sequence: no window
+            for layer in model.model.layers:
+                if getattr(layer.self_attn, "sliding_window", None) is not None:
+                    layer.self_attn.sliding_window = 1024
+        else:
+            for layer in model.model.layers:
+                layer.self_attn.attn_logit_softcapping = None
+        after = model(input_ids=seq).logits
+    assert (before - after).abs().max().item() > 1e-2
 
 
 @pytest.mark.slow  # a 151k-token vocabulary on CPU
@@ -204,13 +228,15 @@ def test_sparse_tree_attention_skips_unrelated_branches() -> None:
         pass
 
     dense = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.5, enable_gqa=True)
-    carrier = tree_attention.tree_mask(tree.subtree_end, torch.float32)
-    for m in (mask, carrier):  # from a dense mask, and from the tree alone
-        out, _ = tree_attention.tree_attention(Layer().eval(), q, k, v, m, scaling=0.5)
-        assert torch.allclose(out, dense.transpose(1, 2), atol=1e-6)
-    for a, b in zip(tree_attention._blocks(mask, torch.float32),
-                    tree_attention._blocks(carrier, torch.float32), strict=True):
-        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    carrier = tree_attention.tree_mask(tree.subtree_end, tree.position_ids, torch.float32)
+    out, _ = tree_attention.tree_attention(Layer().eval(), q, k, v, carrier, scaling=0.5)
+    assert torch.allclose(out, dense.transpose(1, 2), atol=1e-6)
+    layout = carrier._envhub_tree
+    assert torch.equal(tree_attention.dense_bias(layout, torch.float32, None), mask)
     # Every query block looks at far fewer keys than the N = 1240 nodes of the tree.
-    sizes = [len(c) for c, _ in tree_attention._blocks(carrier, torch.float32)]
+    sizes = [len(c) for c, _ in tree_attention.blocks(layout, torch.float32, None)]
     assert max(sizes) <= 40 + 300 + tree_attention.BLOCK < tree.n_nodes
+    # A window bounds the keys too: a block's own nodes plus up to window - 1 ancestors above
+    # each of the (here at most 2) branches it straddles.
+    sizes = [len(c) for c, _ in tree_attention.blocks(layout, torch.float32, 16)]
+    assert max(sizes) <= tree_attention.BLOCK + 2 * 15
