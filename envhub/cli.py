@@ -61,6 +61,9 @@ def train_command(
                                          "moments after each weight push"),
     no_std_norm: bool = typer.Option(False, "--no-std-norm", help="GRPO advantages r - mean "
                                      "(not divided by the group's std)"),
+    gradient_checkpointing: bool = typer.Option(False, "--gradient-checkpointing",
+                                                help="recompute activations in the backward "
+                                                "pass (less memory, more compute)"),
 ) -> None:
     """Train on an environment: gateway + rollouts + trainer + weight sync, on CPU."""
     from pathlib import Path
@@ -75,7 +78,8 @@ def train_command(
                           concurrency=concurrency, lr=lr, tau=tau, window=window or None,
                           model=model, max_turns=max_turns, tasks=tasks,
                           keep_weights=keep_weights, sync_every=sync_every,
-                          reset_optimizer=reset_optimizer, std_norm=not no_std_norm)
+                          reset_optimizer=reset_optimizer, std_norm=not no_std_norm,
+                          gradient_checkpointing=gradient_checkpointing)
     try:
         from envhub.envs.loader import load_env
 

@@ -43,6 +43,8 @@ class TrainLoopConfig(BaseModel):
                                   "(GLM-5 resets them at every weight sync)")
     std_norm: bool = Field(True, description="GRPO advantages divided by the group's reward "
                            "std; off: plain r - mean (GLM-5's formula)")
+    gradient_checkpointing: bool = Field(False, description="recompute activations in the "
+                                         "backward pass (less memory, more compute)")
     keep_weights: int = Field(2, ge=1, description="weight versions kept in OUT/weights (the "
                               "newest; older ones are deleted once a newer one is served)")
 
@@ -113,7 +115,8 @@ def train(cfg: TrainLoopConfig, log: Any = print) -> list[dict[str, Any]]:
     trainer = Trainer(model, TrainerConfig(
         optim=OptimConfig(lr=cfg.lr, reset_optimizer_on_sync=cfg.reset_optimizer),
         advantages=AdvantageConfig(normalize_std=cfg.std_norm),
-        filters=FilterConfig(tau=cfg.tau, group_size=cfg.k, drop_no_signal=True)))
+        filters=FilterConfig(tau=cfg.tau, group_size=cfg.k, drop_no_signal=True),
+        gradient_checkpointing=cfg.gradient_checkpointing))
     history: list[dict[str, Any]] = []
     gw = run_in_thread(gw_config)
     source = HttpSource(gw.url, admin)

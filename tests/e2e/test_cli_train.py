@@ -21,7 +21,7 @@ def test_train_arith_runs_the_loop_and_the_engine_samples_the_new_weights(tmp_pa
     done = envhub("train", "arith", "--steps", "3", "--seed", "3", "--out", str(out),
                   "--groups", "2", "--k", "2", "--tasks", "2", "--max-turns", "3",
                   "--keep-weights", "1", "--sync-every", "2", "--reset-optimizer",
-                  "--no-std-norm", cwd=tmp_path)
+                  "--no-std-norm", "--gradient-checkpointing", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2]
