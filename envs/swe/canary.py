@@ -40,12 +40,6 @@ class Canaries:
         return self.must_fail, self.must_pass
 
 
-def target_file(test_files: list[str], fail_to_pass: list[str]) -> str:
-    """The graded file that holds the first FAIL_TO_PASS test (where its real tests are)."""
-    first = fail_to_pass[0].split("::")[0]
-    return first if first.endswith(".py") else (test_files[0] if test_files else first)
-
-
 def _name(source: str, taken: set[str]) -> str:
     words = re.findall(r"def test_(\w+)\s*\(", source) or ["case", "values", "basic"]
     while True:
@@ -56,38 +50,59 @@ def _name(source: str, taken: set[str]) -> str:
             return name
 
 
-def _body(name: str, fails: bool) -> str:
+def _body(name: str, fails: bool, indent: str, method: bool) -> str:
+    """A test comparing two integers, written in the style of its neighbours (a TestCase
+    method with `self.assertEqual`, or a function with a bare `assert`), so that neutering
+    either assertion mechanism fails the must-fail canary's job as well as the real tests'."""
     a, b = _rng.randint(2, 999), _rng.randint(2, 999)
     total = a + b + (_rng.randint(1, 9) if fails else 0)
-    return f"\n\ndef {name}():\n    got = {a} + {b}\n    assert got == {total}\n\n"
+    check = f"self.assertEqual(got, {total})" if method else f"assert got == {total}"
+    head = f"def {name}(self):" if method else f"def {name}():"
+    return "".join(f"{indent}{line}\n" if line else "\n" for line in
+                   ["", head, f"    got = {a} + {b}", f"    {check}", ""])
 
 
-def _slots(source: str) -> list[int]:
-    """0-based line numbers where a top-level def/class starts (decorators included) after the
-    imports, plus the end: places where a new function changes nothing else."""
+def _starts(nodes: list[ast.stmt]) -> list[int]:
+    """0-based first lines (decorators included) of the defs and classes among `nodes`."""
+    return [min([n.lineno, *(d.lineno for d in n.decorator_list)]) - 1 for n in nodes
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+
+
+def _place(source: str, cls: str | None) -> tuple[list[int], str, bool]:
+    """(0-based lines where a new def changes nothing else, its indent, as a method?): inside
+    class `cls` when the graded test is a method of a class that uses self.assert*, else at
+    the top level after the imports."""
     lines = source.splitlines(keepends=True)
     try:
         tree = ast.parse(source)
     except SyntaxError:  # a syntax the host's Python does not know: append only
-        return [len(lines)]
-    slots = [min([n.lineno, *(d.lineno for d in n.decorator_list)]) - 1 for n in tree.body
-             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
-    return sorted(set(slots)) + [len(lines)]
+        return [len(lines)], "", False
+    for node in tree.body:
+        if (cls and isinstance(node, ast.ClassDef) and node.name == cls and node.end_lineno
+                and "self.assert" in source):
+            indent = " " * node.body[0].col_offset
+            return sorted(set(_starts(node.body[1:]))) + [node.end_lineno], indent, True
+    return sorted(set(_starts(tree.body))) + [len(lines)], "", False
 
 
-def plant(source: str, path: str) -> tuple[str, Canaries]:
-    """`source` with a must-fail and a must-pass canary inserted at random top-level slots."""
+def plant(source: str, test_id: str) -> tuple[str, Canaries]:
+    """`source` (the file of graded test `test_id`) with a must-fail and a must-pass canary
+    inserted at random places beside that test."""
+    path, *rest = test_id.split("::")
+    cls = rest[0] if len(rest) > 1 else None
     taken: set[str] = set()
     fail_name, pass_name = _name(source, taken), _name(source, taken)
     lines = source.splitlines(keepends=True)
     if lines and not lines[-1].endswith("\n"):
         lines[-1] += "\n"
-    slots = _slots(source)
-    inserts = sorted([(_rng.choice(slots), _body(fail_name, True)),
-                      (_rng.choice(slots), _body(pass_name, False))], key=lambda x: -x[0])
+    slots, indent, method = _place(source, cls)
+    inserts = sorted([(_rng.choice(slots), _body(fail_name, True, indent, method)),
+                      (_rng.choice(slots), _body(pass_name, False, indent, method))],
+                     key=lambda x: -x[0])
     for at, text in inserts:  # from the bottom up, so earlier slots keep their line numbers
         lines.insert(at, text)
-    return "".join(lines), Canaries(path, f"{path}::{fail_name}", f"{path}::{pass_name}")
+    prefix = f"{path}::{cls}::" if method else f"{path}::"
+    return "".join(lines), Canaries(path, prefix + fail_name, prefix + pass_name)
 
 
 def command_with(command: str, canaries: Canaries) -> str:

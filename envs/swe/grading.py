@@ -175,9 +175,8 @@ async def grade(
 
 async def plant_canaries(sandbox: Sandbox, task: SWETask) -> canary.Canaries:
     """Plant the canaries in the graded file holding the first FAIL_TO_PASS test."""
-    rel = canary.target_file(task.test_files, task.FAIL_TO_PASS)
-    path = f"{task.repo_dir}/{rel}"
+    path = f"{task.repo_dir}/{task.FAIL_TO_PASS[0].split('::')[0]}"
     source = (await sandbox.read_file(path)).decode("utf-8", errors="surrogateescape")
-    planted, canaries = canary.plant(source, rel)
+    planted, canaries = canary.plant(source, task.FAIL_TO_PASS[0])
     await sandbox.write_file(path, planted.encode("utf-8", errors="surrogateescape"))
     return canaries
