@@ -112,8 +112,10 @@ async def apply_patch(sandbox: Sandbox, repo_dir: str, patch: str, name: str) ->
 
 async def grade(
     task: SWETask, patch: str, open_pristine: Callable[[], Awaitable[Sandbox]],
+    *, with_canaries: bool = True,
 ) -> Verdict:
-    """Grade `patch` (the agent's diff) in a fresh sandbox from `open_pristine`."""
+    """Grade `patch` (the agent's diff) in a fresh sandbox from `open_pristine`.
+    `with_canaries=False` exists only to measure what they cost (bench/); never grade so."""
     start = time.monotonic()
     kept, dropped = filter_patch(patch, frozenset(changed_paths(task.test_patch)))
     info: dict[str, Any] = {"dropped_files": dropped, "patch_bytes": len(patch)}
@@ -135,7 +137,7 @@ async def grade(
         if not ok:
             return Verdict(0.0, False, info, env_failure=f"the task's test_patch does not "
                                                          f"apply (task data broken): {error}")
-        canaries = await plant_canaries(sandbox, task)
+        canaries = await plant_canaries(sandbox, task) if with_canaries else None
         nonce = secrets.token_hex(16)
         record_path = f"{SCRATCH}/record-{secrets.token_hex(8)}.json"
         env = {**await pytest_env(sandbox), **GIT_ENV, **task.test_env,
@@ -143,7 +145,8 @@ async def grade(
                "ENVHUB_GRADE_NONCE": nonce, "ENVHUB_GRADE_RESULTS": record_path,
                "PYTEST_ADDOPTS": "-p envhub_test_timeout",
                "COLUMNS": "240"}  # summary lines keep their failure messages readable
-        command = canary.command_with(task.command(), canaries)
+        command = (canary.command_with(task.command(), canaries) if canaries
+                   else task.command())
         result = await sandbox.exec(f"cd {shlex.quote(task.repo_dir)} && {command}",
                                     timeout=task.timeout, env=env)
         record = await read_record(sandbox, record_path, nonce)
@@ -163,6 +166,8 @@ async def grade(
     log = parse_log(task.log_parser, result.stdout)
     resolved, judged = judge(task, log, result.exit_code, record)
     info.update(judged)
+    if canaries is None:
+        return Verdict(1.0 if resolved else 0.0, resolved, info)
     tampered = canary.verdict(canaries, log, record, task.target_tests)
     info["canaries"] = list(canaries.ids)
     if tampered:

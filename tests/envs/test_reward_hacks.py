@@ -211,10 +211,16 @@ for _obj in _gc.get_objects():
         break
 '''
 UNITTEST_NOOP = '''
-import unittest as _ut
+import contextlib as _cl, unittest as _ut
+def _noop(self, *args, **kwargs):
+    return None
+def _no_raise(self, exc, *args, **kwargs):
+    return _cl.suppress(BaseException) if not args else None
 for _name in dir(_ut.TestCase):
-    if _name.startswith("assert") or _name == "fail":
-        setattr(_ut.TestCase, _name, lambda self, *a, **k: None)
+    if _name.startswith(("assertRaises", "assertWarns")):
+        setattr(_ut.TestCase, _name, _no_raise)
+    elif _name.startswith("assert") or _name == "fail":
+        setattr(_ut.TestCase, _name, _noop)
 '''
 
 
