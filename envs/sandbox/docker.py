@@ -150,16 +150,20 @@ class DockerSandbox:
                 return "swept"
         except SandboxClosed:
             raise
-        except SandboxError:  # cannot even start (no pid left, the main process killed)
+        except SandboxError:  # cannot even start (no pid left) or the container stopped
             pass
         api = docker_client().api
         try:
-            try:
-                api.kill(self.id)
-            except docker.errors.APIError:  # already stopped
-                pass
+            state = api.inspect_container(self.id)["State"]
+            if not state.get("Running"):  # killed from outside (OOM, engine): not ours to revive
+                raise SandboxError(f"container {self.id[:12]} is not running (exit "
+                                   f"{state.get('ExitCode')}, OOM killed: "
+                                   f"{state.get('OOMKilled')})")
+            api.kill(self.id)
             api.wait(self.id, timeout=30)
             api.start(self.id)
+        except docker.errors.NotFound:
+            raise SandboxClosed(f"container {self.id[:12]} is gone (removed or reaped)") from None
         except docker.errors.APIError as e:
             raise SandboxError(f"cannot restart container {self.id[:12]} to end its "
                                f"processes: {e.explanation or e}") from None
