@@ -14,6 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 from envhub.envs.manifest import Manifest, SandboxSpec
 from envhub.envs.sandbox.base import Sandbox
 from envhub.envs.tools.result import ToolResult  # what environment-defined tools return too
+from envhub.sdk.types import Signal
 
 
 @dataclass
@@ -32,6 +33,8 @@ class Verdict:
     resolved: bool
     info: dict[str, Any] = field(default_factory=dict)
     env_failure: str | None = None
+    # process signals of the grading itself (e.g. grading_tampered), scored like the turns'
+    signals: list[Signal] = field(default_factory=list)
 
 
 class EnvFailure(Exception):

@@ -3,13 +3,17 @@
 Verifier contract (Harbor's): tests/ is uploaded to /tests only after the agent finished,
 `bash /tests/test.sh` runs from the task's WORKDIR and writes /logs/verifier/reward.txt (a
 number) or reward.json (`{"reward": x}`, or named rewards that are averaged). Hardening:
-/tests and /logs/verifier are wiped first, so files the agent planted there do not count;
+every process left in the sandbox is killed first (a loop rewriting the reward file, started
+through a tool call or `docker exec -d`, must not run beside the verifier), then /tests and
+/logs/verifier are wiped and made again, so files the agent planted there do not count; only
+reward files written after the verifier started (newer than a marker made then) are read;
 a verifier that times out or a sandbox error is `env_failure`, a missing reward is 0.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 import time
 
 from envhub.envs.environment import EnvFailure, Verdict
@@ -65,21 +69,55 @@ async def _read(sandbox: Sandbox, path: str) -> str | None:
         return None
 
 
+async def _fresh_reward_dir(sandbox: Sandbox, marker: str) -> None:
+    """Empty /tests and /logs/verifier, then the start marker; EnvFailure if anything is
+    already back in the reward folder (nothing may run at this point)."""
+    result = await sandbox.exec(
+        f"rm -rf /tests {REWARD_DIR} && mkdir -p {REWARD_DIR} /logs/agent && touch {marker} "
+        f"&& ls -A {REWARD_DIR}", timeout=60, cwd="/")
+    if result.exit_code != 0 or result.stdout.strip():
+        raise EnvFailure(f"cannot start the verifier with an empty {REWARD_DIR} (exit "
+                         f"{result.exit_code}: {(result.stderr + result.stdout).strip()[-300:]})")
+
+
+async def _fresh_rewards(sandbox: Sandbox, marker: str) -> tuple[str | None, str | None, list]:
+    """reward.txt and reward.json as written by this verifier run: files not newer than the
+    start marker (or not regular files) are ignored and reported."""
+    names = ("reward.txt", "reward.json")
+    listing = await sandbox.exec(
+        "for f in " + " ".join(names) + f"; do p={REWARD_DIR}/$f; "
+        f'if [ -f "$p" ] && [ ! -L "$p" ]; then '
+        f'if [ "$p" -nt {marker} ]; then echo "new $f"; else echo "old $f"; fi; '
+        f'elif [ -e "$p" ] || [ -L "$p" ]; then echo "odd $f"; fi; done; rm -f {marker}',
+        timeout=60, cwd="/")
+    state: dict[str, str] = {}
+    for line in listing.stdout.splitlines():
+        how, _, name = line.partition(" ")
+        state[name] = how
+    ignored = [f"{name} ({state[name]})" for name in names if state.get(name, "new") != "new"]
+    fresh = {name: await _read(sandbox, f"{REWARD_DIR}/{name}") if state.get(name) == "new"
+             else None for name in names}
+    return fresh["reward.txt"], fresh["reward.json"], ignored
+
+
 async def run_verifier(task: HarborTask, sandbox: Sandbox) -> Verdict:
     start = time.monotonic()
+    marker = f"/logs/.envhub-verifier-{secrets.token_hex(8)}"
     try:
-        await sandbox.exec(f"rm -rf /tests {REWARD_DIR} && mkdir -p {REWARD_DIR} /logs/agent",
-                           timeout=60, cwd="/")
+        await sandbox.end_processes()  # whatever the agent left running dies first
+        await _fresh_reward_dir(sandbox, marker)
         await sandbox.upload(str(task.tests_dir), "/tests")
         env = {"PATH": SAFE_PATH, **task.config.verifier.env}
         result = await sandbox.exec("bash /tests/test.sh", timeout=task.config.verifier.timeout_sec,
                                     cwd=task.workdir, env=env)
-        txt = await _read(sandbox, f"{REWARD_DIR}/reward.txt")
-        js = await _read(sandbox, f"{REWARD_DIR}/reward.json")
-    except SandboxError as e:
+        await sandbox.end_processes()  # nothing test.sh started writes after we read
+        txt, js, ignored = await _fresh_rewards(sandbox, marker)
+    except (SandboxError, EnvFailure) as e:
         return Verdict(0.0, False, {}, env_failure=f"verifier sandbox failed: {e}")
-    info = {"exit_code": result.exit_code, "verifier_s": round(time.monotonic() - start, 3),
-            "test_log_tail": (result.stdout + result.stderr)[-3000:]}
+    info: dict = {"exit_code": result.exit_code, "verifier_s": round(time.monotonic() - start, 3),
+                  "test_log_tail": (result.stdout + result.stderr)[-3000:]}
+    if ignored:
+        info["ignored_reward_files"] = ignored
     if result.timed_out:
         return Verdict(0.0, False, info, env_failure=(
             f"tests/test.sh did not finish within {task.config.verifier.timeout_sec:g}s"))

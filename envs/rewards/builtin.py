@@ -2,7 +2,8 @@
 
 - outcome: the verifier's score, clamped to [0, 1].
 - process: one event per penalised turn signal (malformed_tool_call from the gateway;
-  unknown_tool, tool_error, language_mixing from the agent), value -signal.value;
+  unknown_tool, tool_error, language_mixing from the agent; grading_tampered from a verifier
+  that caught the agent's code forging test results), value -signal.value;
   `process.<signal>` overrides the `process` weight for one signal (and penalises a signal
   not in the default list).
 - time: completion time relative to the group's median, for resolved samples only (a fast
@@ -19,7 +20,8 @@ from envhub.envs.rewards.base import SampleScore, weight_of
 from envhub.sdk.types import RewardEvent, Signal
 
 TIME_SCALE_FLOOR_S = 1.0
-PROCESS_SIGNALS = ("malformed_tool_call", "unknown_tool", "tool_error", "language_mixing")
+PROCESS_SIGNALS = ("malformed_tool_call", "unknown_tool", "tool_error", "language_mixing",
+                   "grading_tampered")
 
 
 class Outcome:

@@ -58,6 +58,9 @@ class MemorySandbox:
     async def download(self, remote_path: str, local_path: str) -> None:
         Path(local_path).write_bytes(await self.read_file(remote_path))
 
+    async def end_processes(self) -> str:
+        return "swept"  # no processes: commands are not run here
+
     async def close(self) -> None:
         self._closed = True
         self._files.clear()

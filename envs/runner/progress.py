@@ -51,11 +51,12 @@ class RunProgress:
 
 def results_table(records: list[RolloutRecord]) -> Table:
     """One row per task: samples, resolved, mean outcome / process / time / total over `done`
-    rollouts, and failures (never averaged in as zeros)."""
+    rollouts, failures (never averaged in as zeros), and forged test runs caught by the grader."""
     summary = summarize(records)
     table = Table(title="envhub run results")
     table.add_column("env/task", overflow="fold", min_width=24)
-    for col in ("n", "solved", "outcome", "process", "time", "total", "env_fail", "agent_err"):
+    for col in ("n", "solved", "outcome", "process", "time", "total", "env_fail", "agent_err",
+                "tampered"):
         table.add_column(col, justify="right", no_wrap=True)
 
     def fmt(v: float | None) -> str:
@@ -65,7 +66,7 @@ def results_table(records: list[RolloutRecord]) -> Table:
         m = b["mean"]
         return [name, str(b["rollouts"]), f"{b['resolved']}/{b['done']}", fmt(m["outcome"]),
                 fmt(m["process"]), fmt(m["time"]), fmt(m["total"]), str(b["env_failure"]),
-                str(b["agent_error"])]
+                str(b["agent_error"]), str(b["tampered"])]
 
     for name, b in summary["tasks"].items():
         table.add_row(*row(name, b))

@@ -111,7 +111,10 @@ def summarize(records: list[RolloutRecord]) -> dict[str, Any]:
         return {"rollouts": len(rs), "done": len(done),
                 "resolved": sum(1 for r in done if r.resolved),
                 "env_failure": sum(1 for r in rs if r.status == "env_failure"),
-                "agent_error": sum(1 for r in rs if r.status == "agent_error"), "mean": means}
+                "agent_error": sum(1 for r in rs if r.status == "agent_error"),
+                # done rollouts whose verifier caught the agent's code forging test results
+                "tampered": sum(1 for r in done if r.verdict.get("grading_tampered")),
+                "mean": means}
 
     envs: dict[str, list[RolloutRecord]] = {}
     tasks: dict[str, list[RolloutRecord]] = {}

@@ -4,7 +4,8 @@ The session stays open afterwards: rewards need the whole group (time is relativ
 group's median), so `scoring.finalize_group` posts them and closes the sessions.
 Failure mapping: setup/grading/sandbox/gateway problems → `env_failure` with a reason (never a
 reward of 0); the agent's own failures → `agent_error`; hitting a limit is a normal end.
-Every sandbox the rollout opened is closed before this returns, whatever happened.
+Every process of the agent phase is killed before grading (`Sandbox.end_processes`), and every
+sandbox the rollout opened is closed before this returns, whatever happened.
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ async def execute(key: RolloutKey, group_id: str, loaded: LoadedEnv, task: Task,
     ctx = RunContext(run_id=rs.run_id, sandbox_kind=kind, open_sandbox=tracker.open,
                      scratch=scratch, options={"model": rs.model})
     try:
-        await _run_phases(p, loaded, task, rs, ctx)
+        await _run_phases(p, loaded, task, rs, ctx, tracker)
     except asyncio.CancelledError:
         if p.session is not None:  # interrupted mid-rollout: not the agent's fault, not scored
             await asyncio.shield(_close_quietly(p.session, "interrupted"))
@@ -124,7 +125,7 @@ async def _close_quietly(session: Any, reason: str) -> None:
 
 
 async def _run_phases(p: PendingRollout, loaded: LoadedEnv, task: Task, rs: RolloutSetup,
-                      ctx: RunContext) -> None:
+                      ctx: RunContext, tracker: SandboxTracker) -> None:
     env, spec = loaded.env, loaded.manifest.sandbox
     t0 = time.monotonic()
     try:
@@ -146,6 +147,8 @@ async def _run_phases(p: PendingRollout, loaded: LoadedEnv, task: Task, rs: Roll
                         session=p.session, gateway_url=rs.link.url, model=rs.model)
     if not await _run_agent(p, rs.agent, actx, limits):
         return
+    if not await _end_agent_processes(p, tracker.opened):
+        return
 
     t2 = time.monotonic()
     try:
@@ -161,6 +164,20 @@ async def _run_phases(p: PendingRollout, loaded: LoadedEnv, task: Task, rs: Roll
         p.fail("env_failure", f"grading: {verdict.env_failure}")
         return
     p.verdict = verdict
+
+
+async def _end_agent_processes(p: PendingRollout, boxes: list[Sandbox]) -> bool:
+    """Kill everything the agent phase left running in the rollout's sandboxes (a loop that
+    rewrites the reward file, a server faking the answers) before anything is graded; False
+    (env_failure) when a sandbox cannot be brought to that state."""
+    for box in list(boxes):
+        try:
+            how = await box.end_processes()
+        except (SandboxError, EnvFailure) as e:
+            p.fail("env_failure", f"ending the agent's processes in {box.id}: {e}")
+            return False
+        p.agent_info.setdefault("ended_processes", {})[box.id] = how
+    return True
 
 
 async def _run_agent(p: PendingRollout, agent: Agent, actx: AgentContext,

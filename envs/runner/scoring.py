@@ -35,7 +35,8 @@ async def finalize_group(pendings: list[PendingRollout], loaded: LoadedEnv, agen
         assert p.verdict is not None
         scores[i] = SampleScore(
             outcome=p.verdict.outcome, resolved=p.verdict.resolved, duration_s=p.duration_s,
-            signals=list(trajectory.signals), turn_seqs=[t.seq for t in trajectory.turns],
+            signals=[*trajectory.signals, *p.verdict.signals],
+            turn_seqs=[t.seq for t in trajectory.turns],
             verdict_info=_jsonable(p.verdict.info))
     previous = [SampleScore(r.outcome or 0.0, bool(r.resolved), r.duration_s)
                 for r in earlier if r.status == "done"]

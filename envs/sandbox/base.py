@@ -48,6 +48,12 @@ class Sandbox(Protocol):
 
     async def download(self, remote_path: str, local_path: str) -> None: ...
 
+    async def end_processes(self) -> str:
+        """Kill every process the sandbox's commands started, running or detached (the agent
+        phase is over: nothing it left may run while it is graded); files are kept. Returns
+        how ("swept", or "restarted" where the container had to be)."""
+        ...
+
     async def close(self) -> None: ...
 
 

@@ -1,5 +1,12 @@
 """Docker sandbox: one container per task attempt, driven through the `docker` SDK.
 
+Nothing outlives the calls that started it: whenever the last running exec of a sandbox
+returns, every process in the container but its init and main process is killed (a
+fork-free sweep from inside; when even that cannot run, e.g. a fork bomb filled the pids
+limit, the container is killed and started again, which keeps its files). So a `setsid`,
+`nohup` or double-forked child of a finished tool call, or a loop left to rewrite the
+reward file during grading, is gone before the next call or phase starts.
+
 Defaults are closed: no network (`network_mode="none"`) unless the spec allows it, CPU,
 memory and pids limits, no host mounts, an init process that reaps zombies. Every container
 carries the labels of `reaper.py` and is removed on close, at exit, or by `reap()`.
@@ -32,7 +39,14 @@ from envhub.envs.sandbox.reaper import (
     track,
     untrack,
 )
-from envhub.envs.sandbox.shell import EXEC_ID_VAR, sweep_argv, timed_out, wrapper_argv
+from envhub.envs.sandbox.shell import (
+    EXEC_ID_VAR,
+    SWEEP_ALL,
+    SWEEP_CLEAN,
+    sweep_argv,
+    timed_out,
+    wrapper_argv,
+)
 
 WORKDIR = "/workspace"
 PIDS_LIMIT = 1024  # stops fork bombs from taking the host down
@@ -58,6 +72,9 @@ class DockerSandbox:
         self.spec = spec
         self.workdir = workdir
         self._closed = False
+        self._running = 0  # execs in flight; the sweep runs when the last one returns
+        self._sweep_lock = asyncio.Lock()  # no exec starts while a sweep kills everything
+        self._keep: list[str] = []  # the container's main process (PID 1's child)
 
     @classmethod
     async def open(cls, spec: SandboxSpec, *, run_id: str, labels: dict[str, str],
@@ -111,7 +128,53 @@ class DockerSandbox:
         sandbox = cls(container, spec)
         # The image may lack the workdir (any env image): create it before first use.
         sandbox._run(["mkdir", "-p", WORKDIR], env=None, workdir="/")
+        sandbox._keep = sandbox._main_pids()
         return sandbox
+
+    def _main_pids(self) -> list[str]:
+        """The processes running when no exec does (the main `sleep`): spared by the sweep."""
+        code, out, _ = self._run(["sh", "-c", 'for p in /proc/[0-9]*; do p=${p#/proc/}; '
+                                  '[ "$p" = 1 ] || [ "$p" = $$ ] || echo "$p"; done'], None, "/")
+        if code != 0:
+            raise SandboxError(f"cannot list the processes of container {self.id[:12]}")
+        return out.decode().split()
+
+    def _kill_all_blocking(self) -> str:
+        """Kill every process but init and the main one; "swept" or "restarted" (when the
+        sweep could not run or finish, the container is killed and started again)."""
+        docker = import_docker()
+        try:
+            code, out, _ = self._run(["sh", "-c", SWEEP_ALL, "envhub-sweep-all", *self._keep],
+                                     None, "/")
+            if code == 0 and SWEEP_CLEAN in out.decode(errors="replace"):
+                return "swept"
+        except SandboxClosed:
+            raise
+        except SandboxError:  # cannot even start (no pid left) or the container stopped
+            pass
+        api = docker_client().api
+        try:
+            state = api.inspect_container(self.id)["State"]
+            if not state.get("Running"):  # killed from outside (OOM, engine): not ours to revive
+                raise SandboxError(f"container {self.id[:12]} is not running (exit "
+                                   f"{state.get('ExitCode')}, OOM killed: "
+                                   f"{state.get('OOMKilled')})")
+            api.kill(self.id)
+            api.wait(self.id, timeout=30)
+            api.start(self.id)
+        except docker.errors.NotFound:
+            raise SandboxClosed(f"container {self.id[:12]} is gone (removed or reaped)") from None
+        except docker.errors.APIError as e:
+            raise SandboxError(f"cannot restart container {self.id[:12]} to end its "
+                               f"processes: {e.explanation or e}") from None
+        self._keep = self._main_pids()
+        return "restarted"
+
+    async def end_processes(self) -> str:
+        """Kill every process started in the sandbox (running or detached); files are kept."""
+        self._check()
+        async with self._sweep_lock:
+            return await in_thread(self._kill_all_blocking)
 
     # -- exec ---------------------------------------------------------------------------
     def _check(self) -> None:
@@ -138,6 +201,23 @@ class DockerSandbox:
         """Run `cmd` with bash (sh if absent) in `cwd` (default /workspace). On timeout every
         process the call started is killed, including ones that left its process group."""
         self._check()
+        async with self._sweep_lock:
+            self._running += 1
+        try:
+            return await self._exec(cmd, timeout, cwd, env)
+        finally:
+            self._running -= 1
+            if self._running == 0 and not self._closed:
+                # detached children of the call (setsid, nohup, double fork) die now
+                await asyncio.shield(self._sweep_if_idle())
+
+    async def _sweep_if_idle(self) -> None:
+        async with self._sweep_lock:
+            if self._running == 0 and not self._closed:
+                await in_thread(self._kill_all_blocking)
+
+    async def _exec(self, cmd: str, timeout: float | None, cwd: str | None,
+                    env: dict[str, str] | None) -> ExecResult:
         timeout = timeout or self.spec.exec_timeout_s
         exec_id = uuid.uuid4().hex
         full_env = {**(env or {}), EXEC_ID_VAR: exec_id}

@@ -47,7 +47,7 @@ from envhub.envs.sandbox.reaper import (
     track,
     untrack,
 )
-from envhub.envs.sandbox.shell import EXEC_ID_VAR, SWEEP, timed_out, wrapper_line
+from envhub.envs.sandbox.shell import EXEC_ID_VAR, SWEEP, SWEEP_TAGGED, timed_out, wrapper_line
 
 WORKDIR = "/home/user"
 DEFAULT_TEMPLATE = "base"
@@ -160,6 +160,15 @@ class E2BSandbox:
         import shlex
 
         await self._run(shlex.join(["sh", "-c", SWEEP, "envhub-sweep", exec_id]), None, 60)
+
+    async def end_processes(self) -> str:
+        """Kill every process a wrapped exec started (E2B's own agent, envd, shares the
+        sandbox, so it cannot be "everything but init" as in docker)."""
+        import shlex
+
+        self._check()
+        await self._run(shlex.join(["sh", "-c", SWEEP_TAGGED, "envhub-sweep-tagged"]), None, 60)
+        return "swept"
 
     def _abs(self, path: str) -> str:
         return posixpath.normpath(posixpath.join(self.workdir, path))

@@ -7,8 +7,8 @@ tmpfs /tmp, a new pid namespace (when the call ends or times out, every process 
 dies with it, setsid or not), `--die-with-parent`, a new session (no terminal injection), all
 capabilities dropped, /proc/sys read-only, and rlimits (data size, file size, no core dumps).
 
-Background processes do not outlive a call here (unlike docker): the pid namespace ends
-with the command.
+Background processes do not outlive a call here: the pid namespace ends with the command
+(and the call's pids cgroup is emptied with SIGKILL), so `end_processes` has nothing to do.
 
 Without bwrap the command runs as a plain subprocess in the workdir: no isolation at all,
 so this is only allowed with a loud warning (logged and printed once per process).
@@ -321,6 +321,12 @@ class LocalSandbox:
             await asyncio.to_thread(shutil.copy2, source, target)
         else:
             raise SandboxFileError(f"{remote_path}: no such file in the sandbox")
+
+    async def end_processes(self) -> str:
+        """Nothing to do: every call's processes died with its pid namespace (and cgroup)."""
+        if self._closed:
+            raise SandboxClosed(f"sandbox {self.id} is closed")
+        return "swept"
 
     async def close(self) -> None:
         if self._closed:

@@ -36,6 +36,38 @@ exit 0
 """.replace("{var}", EXEC_ID_VAR)
 
 
+# Kills every process of the container except PID 1 (the init), the pids given as arguments
+# (the container's main process) and itself, in rounds until a round finds nothing; prints
+# CLEAN then. Shell builtins only (no fork): it must work when a fork bomb filled the pids limit
+# and must not be outrun by one.
+SWEEP_ALL = r"""
+keep=" 1 $$ $* "
+n=0
+while [ $n -lt 50 ]; do
+  n=$((n+1)); found=
+  for p in /proc/[0-9]*; do
+    pid=${p#/proc/}
+    case "$keep" in *" $pid "*) continue;; esac
+    kill -9 "$pid" 2>/dev/null && found=1
+  done
+  if [ -z "$found" ]; then echo CLEAN; exit 0; fi
+done
+exit 1
+"""
+SWEEP_CLEAN = "CLEAN"
+
+# Kills every process that any wrapped exec started (they all carry EXEC_ID_VAR), for backends
+# whose own agent processes share the sandbox (e2b's envd): cannot see processes that cleared
+# their environment.
+SWEEP_TAGGED = r"""
+for p in /proc/[0-9]*; do
+  [ "${p#/proc/}" = "$$" ] && continue
+  if grep -qz "^{var}=" "$p/environ" 2>/dev/null; then kill -9 "${p#/proc/}" 2>/dev/null; fi
+done
+exit 0
+""".replace("{var}", EXEC_ID_VAR)
+
+
 def wrapper_argv(cmd: str, cwd: str, timeout: float) -> list[str]:
     """argv running `cmd` under the wrapper (`sh -c WRAPPER envhub-exec cwd timeout cmd max`)."""
     return ["sh", "-c", WRAPPER, "envhub-exec", cwd, f"{timeout:g}", cmd, str(MAX_STREAM_BYTES)]

@@ -10,6 +10,10 @@ Contract of `grade`:
 * resolved ⇔ every FAIL_TO_PASS and PASS_TO_PASS test is PASSED in the log's final summary
   (missing, FAILED, ERROR, SKIPPED, XFAIL all count as failure), the log's lines agree with
   its counts, and the exit code agrees with the log;
+* canary tests planted next to the graded ones (`canary.py`) must come out as they must: a
+  must-fail canary that passes, or one that vanished, means code from the patch tampered with
+  the runner in-process; the verdict is then 0 with a `grading_tampered` signal (not an
+  env_failure: the agent did it);
 * each test has a time limit (it fails when exceeded); a run that cannot complete (sandbox
   error, the whole command timing out, test_patch not applying) is `env_failure`, never 0.
 """
@@ -26,12 +30,15 @@ from typing import Any
 from envhub.envs.environment import EnvFailure, Verdict
 from envhub.envs.sandbox.base import Sandbox
 from envhub.envs.sandbox.errors import SandboxError, SandboxFileError
+from envhub.envs.swe import canary
 from envhub.envs.swe.diff import changed_paths, filter_patch, runner_references
 from envhub.envs.swe.logparse import ERROR, FAILED, PASSED, TestLog, parse_log
 from envhub.envs.swe.repo import GIT, GIT_ENV, SCRATCH, pytest_env
 from envhub.envs.swe.task import SWETask
+from envhub.sdk.types import Signal
 
 LOG_TAIL = 4000
+TAMPERED = "grading_tampered"  # the process signal a detected forgery carries
 
 
 def judge(task: SWETask, log: TestLog, exit_code: int,
@@ -105,8 +112,10 @@ async def apply_patch(sandbox: Sandbox, repo_dir: str, patch: str, name: str) ->
 
 async def grade(
     task: SWETask, patch: str, open_pristine: Callable[[], Awaitable[Sandbox]],
+    *, with_canaries: bool = True,
 ) -> Verdict:
-    """Grade `patch` (the agent's diff) in a fresh sandbox from `open_pristine`."""
+    """Grade `patch` (the agent's diff) in a fresh sandbox from `open_pristine`.
+    `with_canaries=False` exists only to measure what they cost (bench/); never grade so."""
     start = time.monotonic()
     kept, dropped = filter_patch(patch, frozenset(changed_paths(task.test_patch)))
     info: dict[str, Any] = {"dropped_files": dropped, "patch_bytes": len(patch)}
@@ -128,6 +137,7 @@ async def grade(
         if not ok:
             return Verdict(0.0, False, info, env_failure=f"the task's test_patch does not "
                                                          f"apply (task data broken): {error}")
+        canaries = await plant_canaries(sandbox, task) if with_canaries else None
         nonce = secrets.token_hex(16)
         record_path = f"{SCRATCH}/record-{secrets.token_hex(8)}.json"
         env = {**await pytest_env(sandbox), **GIT_ENV, **task.test_env,
@@ -135,7 +145,9 @@ async def grade(
                "ENVHUB_GRADE_NONCE": nonce, "ENVHUB_GRADE_RESULTS": record_path,
                "PYTEST_ADDOPTS": "-p envhub_test_timeout",
                "COLUMNS": "240"}  # summary lines keep their failure messages readable
-        result = await sandbox.exec(f"cd {shlex.quote(task.repo_dir)} && {task.command()}",
+        command = (canary.command_with(task.command(), canaries) if canaries
+                   else task.command())
+        result = await sandbox.exec(f"cd {shlex.quote(task.repo_dir)} && {command}",
                                     timeout=task.timeout, env=env)
         record = await read_record(sandbox, record_path, nonce)
     except (SandboxError, EnvFailure) as e:
@@ -154,4 +166,22 @@ async def grade(
     log = parse_log(task.log_parser, result.stdout)
     resolved, judged = judge(task, log, result.exit_code, record)
     info.update(judged)
+    if canaries is None:
+        return Verdict(1.0 if resolved else 0.0, resolved, info)
+    tampered = canary.verdict(canaries, log, record, task.target_tests)
+    info["canaries"] = list(canaries.ids)
+    if tampered:
+        info["problems"] = [*tampered, *info["problems"]]
+        info[TAMPERED] = True
+        return Verdict(0.0, False, info, signals=[Signal(name=TAMPERED, info={
+            "why": tampered[:3]})])
     return Verdict(1.0 if resolved else 0.0, resolved, info)
+
+
+async def plant_canaries(sandbox: Sandbox, task: SWETask) -> canary.Canaries:
+    """Plant the canaries in the graded file holding the first FAIL_TO_PASS test."""
+    path = f"{task.repo_dir}/{task.FAIL_TO_PASS[0].split('::')[0]}"
+    source = (await sandbox.read_file(path)).decode("utf-8", errors="surrogateescape")
+    planted, canaries = canary.plant(source, task.FAIL_TO_PASS[0])
+    await sandbox.write_file(path, planted.encode("utf-8", errors="surrogateescape"))
+    return canaries

@@ -134,3 +134,38 @@ def test_local_sandbox_is_refused_with_the_fix(tmp_path: Path) -> None:
                      scratch=tmp_path)
     with pytest.raises(Exception, match="--sandbox docker"):
         asyncio.run(harness.env.setup(task, ctx))
+
+
+#: keeps writing a perfect reward while the verifier runs (Harbor's reward file)
+WRITER = "while :; do mkdir -p /logs/verifier; echo 1 > /logs/verifier/reward.txt; sleep 0.05; done"
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("how", ["tool_call_setsid", "tool_call_double_fork", "docker_exec_d"])
+def test_a_leftover_reward_writer_does_not_count(tmp_path: Path, how: str) -> None:
+    """The agent leaves a loop writing 1 to reward.txt and does nothing else: killed before
+    the verifier starts, and a reward file older than the verifier is never read."""
+    require_docker()
+    harness = TerminalHarness(tmp_path)
+    task = harness.tasks["envhub/word-frequency"]
+    ctx = RunContext(run_id="test-harbor", sandbox_kind="docker", open_sandbox=harness.open,
+                     scratch=tmp_path)
+
+    async def go() -> Verdict:
+        try:
+            sandbox = await harness.env.setup(task, ctx)
+            if how == "docker_exec_d":  # from outside any tool call, as a host agent could
+                sandbox.container.exec_run(["sh", "-c", WRITER], detach=True)  # type: ignore
+            elif how == "tool_call_setsid":
+                await sandbox.exec(f"setsid sh -c '{WRITER}' >/dev/null 2>&1 &", timeout=30)
+            else:
+                await sandbox.exec(f"(env -i sh -c '{WRITER}' >/dev/null 2>&1 &) &", timeout=30)
+            await asyncio.sleep(0.5)
+            return await harness.env.verify(task, sandbox, ctx)
+        finally:
+            while harness.opened:
+                await harness.opened.pop().close()
+
+    verdict = asyncio.run(go())
+    assert verdict.env_failure is None, verdict.env_failure
+    assert not verdict.resolved and verdict.outcome == 0.0, verdict.info

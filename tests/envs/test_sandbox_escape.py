@@ -9,6 +9,7 @@ import asyncio
 import os
 import socket
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -212,16 +213,78 @@ def test_docker_caps_the_number_of_processes(docker_box) -> None:
 
 
 @pytest.mark.docker
-@pytest.mark.xfail(strict=True, reason="docker sandbox: a fork bomb that backgrounds itself "
-                   "outlives its call (the call returns 0 at once, the bomb fills the pids "
-                   "limit); processes of a finished call are only swept after a timeout, and the "
-                   "in-container sweep cannot fork once the limit is full: the sandbox stays "
-                   "unusable ('Cannot fork') until closed; the host is safe (pids limit)")
+@pytest.mark.timeout(180)
+@pytest.mark.xfail(strict=False, reason="after the call the sweep (or, when it cannot start, a "
+                   "restart of the container) ends the bomb and the sandbox stays usable, and it "
+                   "passes on a quiet host; on a loaded one the Docker engine itself may fail to "
+                   "kill the container ('did not receive an exit event') and the test hangs: "
+                   "not yet reliable")
 def test_docker_fork_bomb_is_contained(docker_box) -> None:
     """The real thing. The pids limit keeps the host safe; when the call ends (timeout or
-    not) nothing of the bomb may remain, and the sandbox must stay usable."""
+    not) nothing of the bomb may remain (the fork-free sweep, or a restart of the container
+    when even that cannot start), and the sandbox must stay usable."""
     run(docker_box.exec(BOMB, timeout=10))
     assert subprocess.run(["true"], check=False).returncode == 0  # the host still forks
     left = container_processes(docker_box)
     assert len(left) <= 2, f"{len(left)} processes of the bomb outlived its call"
     assert run(docker_box.exec("echo alive")).stdout == "alive\n"
+
+
+# -- nothing outlives its call or the agent phase -----------------------------------------------
+
+#: ways a tool call leaves a process behind; each is tagged with the token ({t}) to find it
+DETACH = {
+    "background": "exec -a {t} sleep 300 &",
+    "setsid": "setsid sh -c 'exec -a {t} sleep 300' >/dev/null 2>&1 &",
+    "nohup": "nohup sh -c 'exec -a {t} sleep 300' >/dev/null 2>&1 &",
+    "double_fork_clean_env": "(env -i sh -c '(exec -a {t} sleep 300 &)' &)",
+}
+
+
+@pytest.mark.bwrap
+@pytest.mark.parametrize("how", sorted(DETACH))
+def test_local_detached_processes_die_with_their_call(local_box, how) -> None:
+    token = f"envhub-detach-{uuid.uuid4().hex[:8]}"
+    r = run(local_box.exec(DETACH[how].format(t=token) + "\necho started", timeout=30))
+    assert r.stdout == "started\n", r
+    assert host_processes_with(token) == []
+    assert run(local_box.end_processes()) == "swept"
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("how", sorted(DETACH))
+def test_docker_detached_processes_die_with_their_call(docker_box, how) -> None:
+    token = f"envhub-detach-{uuid.uuid4().hex[:8]}"
+    r = run(docker_box.exec(DETACH[how].format(t=token) + "\necho started", timeout=30))
+    assert r.stdout == "started\n", r
+    assert not any(token in " ".join(p) for p in container_processes(docker_box))
+    assert len(container_processes(docker_box)) == 2  # docker-init and its `sleep infinity`
+    assert run(docker_box.exec("echo alive")).stdout == "alive\n"
+
+
+@pytest.mark.docker
+def test_docker_end_processes_kills_what_no_call_started(docker_box) -> None:
+    """`docker exec -d` (outside the sandbox API, as a host-run agent with the socket could) is
+    not the end of any call: end_processes, run after the agent phase, kills it; files stay."""
+    token = f"envhub-detach-{uuid.uuid4().hex[:8]}"
+    run(docker_box.write_file("kept.txt", b"kept"))
+    docker_box.container.exec_run(["bash", "-c", f"exec -a {token} sleep 300"], detach=True)
+    time.sleep(0.5)
+    assert any(token in " ".join(p) for p in container_processes(docker_box))
+    # a process of `docker exec` is reaped outside the container: the sweep may still see it
+    # as a zombie and restart the container to be sure; either way it is gone, files stay
+    assert run(docker_box.end_processes()) in ("swept", "restarted")
+    assert len(container_processes(docker_box)) == 2
+    assert run(docker_box.read_file("kept.txt")) == b"kept"
+
+
+@pytest.mark.docker
+def test_docker_end_processes_reports_a_stopped_container(docker_box) -> None:
+    """A container that stopped (its main process killed, OOM) is an infrastructure failure
+    for the runner, not something to revive silently."""
+    from envhub.envs.sandbox.errors import SandboxError
+
+    docker_box.container.exec_run(["sh", "-c", "kill -9 $(cat /proc/1/task/1/children)"])
+    time.sleep(1)
+    with pytest.raises(SandboxError, match="not running"):
+        run(docker_box.end_processes())
