@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 
@@ -11,42 +10,9 @@ import pytest
 from envhub.envs.errors import EnvLoadError, EnvNotFound
 from envhub.envs.loader import available_envs, load_env, resolve_folder, rows_to_tasks, task_rows
 from envhub.envs.manifest import ManifestError, TasksSource, load_manifest
+from tests.envs.conftest import ENTRYPOINT, MANIFEST, make_pkg
 
 FIXTURES = Path(__file__).resolve().parent / "runtime_fixtures"
-
-MANIFEST = """
-name = "pkg"
-version = "1.0.0"
-entrypoint = "main:Env"
-[tasks]
-path = "tasks.jsonl"
-"""
-ENTRYPOINT = """
-from envhub.envs.loader import rows_to_tasks, task_rows
-from .helper import PREFIX
-
-class Env:
-    def __init__(self, folder, manifest):
-        self.folder, self.manifest = folder, manifest
-    def load_tasks(self):
-        return rows_to_tasks(task_rows(self.folder, self.manifest.tasks))
-    async def setup(self, task, ctx): ...
-    def tools(self, task): return [PREFIX]
-    async def solve(self, task, sandbox, ctx): ...
-    async def verify(self, task, sandbox, ctx): ...
-"""
-
-
-def make_pkg(root: Path, manifest: str = MANIFEST, entry: str = ENTRYPOINT) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "envhub.toml").write_text(manifest)
-    (root / "main.py").write_text(entry)
-    (root / "helper.py").write_text("PREFIX = 'submit'\n")
-    rows = [{"instance_id": "a-1", "problem_statement": "fix it", "extra": 1},
-            {"id": "b-2", "instruction": "do it"}]
-    (root / "tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return root
-
 
 def test_builtin_arith_is_listed_and_loads():
     assert available_envs()["arith"] == "builtin"

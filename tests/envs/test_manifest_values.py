@@ -13,7 +13,7 @@ from envhub.envs.loader import check_tools, load_env
 from envhub.envs.manifest import ManifestError, parse_manifest
 from envhub.envs.sandbox.kinds import choices
 from envhub.envs.tools import TOOL_NAMES
-from tests.envs.test_loader import MANIFEST, make_pkg
+from tests.envs.conftest import MANIFEST, make_pkg
 from tests.support import envhub
 
 SHARED = ", ".join(TOOL_NAMES)

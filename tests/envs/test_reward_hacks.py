@@ -20,7 +20,7 @@ from envhub.envs.sandbox import Sandbox
 from envhub.envs.swe.grading import apply_patch
 from envhub.envs.swe.logparse import PASSED, parse_pytest_log
 from envhub.envs.swe.repo import GIT, GIT_ENV, pytest_env
-from tests.envs.test_swe_env import SWEHarness, kind_available, oracle
+from tests.envs.conftest import SWEHarness, kind_available, oracle
 
 TASK = "toolz-1.2.0__get_in__wrong_default"  # bug in toolz/dicttoolz.py, hidden test_dicttoolz.py
 SOURCE = "toolz/dicttoolz.py"

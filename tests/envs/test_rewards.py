@@ -15,6 +15,7 @@ from envhub.envs.rewards import (
     time_values,
 )
 from envhub.sdk.types import RewardEvent, Signal
+from tests.envs.conftest import arith_with
 
 WEIGHTS = {"outcome": 1.0, "process": 0.1, "time": 0.2}
 
@@ -95,35 +96,6 @@ def test_language_mixing(text, mixed):
 
 
 # --- components from the table and from a manifest --------------------------------------------
-
-BREVITY = '''
-from envhub.sdk.types import RewardEvent
-
-
-class Brevity:
-    """-0.1 per turn: an environment's own component, listed in its manifest."""
-
-    def score(self, group, weights):
-        return [[RewardEvent(kind="custom", name="brevity", value=-0.1 * len(s.turn_seqs))]
-                for s in group]
-'''
-
-
-def arith_with(tmp_path, rewards: str, module: str = BREVITY):
-    """A copy of the built-in arith package whose manifest's [rewards] reads `rewards`."""
-    import re
-    import shutil
-
-    from envhub.envs.loader import resolve_folder
-
-    folder = tmp_path / "arith-own"
-    shutil.copytree(resolve_folder("arith"), folder, ignore=shutil.ignore_patterns("__pycache__"))
-    toml = (folder / "envhub.toml").read_text()
-    toml = re.sub(r"\[rewards\]\n(?:[^\[\n][^\n]*\n)*", "[rewards]\n" + rewards + "\n\n", toml)
-    (folder / "envhub.toml").write_text(toml)
-    (folder / "rewards.py").write_text(module)
-    return folder
-
 
 def test_a_manifest_lists_its_own_component_beside_the_built_ins(tmp_path):
     from envhub.envs.loader import load_env

@@ -225,7 +225,7 @@ def test_agent_failure_is_agent_error_and_not_scored(gateway, monkeypatch):
 
 def test_an_environments_own_reward_component_reaches_the_records_and_the_pool(gateway,
                                                                                  tmp_path):
-    from tests.envs.test_rewards import arith_with
+    from tests.envs.conftest import arith_with
 
     folder = arith_with(tmp_path, 'outcome = 1.0\nbrevity = { weight = 0.5, component = '
                                   '"rewards:Brevity" }')

@@ -12,71 +12,22 @@ import hashlib
 import io
 import json
 import tarfile
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
 
-from envhub.envs.environment import RunContext, Task, Verdict
+from envhub.envs.environment import Task
 from envhub.envs.loader import load_env
 from envhub.envs.manifest import SandboxSpec
 from envhub.envs.sandbox import Sandbox, open_sandbox
 from envhub.envs.swe.repo import GIT, GIT_ENV, cut_history
 from envhub.envs.swe.task import SWETask, TaskFileError, load_swe_tasks, parse_task
+from tests.envs.conftest import SWEHarness, kind_available, oracle
 from tests.support import require_docker, require_tool
 
-Act = Callable[[Sandbox, "SWEHarness", Task], Awaitable[None]]
 # One task per project keeps the default run short; the full set runs in the slow tests.
 SAMPLE = ["inflection-0.5.1__camelize__dropped_branch", "toolz-1.2.0__get_in__wrong_default",
           "cachetools-8.0.0__rr_cache__wrong_default"]
-
-
-class SWEHarness:
-    """Loads swe-task and runs setup → act → verify like the runner does."""
-
-    def __init__(self, kind: str, scratch: Path) -> None:
-        self.kind = kind
-        self.loaded = load_env("swe-task")
-        self.env = self.loaded.env
-        self.tasks = {t.id: t for t in self.env.load_tasks()}
-        self.scratch = scratch
-        self.opened: list[Sandbox] = []
-
-    async def open(self, spec: SandboxSpec) -> Sandbox:
-        box = await open_sandbox(self.kind, spec, run_id="test-swe",  # type: ignore[arg-type]
-                                 package_root=self.loaded.folder)
-        self.opened.append(box)
-        return box
-
-    def ctx(self) -> RunContext:
-        return RunContext(run_id="test-swe", sandbox_kind=self.kind, open_sandbox=self.open,
-                          scratch=self.scratch)
-
-    def swe(self, task_id: str) -> SWETask:
-        return self.env.swe_task(self.tasks[task_id])
-
-    async def rollout(self, task_id: str, act: Act | None) -> Verdict:
-        task = self.tasks[task_id]
-        ctx = self.ctx()
-        try:
-            sandbox = await self.env.setup(task, ctx)
-            if act is not None:
-                await act(sandbox, self, task)
-            return await self.env.verify(task, sandbox, ctx)
-        finally:
-            while self.opened:
-                await self.opened.pop().close()
-
-
-async def oracle(sandbox: Sandbox, h: SWEHarness, task: Task) -> None:
-    await h.env.solve(task, sandbox, h.ctx())
-
-
-def kind_available(kind: str) -> None:
-    if kind == "local":
-        require_tool("bwrap")
-    else:
-        require_docker()
 
 
 @pytest.fixture(params=["local", pytest.param("docker", marks=pytest.mark.docker)])

@@ -115,3 +115,15 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     srv = start_server(tmp_path_factory.mktemp("registry-data"))
     yield srv
     stop_server(srv)
+
+
+# Raw HTTP helpers of the registry API (test_server.py, test_hardening.py)
+API = "/api/v1"
+
+
+def put(server: Server, path: str, data: bytes, token: str | None,
+        headers: dict[str, str] | None = None) -> httpx.Response:
+    h = {"Content-Type": "application/gzip", **(headers or {})}
+    if token is not None:
+        h["Authorization"] = f"Bearer {token}"
+    return httpx.put(f"{server.url}{API}{path}", content=data, headers=h, timeout=60)

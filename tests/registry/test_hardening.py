@@ -12,9 +12,8 @@ import pytest
 
 from envhub.registry.catalog import Catalog
 from envhub.registry.limits import SEARCH_DESCRIPTION_CHARS, Limits
-from tests.registry.conftest import Server, run_cli, tree
+from tests.registry.conftest import API, Server, put, run_cli, tree
 from tests.registry.hostile import build, member
-from tests.registry.test_server import API, put
 
 
 def manifest(name: str, extra: str = "") -> bytes:

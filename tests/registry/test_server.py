@@ -14,18 +14,8 @@ import pytest
 
 from envhub.registry.archive import pack
 from envhub.registry.install import resolve
-from tests.registry.conftest import ENVHUB, Server, make_env, run_cli, tree
+from tests.registry.conftest import API, ENVHUB, Server, make_env, put, run_cli, tree
 from tests.registry.hostile import HOSTILE
-
-API = "/api/v1"
-
-
-def put(server: Server, path: str, data: bytes, token: str | None,
-        headers: dict[str, str] | None = None) -> httpx.Response:
-    h = {"Content-Type": "application/gzip", **(headers or {})}
-    if token is not None:
-        h["Authorization"] = f"Bearer {token}"
-    return httpx.put(f"{server.url}{API}{path}", content=data, headers=h, timeout=60)
 
 
 def packed_bytes(tmp_path: Path, name: str, version: str = "1.0.0", body: str = "") -> bytes:
