@@ -64,12 +64,18 @@ def train_command(
     gradient_checkpointing: bool = typer.Option(False, "--gradient-checkpointing",
                                                 help="recompute activations in the backward "
                                                 "pass (less memory, more compute)"),
+    chains: str = typer.Option("all", help="conversations of each session to train on: all, "
+                               "or main (the one with the most turns; a CLI's side calls are "
+                               "other chains)"),
 ) -> None:
     """Train on an environment: gateway + rollouts + trainer + weight sync, on CPU."""
     from pathlib import Path
 
     from envhub.train import TrainLoopConfig, train
 
+    if chains not in ("all", "main"):
+        typer.echo(f"error: --chains {chains!r}: use all or main", err=True)
+        raise typer.Exit(2)
     if model is not None and not Path(model).is_dir():
         typer.echo(f"error: --model {model} is not a folder; pass a Hugging Face model folder",
                    err=True)
@@ -79,7 +85,8 @@ def train_command(
                           model=model, max_turns=max_turns, tasks=tasks,
                           keep_weights=keep_weights, sync_every=sync_every,
                           reset_optimizer=reset_optimizer, std_norm=not no_std_norm,
-                          gradient_checkpointing=gradient_checkpointing)
+                          gradient_checkpointing=gradient_checkpointing,
+                          chains=chains)
     try:
         from envhub.envs.loader import load_env
 

@@ -17,7 +17,7 @@ import secrets
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -45,6 +45,9 @@ class TrainLoopConfig(BaseModel):
                            "std; off: plain r - mean (GLM-5's formula)")
     gradient_checkpointing: bool = Field(False, description="recompute activations in the "
                                          "backward pass (less memory, more compute)")
+    chains: Literal["all", "main"] = Field("all", description="conversations of a session to "
+                                           "train on: all, or the main one (side calls of CLIs "
+                                           "are other chains)")
     keep_weights: int = Field(2, ge=1, description="weight versions kept in OUT/weights (the "
                               "newest; older ones are deleted once a newer one is served)")
 
@@ -115,7 +118,8 @@ def train(cfg: TrainLoopConfig, log: Any = print) -> list[dict[str, Any]]:
     trainer = Trainer(model, TrainerConfig(
         optim=OptimConfig(lr=cfg.lr, reset_optimizer_on_sync=cfg.reset_optimizer),
         advantages=AdvantageConfig(normalize_std=cfg.std_norm),
-        filters=FilterConfig(tau=cfg.tau, group_size=cfg.k, drop_no_signal=True),
+        filters=FilterConfig(tau=cfg.tau, group_size=cfg.k, drop_no_signal=True,
+                             chains=cfg.chains),
         gradient_checkpointing=cfg.gradient_checkpointing))
     history: list[dict[str, Any]] = []
     gw = run_in_thread(gw_config)

@@ -8,8 +8,19 @@ A new request is matched against these states by rolling message hashes:
   ids of the appended messages only (previous ids kept verbatim, as sampled);
 - it extends a state that was already extended, or repeats an earlier request → `fork`
   (retry / branch), a new segment that starts from those exact ids;
-- it extends nothing → `truncate` / `summarize` / `rewrite` / `reset` (classified against the
-  latest turn), a new segment whose prompt is rendered in full.
+- it extends nothing → either a context-management action of one of the session's
+  conversations (`truncate` / `summarize` / `rewrite` / `reset`, classified against that
+  conversation's latest turn) or a new conversation; a new segment whose prompt is rendered in
+  full either way.
+
+Conversations ("chains"): black-box CLIs make side calls on the same key (a title or summary
+request beside the main loop, sub-agents). Each conversation is its own chain, a root of the
+session's tree; a chain's id is the seq of its first turn. A request that extends nothing joins
+a chain when (1) its first message is the first message of that chain's latest request (same
+system prompt or same opening; the most recent such chain wins), or (2) it shares messages
+beyond the first with the latest request of a chain that has the same tools; otherwise it
+opens a new chain and no CM action is recorded. Chains are derived from what is stored (the
+parent turn, or the CM action's `from_seq`), so a pool needs no extra column.
 """
 
 from __future__ import annotations
@@ -34,6 +45,8 @@ class TurnState:
     req_key: bytes = b""  # rolling hash of (tools, request messages)
     key: bytes = b""  # rolling hash of (tools, request messages, response)
     n_messages: int = 0  # request messages
+    chain: int = -1  # the conversation: seq of its first turn (set by History.add)
+    first_hash: bytes = b""  # hash of the request's first message (set by History.add)
     extended: bool = False  # a later turn of the same segment continued from here
     _ids: list[int] | None = None  # cached full history; kept only on segment tips
 
@@ -80,6 +93,7 @@ class History:
     next_segment: int = 0
     latest: TurnState | None = None
     declared: CMAction | None = None  # declared by the agent, applies to the next request
+    tips: dict[int, TurnState] = field(default_factory=dict)  # chain -> its latest turn
     # the previous request's hashes and rolling hashes: agents resend the same prefix, so the
     # rolling hashes of that prefix are reused instead of recomputed (cost ∝ new messages)
     _last: tuple[list[bytes], list[bytes]] = (([], []))
@@ -108,6 +122,10 @@ class History:
         if declared is not None:
             detected = plan.action.kind if plan.action else None
             declared.info = {**declared.info, "detected": detected}
+            if declared.from_seq is None and plan.kind == "new" and self.latest is not None:
+                # the agent says it managed its context: the conversation it left is its latest
+                declared.from_seq = (plan.action.from_seq if plan.action is not None
+                                     else self.latest.seq)
             if plan.action is not None or plan.new_segment:
                 plan.action = declared
             else:  # the history still extends: record the declaration, keep the segment
@@ -132,13 +150,28 @@ class History:
             return Plan("fork", state, i, hashes[i:], True,
                         CMAction(kind="fork", from_seq=state.seq,
                                  info={"reason": "continues an earlier turn"}))
-        if self.latest is None:
-            return Plan("new", None, 0, hashes, True)
-        return Plan("new", None, 0, hashes, True, self._classify(hashes, first_is_system))
+        return Plan("new", None, 0, hashes, True, self._conversation_action(
+            hashes, rolling[0], first_is_system))
 
-    def _classify(self, new: list[bytes], starts_with_system: bool) -> CMAction:
-        ref = self.latest
-        assert ref is not None
+    def _conversation_action(self, hashes: list[bytes], tools_key: bytes,
+                             first_is_system: bool) -> CMAction | None:
+        """The CM action of the conversation a request that extends nothing rewrites, or None
+        when it starts a new conversation (see the module docstring)."""
+        tips = sorted(self.tips.values(), key=lambda s: s.seq, reverse=True)
+        for tip in tips:
+            if hashes and tip.first_hash == hashes[0]:
+                return self._classify(hashes, first_is_system, tip)[0]
+        for tip in tips:
+            if tip.tools_key == tools_key:
+                action, kept = self._classify(hashes, first_is_system, tip)
+                if kept > 0:
+                    return action
+        return None
+
+    def _classify(self, new: list[bytes], starts_with_system: bool,
+                  ref: TurnState) -> tuple[CMAction, int]:
+        """The action turning `ref`'s conversation into `new`, and how many messages beyond a
+        shared system prompt it kept."""
         old = ref.request_hashes() + [ref.response_hash]
         ops = difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes()
         equal = [(i1, i2, j1) for tag, i1, i2, j1, _ in ops if tag == "equal"]
@@ -160,10 +193,31 @@ class History:
         else:
             kind = "rewrite"
         return CMAction(kind=kind, from_seq=ref.seq, removed=removed, added=added,
-                        tokens_before=len(ref.full_ids()))
+                        tokens_before=len(ref.full_ids())), kept
 
-    def add(self, state: TurnState, request_key: bytes, n_messages: int) -> None:
-        """Register a finished turn so later requests can extend it."""
+    def chain_of(self, parent: TurnState | None, action: CMAction | None, seq: int) -> int:
+        """The conversation of a new turn: its parent's, else that of the turn its CM action
+        departed from, else a new one (its own seq)."""
+        if parent is not None:
+            return parent.chain
+        if action is not None and action.from_seq is not None:
+            origin = self.states.get(action.from_seq)
+            if origin is not None:
+                return origin.chain
+        return seq
+
+    def add(self, state: TurnState, request_key: bytes, n_messages: int,
+            action: CMAction | None = None) -> None:
+        """Register a finished turn (with the CM action it was recorded with, if any) so later
+        requests can extend it."""
+        state.chain = self.chain_of(state.parent, action, state.seq)
+        if state.parent is not None:  # the request extends the parent's messages
+            state.first_hash = state.parent.first_hash
+        else:
+            state.first_hash = state.appended_hashes[0] if state.appended_hashes else b""
+        tip = self.tips.get(state.chain)
+        if tip is None or state.seq > tip.seq:
+            self.tips[state.chain] = state
         state.req_key = request_key
         state.key = chain(request_key, state.response_hash)
         state.n_messages = n_messages

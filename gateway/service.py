@@ -219,6 +219,7 @@ class ChatService:
         choices: list[Choice] = []
         ops: list[WriteOp] = []
         states: list[TurnState] = []
+        actions: list[CMAction | None] = []
         latency_ms = (time.perf_counter() - t0) * 1000
         self.metrics.latency_ms.observe(latency_ms)
         for i, (seq, seg, res) in enumerate(zip(p.seqs, p.segments, results, strict=True)):
@@ -245,6 +246,7 @@ class ChatService:
                 trainable=res.trainable, completion_text=res.text))
             action = p.action if i == 0 else CMAction(
                 kind="fork", from_seq=p.seqs[0], info={"reason": f"choice {i} of n={len(p.seqs)}"})
+            actions.append(action)
             if action is not None:
                 action = action.model_copy(update={
                     "seq": seq, "segment": seg if (i > 0 or p.new_segment) else None,
@@ -261,8 +263,8 @@ class ChatService:
             history.release(p.extends)
             raise
         async with live.lock:
-            for state in states:
-                history.add(state, p.request_key, p.n_messages)
+            for state, action in zip(states, actions, strict=True):
+                history.add(state, p.request_key, p.n_messages, action)
         self.metrics.turns.inc(len(states))
         self.metrics.completion_tokens.inc(sum(len(r.completion_ids) for r in results))
         self.metrics.prompt_tokens.inc(len(p.prompt) * len(results))

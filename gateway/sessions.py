@@ -125,6 +125,7 @@ class Sessions:
     async def history(self, live: LiveSession) -> History:
         if live.history is None:
             rows = await asyncio.to_thread(self.store.turn_rows, live.id)
+            actions = await asyncio.to_thread(self.store.events, "cm_actions", live.id)
             if live.history is None:
-                live.history = history_from_rows(rows)
+                live.history = history_from_rows(rows, actions)
         return live.history

@@ -67,6 +67,9 @@ class Turn(BaseModel):
     # The model name the client asked for (e.g. claude-*), before the gateway's alias table
     # mapped it to the served model; None in pools written before it was recorded.
     requested_model: str | None = None
+    # The conversation this turn belongs to: the seq of its first turn. A session holds several
+    # when a client makes side calls (a title request, sub-agents) beside its main loop.
+    chain: int = 0
 
     @model_validator(mode="after")
     def _lengths(self) -> Turn:
@@ -91,6 +94,7 @@ class Segment(BaseModel):
     logprobs: list[float]
     weight_versions: list[int]
     turn_seqs: list[int] = Field(default_factory=list)
+    chain: int = 0  # the conversation (Turn.chain) the segment belongs to
 
     @model_validator(mode="after")
     def _lengths(self) -> Segment:
@@ -142,6 +146,14 @@ class Trajectory(BaseModel):
     rewards: list[RewardEvent] = Field(default_factory=list)
     signals: list[Signal] = Field(default_factory=list)
     status: SessionStatus = SessionStatus.open
+
+    def main_chain(self) -> int:
+        """The session's main conversation: the chain with the most turns (the earliest on a
+        tie). Side calls of a CLI (a title request, a sub-agent) are the other chains."""
+        counts: dict[int, int] = {}
+        for turn in self.turns:
+            counts[turn.chain] = counts.get(turn.chain, 0) + 1
+        return min(counts, key=lambda c: (-counts[c], c)) if counts else 0
 
     def total_reward(self, weights: dict[str, float] | None = None) -> float:
         """Weighted composite of the reward events (turn-less events only)."""

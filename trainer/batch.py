@@ -70,9 +70,13 @@ def build_batch(groups: list[Group], config: TrainerConfig, trainer_version: int
         batch.rewards += [composite_reward(t, config.advantages) for t in valid]
         sequences: list[TrainSequence] = []
         for t, a, terms in zip(kept.samples, a_sample, turn_terms, strict=True):
+            main = t.main_chain() if config.filters.chains == "main" else None
             for seg in t.segments:
                 if not any(seg.loss_mask):
                     continue  # a segment with nothing sampled contributes nothing
+                if main is not None and seg.chain != main:
+                    batch.drops.sequences["side_chain"] += 1
+                    continue
                 sequences.append(TrainSequence(
                     session_id=t.session.id, group_id=group.group_id, segment=seg.index,
                     token_ids=list(seg.token_ids), loss_mask=list(seg.loss_mask),

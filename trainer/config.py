@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, Field
 
 
@@ -20,6 +22,10 @@ class FilterConfig(BaseModel):
         "samples scored alike and no turn-level reward): it has no policy gradient, and "
         "keeping it only dilutes the token normalisation (DAPO's dynamic-sampling filter). "
         "Counted as drop_groups/no_signal; a step left with nothing skips the optimizer.")
+    chains: Literal["all", "main"] = Field(
+        default="all", description="Which conversations of a session to train on: 'all', or "
+        "'main' (the chain with the most turns; a CLI's side calls such as title requests and "
+        "sub-agents are other chains, see gateway/history.py).")
     exclude_env_failures: bool = Field(
         default=True, description="Drop sessions whose status is env_failure (infrastructure, "
         "not the policy, failed; a reward of 0 would bias the group baseline).")

@@ -25,9 +25,11 @@ def _split(blob: bytes) -> list[bytes]:
     return [blob[i:i + HASH_BYTES] for i in range(0, len(blob), HASH_BYTES)]
 
 
-def history_from_rows(rows: list[dict]) -> History:
-    """Rebuild the in-memory turn tree from stored turns (ordered by seq)."""
+def history_from_rows(rows: list[dict], cm_actions: list[dict] | None = None) -> History:
+    """Rebuild the in-memory turn tree from stored turns (ordered by seq) and the session's
+    stored CM actions (they tie a turn that extends nothing to its conversation)."""
     h = History()
+    actions = {e["seq"]: CMAction(**e) for e in cm_actions or [] if e.get("seq") is not None}
     for row in rows:
         parent = h.states.get(row["parent_seq"]) if row["parent_seq"] is not None else None
         state = TurnState(
@@ -40,7 +42,7 @@ def history_from_rows(rows: list[dict]) -> History:
         if parent is not None and parent.segment == state.segment:
             parent.extended = True
         key = h.request_key(parent, state.tools_key, state.appended_hashes)
-        h.add(state, key, 0)
+        h.add(state, key, 0, actions.get(state.seq))
         h.next_seq = max(h.next_seq, state.seq + 1)
         h.next_segment = max(h.next_segment, state.segment + 1)
     return h
@@ -58,10 +60,12 @@ def session_info(row: dict) -> SessionInfo:
 def build_trajectory(store: Store, session_row: dict) -> Trajectory:
     sid = session_row["id"]
     rows = store.turn_rows(sid)
-    history = history_from_rows(rows)
+    cm_actions = store.events("cm_actions", sid)
+    history = history_from_rows(rows, cm_actions)
     turns: list[Turn] = []
     info = {e["seq"]: e for e in store.events("turn_info", sid)}
     segments: dict[int, dict[str, list]] = {}
+    seg_chain: dict[int, int] = {}
     for row in rows:
         state = history.states[row["seq"]]
         logprobs = t.unpack_floats(row["logprobs"])
@@ -74,10 +78,12 @@ def build_trajectory(store: Store, session_row: dict) -> Trajectory:
             instance=row["instance"], trainable=row["trainable"], created_at=row["created_at"],
             prompt_ids=state.prompt_ids(), completion_text=row["completion_text"],
             requested_model=info.get(row["seq"], {}).get("requested_model"),
+            chain=state.chain,
         )
         turns.append(turn)
         seg = segments.setdefault(row["segment"], {"ids": [], "mask": [], "lp": [], "wv": [],
                                                    "seqs": []})
+        seg_chain.setdefault(row["segment"], state.chain)
         n_delta, n_comp = len(turn.prompt_delta_ids), len(turn.completion_ids)
         sampled = 1 if turn.trainable else 0
         seg["ids"] += turn.prompt_delta_ids + turn.completion_ids
@@ -88,10 +94,10 @@ def build_trajectory(store: Store, session_row: dict) -> Trajectory:
     return Trajectory(
         session=session_info(session_row),
         segments=[Segment(index=i, token_ids=s["ids"], loss_mask=s["mask"], logprobs=s["lp"],
-                          weight_versions=s["wv"], turn_seqs=s["seqs"])
+                          weight_versions=s["wv"], turn_seqs=s["seqs"], chain=seg_chain[i])
                   for i, s in sorted(segments.items())],
         turns=turns,
-        cm_actions=[CMAction(**e) for e in store.events("cm_actions", sid)],
+        cm_actions=[CMAction(**e) for e in cm_actions],
         rewards=[RewardEvent(**e) for e in store.events("rewards", sid)],
         signals=[Signal(**e) for e in store.events("signals", sid)],
         status=SessionStatus(session_row["status"]),

@@ -87,10 +87,24 @@ def test_branch_from_earlier_turn_is_fork(gateway):
     assert t["turns"][-1]["prompt_ids"][:len(prefix)] == prefix
 
 
-def test_reset_shares_nothing(gateway):
+def test_reset_keeps_only_the_system_prompt(gateway):
     c, msgs = run(gateway, "cm-reset", n_turns=2)
+    call(c, [msgs[0], {"role": "user", "content": "a brand new problem"}])
+    t = traj(gateway, "cm-reset")
+    action = t["cm_actions"][-1]
+    assert action["kind"] == "reset" and action["from_seq"] == 1
+    assert {turn["chain"] for turn in t["turns"]} == {0}  # the same conversation, restarted
+
+
+def test_unrelated_call_is_a_new_conversation_not_a_reset(gateway):
+    """A call sharing nothing with the session (no common first message, nothing kept) opens
+    a new chain; no CM action is recorded for it."""
+    c, msgs = run(gateway, "cm-unrelated", n_turns=2)
     call(c, [{"role": "user", "content": "a brand new problem"}])
-    assert traj(gateway, "cm-reset")["cm_actions"][-1]["kind"] == "reset"
+    t = traj(gateway, "cm-unrelated")
+    assert t["cm_actions"] == []
+    assert [turn["chain"] for turn in t["turns"]] == [0, 0, 2]
+    assert [seg["chain"] for seg in t["segments"]] == [0, 2]
 
 
 def test_declared_action_labels_next_call(gateway):

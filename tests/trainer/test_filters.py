@@ -94,3 +94,28 @@ def test_groups_without_signal_are_dropped_only_when_asked() -> None:
     assert {s.group_id for s in batch.sequences} == {"turn", "varied"}
     assert sum(s.n_loss_tokens for s in batch.sequences) == 4 * 3
     assert m["reward/mean"] == (1 + 1 + 0 + 0 + 0 + 1) / 6  # rewards still reported
+
+
+def with_side_chain(t):
+    """Add a one-turn side conversation (a CLI's title call) as chain 2, segment 1."""
+    side = t.turns[0].model_copy(update={"seq": 2, "segment": 1, "chain": 2})
+    seg = t.segments[0].model_copy(update={
+        "index": 1, "token_ids": [7, 8, 20], "loss_mask": [0, 0, 1], "logprobs": [0, 0, -2.0],
+        "weight_versions": [-1, -1, 0], "turn_seqs": [2], "chain": 2})
+    return t.model_copy(update={"turns": [*t.turns, side], "segments": [*t.segments, seg]})
+
+
+def test_chains_main_trains_only_the_main_conversation() -> None:
+    """The main chain has 2 turns, the side chain 1: with chains='main' only segment 0 of each
+    sample is trained and the side segments are counted; 'all' (the default) keeps both."""
+    group = Group("g", [with_side_chain(trajectory(f"s{i}", "g", index=i, reward=float(i)))
+                        for i in range(2)])
+    assert group.trajectories[0].main_chain() == 0
+    everything = build_batch([group], TrainerConfig(), 0)
+    assert [s.segment for s in everything.sequences] == [0, 1, 0, 1]
+    main = build_batch([group], TrainerConfig(filters=FilterConfig(chains="main")), 0)
+    assert [s.segment for s in main.sequences] == [0, 0]
+    assert main.metrics()["drop_sequences/side_chain"] == 2
+    # the advantages of what is kept do not change
+    assert [s.advantages for s in main.sequences] == [
+        s.advantages for s in everything.sequences if s.segment == 0]
