@@ -15,8 +15,9 @@ Decisions where the Anthropic API and token-exactness meet:
   and one of `stop_sequences` occurs in its last tokens (the latest-ending one is reported).
 - A `tool_result` with `is_error: true` is rendered as a tool message starting "Error: ".
 - `top_k`, `thinking`, `metadata`, `service_tier` and unknown fields are accepted and not used;
-  the response header `x-envhub-ignored` names them. `tool_choice` `any`/`tool` cannot force a
-  call here (no constrained decoding); `none` drops the tools like the OpenAI route does.
+  the response header `x-envhub-ignored` names them. `tool_choice` `any` / `tool` force a call
+  by constrained decoding (gateway/structured.py; `disable_parallel_tool_use` allows one call
+  only); `none` drops the tools like the OpenAI route does.
 - A final assistant message (prefill) is refused: the chat template closes every assistant
   turn, so it cannot be continued token-exactly.
 
@@ -48,6 +49,7 @@ from envhub.gateway.render.messages import (
     normalize_message,
 )
 from envhub.gateway.service import ChatAnswer, ChatCall, Choice
+from envhub.gateway.structured import Constraint, for_request
 
 log = logging.getLogger("envhub.gateway.anthropic")
 router = APIRouter()
@@ -287,6 +289,26 @@ def _tool_choice(raw: Any, tools: list[dict[str, Any]] | None) -> list[dict[str,
     return tools
 
 
+def _constraint(renderer: Any, choice: Any, tools: list[dict[str, Any]] | None
+                ) -> Constraint | None:
+    """`any` / `tool` force a tool call; `disable_parallel_tool_use` allows at most one."""
+    if not isinstance(choice, dict) or not tools:
+        return None
+    single = choice.get("disable_parallel_tool_use", False)
+    if not isinstance(single, bool):
+        raise BadRequest("'tool_choice.disable_parallel_tool_use' must be a JSON boolean",
+                         param="tool_choice.disable_parallel_tool_use")
+    force = {"any": "required", "tool": "named"}.get(choice["type"])
+    # what a hosted model (litellm, OpenAI-shaped) takes for the same request
+    request: dict[str, Any] = {"parallel_tool_calls": not single}
+    if force == "required":
+        request["tool_choice"] = "required"
+    elif force == "named":
+        request["tool_choice"] = {"type": "function", "function": {"name": choice["name"]}}
+    return for_request(renderer, tools, force=force, name=choice.get("name"),
+                       parallel=not single, request=request)
+
+
 def _params(body: dict, stop_token_ids: list[int]) -> SamplingParams:
     max_tokens = body.get("max_tokens")
     if max_tokens is None:
@@ -322,6 +344,7 @@ def parse_request(request: Request, body: dict[str, Any], *, counting: bool = Fa
         params = SamplingParams()
     else:
         params = _params(body, gw.renderer.stop_token_ids)
+        params.constraint = _constraint(gw.renderer, body.get("tool_choice"), tools)
     stream = flag(body, "stream")
     ignored = sorted(k for k in body if k not in _KNOWN and body[k] is not None)
     return MessagesRequest(model, messages, tools, params, stream, ignored)

@@ -24,6 +24,7 @@ from envhub.gateway.render.messages import (
     validate_tools,
 )
 from envhub.gateway.service import ChatAnswer, ChatCall
+from envhub.gateway.structured import Constraint, for_request
 
 router = APIRouter()
 
@@ -104,7 +105,7 @@ def flag(body: dict[str, Any], name: str) -> bool:
 
 def _tool_choice(raw: Any, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
     """The tools to render for `tool_choice`. A named function must be declared; 'required'
-    needs tools. (Neither can force a call here: no constrained decoding.)"""
+    needs tools. Forcing the call is the constraint's job (openai_constraint)."""
     if raw is None or raw == "auto":
         return tools
     if raw == "none":
@@ -125,6 +126,26 @@ def _tool_choice(raw: Any, tools: list[dict[str, Any]] | None) -> list[dict[str,
                          f"'tools' (declared: {', '.join(declared) or 'none'})",
                          param="tool_choice")
     return tools
+
+
+def openai_constraint(renderer: Any, body: dict, tools: list[dict[str, Any]] | None
+                      ) -> Constraint | None:
+    """response_format, tool_choice 'required' / named and parallel_tool_calls false, as a
+    sampling constraint (gateway/structured.py); tools are already checked by _tool_choice."""
+    choice = body.get("tool_choice")
+    parallel = body.get("parallel_tool_calls", True)
+    if not isinstance(parallel, bool):
+        raise BadRequest("'parallel_tool_calls' must be a JSON boolean",
+                         param="parallel_tool_calls")
+    force, name = None, None
+    if choice == "required":
+        force = "required"
+    elif isinstance(choice, dict):
+        force, name = "named", choice["function"]["name"]
+    request = {k: body[k] for k in ("response_format", "tool_choice", "parallel_tool_calls")
+               if k in body}
+    return for_request(renderer, tools, fmt=body.get("response_format"), force=force,
+                       name=name, parallel=parallel, request=request)
 
 
 def _int(body: dict, name: str, lo: int, hi: int) -> int | None:
@@ -199,6 +220,7 @@ async def chat_completions(request: Request) -> Response:
     tools = _tool_choice(body.get("tool_choice"), validate_tools(body.get("tools")))
     params, n = sampling_params(body, gw.config.default_max_tokens,
                                 gw.renderer.stop_token_ids)
+    params.constraint = openai_constraint(gw.renderer, body, tools)
     stream = flag(body, "stream")
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):

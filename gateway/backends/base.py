@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from envhub.gateway.errors import BadRequest
+from envhub.gateway.structured import Constraint
 
 if TYPE_CHECKING:
     from envhub.gateway.config import GatewayConfig
@@ -32,6 +33,9 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)  # besides the model's EOS
     seed: int | None = None
     top_logprobs: int = 0  # >0: also return that many alternatives per sampled token
+    # structured outputs / forced tool calls (gateway/structured.py); engines that cannot
+    # constrain raise BadRequest, never ignore it
+    constraint: Constraint | None = None
 
 
 @dataclass
@@ -109,3 +113,12 @@ class BackendClass(Protocol):
     def from_config(self, config: GatewayConfig, upstream: UpstreamSpec | None) -> Backend:
         """Build one backend; `upstream` is given exactly when `remote` is True."""
         ...
+
+
+def refuse_constraint(request: GenerateRequest, engine: str) -> None:
+    """For engines that cannot constrain their output: a clear 400 instead of silence."""
+    if request.params.constraint is not None:
+        raise BadRequest(f"the {engine} engine cannot constrain its output: response_format "
+                         "json and forced tool calls (tool_choice 'required' or a named "
+                         "function, parallel_tool_calls false) need the local, vllm or sglang "
+                         "backend", param="response_format")

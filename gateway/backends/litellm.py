@@ -116,6 +116,8 @@ class LiteLLMBackend:
             kwargs["seed"] = p.seed
         if request.tools:
             kwargs["tools"] = request.tools
+        if p.constraint is not None:  # a hosted model takes the request's own fields
+            kwargs.update(p.constraint.request)
         try:
             response = await self._litellm.acompletion(**kwargs)
         except Exception as exc:

@@ -12,7 +12,12 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from envhub.gateway.backends.base import GenerateRequest, GenerateResult, WeightsNotLoadable
+from envhub.gateway.backends.base import (
+    GenerateRequest,
+    GenerateResult,
+    WeightsNotLoadable,
+    refuse_constraint,
+)
 
 
 class ScriptedBackend:
@@ -35,6 +40,7 @@ class ScriptedBackend:
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         await asyncio.sleep(0)
+        refuse_constraint(request, "scripted")
         if self._next >= len(self._script) and not self._cycle:
             raise RuntimeError("the script is exhausted")
         text = self._script[self._next % len(self._script)]

@@ -26,7 +26,7 @@ import orjson
 
 from envhub.gateway.backends.base import GenerateRequest, GenerateResult
 from envhub.gateway.backends.vllm import _error
-from envhub.gateway.errors import BackendUnavailable, Overloaded
+from envhub.gateway.errors import BackendUnavailable, BadRequest, Overloaded
 
 if TYPE_CHECKING:
     from envhub.gateway.config import GatewayConfig
@@ -77,6 +77,12 @@ class SGLangBackend:
             sampling["stop_token_ids"] = p.stop_token_ids
         if p.seed is not None:
             sampling["sampling_seed"] = p.seed
+        if p.constraint is not None:
+            if p.constraint.json_schema is None:
+                raise BadRequest("the sglang backend cannot force tool calls (SGLang takes JSON "
+                                 "schemas and EBNF, not this gateway's Lark tool-call grammar); "
+                                 "use tool_choice 'auto'", param="tool_choice")
+            sampling["json_schema"] = orjson.dumps(p.constraint.json_schema).decode()
         body: dict[str, Any] = {"rid": rid, "input_ids": request.prompt_ids,
                                 "sampling_params": sampling, "return_logprob": True,
                                 "stream": False}

@@ -74,6 +74,8 @@ class VLLMBackend:
             body["stop_token_ids"] = p.stop_token_ids
         if p.seed is not None:
             body["seed"] = p.seed
+        if p.constraint is not None:  # vLLM's structured outputs (grammar: Lark, llguidance)
+            body["structured_outputs"] = p.constraint.vllm()
         if request.request_id:
             body["request_id"] = request.request_id
         return body

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from envhub.gateway.backends.base import SamplingParams
 from envhub.gateway.errors import BadRequest
+from envhub.gateway.structured import Constraint
 
 TokenId = StrictInt  # no floats or booleans smuggled in as ids
 MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
@@ -40,6 +42,34 @@ class CompletionRequest(BaseModel):
     return_tokens_as_token_ids: bool | None = None
     request_id: str | None = None
     session_id: str | None = None
+    # vLLM's structured outputs: {"json": schema | "schema text"}, {"json_object": true} or
+    # {"grammar": "<Lark, llguidance dialect>"}
+    structured_outputs: dict[str, Any] | None = None
+
+    def constraint(self) -> Constraint | None:
+        so = self.structured_outputs
+        if not so:
+            return None
+        known = {k: v for k, v in so.items() if v not in (None, False)}
+        if set(known) - {"json", "json_object", "grammar"} or len(known) != 1:
+            raise BadRequest("structured_outputs takes exactly one of 'json' (a JSON schema), "
+                             "'json_object': true or 'grammar' (Lark) in this engine",
+                             param="structured_outputs")
+        if "grammar" in known:
+            if not isinstance(known["grammar"], str):
+                raise BadRequest("structured_outputs.grammar must be a string",
+                                 param="structured_outputs.grammar")
+            return Constraint(grammar=known["grammar"])
+        schema = known.get("json", {"type": "object"})
+        if isinstance(schema, str):
+            try:
+                schema = orjson.loads(schema)
+            except orjson.JSONDecodeError:
+                schema = None
+        if not isinstance(schema, dict):
+            raise BadRequest("structured_outputs.json must be a JSON Schema object",
+                             param="structured_outputs.json")
+        return Constraint(json_schema=schema)
 
     def prompts(self) -> list[list[int]] | list[str]:
         """One entry per prompt: id lists stay ids, strings stay strings (tokenized later)."""
@@ -60,7 +90,7 @@ class CompletionRequest(BaseModel):
             temperature=self.temperature if self.temperature is not None else 1.0,
             top_p=self.top_p if self.top_p is not None else 1.0,
             stop=stop, stop_token_ids=list(self.stop_token_ids or []), seed=seed,
-            top_logprobs=self.logprobs or 0)
+            top_logprobs=self.logprobs or 0, constraint=self.constraint())
 
 
 class UpdateWeightsRequest(BaseModel):

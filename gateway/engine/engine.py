@@ -17,6 +17,7 @@ from typing import Any
 from envhub.gateway.backends.base import GenerateRequest
 from envhub.gateway.engine.admission import check_request
 from envhub.gateway.engine.config import EngineConfig
+from envhub.gateway.engine.guide import Guides
 from envhub.gateway.errors import MissingExtra
 
 try:
@@ -73,6 +74,7 @@ class Engine:
         self.model_path = str(folder)
         # The engine thread decodes (stop strings) while the server thread may encode text
         # prompts: a private copy avoids the fast tokenizer's "Already borrowed" error.
+        self._guides = Guides(self.tokenizer, self.vocab_size, self.eos_ids)
         self._scheduler = Scheduler(
             self.model, self.device, self.eos_ids, copy.deepcopy(self.tokenizer),
             config.max_batch_size,
@@ -90,7 +92,10 @@ class Engine:
                        ) -> EngineResult:
         """Sample a completion. Cancelling the awaiting task drops the row from the batch."""
         self.validate(request)
-        future = self._scheduler.submit(Job(request, ignore_eos))
+        constraint = request.params.constraint
+        matcher = None if constraint is None else await asyncio.to_thread(
+            self._guides.matcher, constraint)
+        future = self._scheduler.submit(Job(request, ignore_eos, matcher=matcher))
         return await asyncio.wrap_future(future)
 
     async def load_weights(self, path: str, version: int | None = None) -> int:

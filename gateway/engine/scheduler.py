@@ -19,6 +19,7 @@ import torch
 
 from envhub.gateway.backends.base import GenerateRequest
 from envhub.gateway.engine import kv
+from envhub.gateway.engine.guide import Matcher
 from envhub.gateway.engine.result import EngineResult
 from envhub.gateway.engine.sampling import draw
 from envhub.gateway.engine.stops import Decoder, StopRule
@@ -35,6 +36,7 @@ class Job:
     request: GenerateRequest
     ignore_eos: bool = False
     future: Future = field(default_factory=Future)
+    matcher: Matcher | None = None  # structured outputs: the row's grammar state
 
 
 @dataclass
@@ -230,7 +232,11 @@ class Scheduler:
             if row.job.future.cancelled():
                 continue
             p = row.job.request.params
-            d = draw(logits[i], p.temperature, p.top_p, p.top_logprobs, row.generator)
+            matcher = row.job.matcher
+            row_logits = logits[i] if matcher is None else matcher.restrict(logits[i])
+            d = draw(row_logits, p.temperature, p.top_p, p.top_logprobs, row.generator)
+            if matcher is not None:
+                matcher.advance(d.token)
             row.ids.append(d.token)
             row.logprobs.append(d.logprob)
             if row.tops is not None and d.top is not None:

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from envhub.gateway.backends.base import GenerateRequest
+from envhub.gateway.backends.base import GenerateRequest, refuse_constraint
 from envhub.gateway.engine.admission import check_request
 from envhub.gateway.engine.result import EngineResult
 from envhub.gateway.errors import BadRequest
@@ -48,6 +48,7 @@ class ZeroEngine:
     async def generate(self, request: GenerateRequest, *, ignore_eos: bool = False
                        ) -> EngineResult:
         check_request(request, self.vocab_size, self.max_model_len)
+        refuse_constraint(request, "zero")
         p = request.params
         ids = [self.filler_id] * (self.length - 1) + [self.filler_id if ignore_eos else self.eos_id]
         ids = ids[:p.max_tokens]

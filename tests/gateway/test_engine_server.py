@@ -205,3 +205,24 @@ def test_cli_rejects_a_missing_model_folder(tmp_path: Path) -> None:
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 2
     assert "--model PATH" in out.stderr
+
+
+def test_structured_outputs_in_vllm_shape(server: EngineProcess) -> None:
+    """vLLM's `structured_outputs` field (what the vllm backend sends): JSON schema and Lark."""
+    pytest.importorskip("llguidance")
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0,
+                                                     "maximum": 99}},
+              "required": ["n"], "additionalProperties": False}
+    r = post(server, {"prompt": PROMPT, "max_tokens": 20, "seed": 1,
+                      "structured_outputs": {"json": schema}})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "stop" and set(json.loads(choice["text"])) == {"n"}
+    r = post(server, {"prompt": PROMPT, "max_tokens": 8, "seed": 1,
+                      "structured_outputs": {"grammar": 'start: "yes" | "no"'}})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] in ("yes", "no")
+    for bad in ({"regex": "a+"}, {"json": "not json"}, {"grammar": "start: ((("},
+                {"json": {"type": "objekt"}}):
+        r = post(server, {"prompt": PROMPT, "max_tokens": 4, "structured_outputs": bad})
+        assert r.status_code == 400, (bad, r.text)
