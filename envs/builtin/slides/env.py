@@ -138,10 +138,10 @@ class SlidesEnv:
             report = await self.report(task, sandbox)
         except EnvFailure as e:
             return Verdict(0.0, False, env_failure=str(e))
-        signals = [Signal(name=f"layout_{check}", value=round(1.0 - report.scores[check], 4),
+        signals = [Signal(name=f"layout_{check}", value=1.0 - report.scores[check],
                           info={"details": report.details[check]})
                    for check in CHECKS if report.scores[check] < 1.0]
-        return Verdict(round(report.outcome, 4), report.passed,
+        return Verdict(report.outcome, report.passed,
                        {"checks": report.scores, "details": report.details}, signals=signals)
 
 
