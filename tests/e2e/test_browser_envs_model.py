@@ -61,7 +61,6 @@ def test_bundled_model_on_slides_is_recorded_and_scored(tmp_path):
 def test_bundled_model_on_webtask_is_recorded_and_scored(tmp_path):
     require_browser()
     require_tool("bwrap")
-    require_tool("node")
     [row] = run_and_export("webtask", tmp_path)
     assert_token_exact(row)
     assert [e["kind"] for e in row["rewards"]].count("outcome") == 1

@@ -27,7 +27,6 @@ TASKS = {t.id: t for t in ENV.load_tasks()}
 def requirements() -> None:
     require_browser()
     require_tool("bwrap")
-    require_tool("node")
 
 
 class Boxes:

@@ -1,8 +1,9 @@
 """`webtask`: drive a small web app through browser tools; graded on the app's final state.
 
 The app (runtime/app.js: a to-do list and a settings form) and Chromium both run inside the
-rollout's sandbox, with no network: every tool call runs runtime/driver.js there (Node with
-the `playwright-core` that ships with Playwright for Python, copied in at setup), which starts
+rollout's sandbox, with no network: every tool call runs runtime/driver.js there (with the
+Node.js and `playwright-core` that ship with Playwright for Python, staged read-only by
+envs/browser/runtime.py), which starts
 the app and the browser, restores the previous page, acts, and saves the page again. The
 agent has only browser tools (no shell), so the app's state file changes only through the
 app. The verifier compares that file with the task's expected state.
@@ -14,7 +15,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from envhub.envs.browser.chromium import BrowserUnavailable, chromium_path, playwright_core
+from envhub.envs.browser.chromium import BrowserUnavailable, chromium_path
+from envhub.envs.browser.runtime import staged_runtime
 from envhub.envs.builtin.webtask.tools import SCHEMAS, request
 from envhub.envs.environment import EnvFailure, RunContext, Task, ToolResult, Verdict
 from envhub.envs.loader import task_rows
@@ -23,7 +25,7 @@ from envhub.envs.sandbox.base import Sandbox
 from envhub.envs.sandbox.errors import SandboxFileError
 
 RUNTIME = Path(__file__).parent / "runtime"
-BROWSER_DIR = ".browser"  # driver, app, playwright-core, request.json, session.json
+BROWSER_DIR = ".browser"  # driver.js, app.js, request.json, session.json
 STATE_FILE = ".webapp/state.json"
 CALL_TIMEOUT_S = 60.0
 
@@ -37,6 +39,7 @@ class WebTaskEnv:
     def __init__(self, folder: Path, manifest: Manifest) -> None:
         self.folder = Path(folder)
         self.manifest = manifest
+        self.runtime: Path | None = None
 
     def load_tasks(self) -> list[Task]:
         return [Task(id=str(row["id"]), instruction=INSTRUCTION.format(goal=row["goal"]),
@@ -49,14 +52,9 @@ class WebTaskEnv:
         return [SCHEMAS[name] for name in self.tools(task) if name in SCHEMAS]
 
     async def setup(self, task: Task, ctx: RunContext) -> Sandbox:
-        try:
-            core = playwright_core()
-            chromium_path()
-        except BrowserUnavailable as e:
-            raise EnvFailure(str(e)) from None
+        self._browser_runtime()
         sandbox = await ctx.open_sandbox(self.manifest.sandbox)
         try:
-            await sandbox.upload(str(core), f"{BROWSER_DIR}/playwright-core")
             for name in ("driver.js", "app.js"):
                 await sandbox.upload(str(RUNTIME / name), f"{BROWSER_DIR}/{name}")
             await sandbox.write_file(STATE_FILE, json.dumps(task.data["initial"]).encode())
@@ -66,15 +64,30 @@ class WebTaskEnv:
             raise
         return sandbox
 
+    def _browser_runtime(self) -> Path:
+        """Node + playwright-core staged for sandboxes, and Chromium; EnvFailure with the fix
+        when either is missing."""
+        if self.runtime is None:
+            try:
+                chromium_path()
+                self.runtime = staged_runtime()
+            except BrowserUnavailable as e:
+                raise EnvFailure(str(e)) from None
+        return self.runtime
+
     async def browse(self, sandbox: Sandbox, req: dict[str, Any]) -> dict[str, Any]:
         """One driver run: the page after `req` ({url, title, snapshot, error})."""
         await sandbox.write_file(f"{BROWSER_DIR}/request.json", json.dumps(req).encode())
         workdir = getattr(sandbox, "workdir", "/workspace")
+        runtime = self._browser_runtime()
         result = await sandbox.exec(
-            f"node {BROWSER_DIR}/driver.js {workdir}/{BROWSER_DIR}", timeout=CALL_TIMEOUT_S,
-            env={"ENVHUB_CHROMIUM": chromium_path(), "WEBAPP_STATE": f"{workdir}/{STATE_FILE}"})
+            f"{runtime}/node {BROWSER_DIR}/driver.js {workdir}/{BROWSER_DIR}",
+            timeout=CALL_TIMEOUT_S,
+            env={"ENVHUB_CHROMIUM": chromium_path(), "WEBAPP_STATE": f"{workdir}/{STATE_FILE}",
+                 "PLAYWRIGHT_CORE": f"{runtime}/playwright-core"})
         if result.exit_code == 127:
-            raise EnvFailure("Node.js is missing in the sandbox: apt-get install nodejs")
+            raise EnvFailure(f"the browser runtime ({runtime}) is not visible in the sandbox: "
+                             f"{result.stderr.strip()[-300:]}")
         try:
             page = json.loads(result.stdout.strip().splitlines()[-1])
         except (IndexError, json.JSONDecodeError):

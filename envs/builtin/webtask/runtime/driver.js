@@ -2,12 +2,13 @@
 // page the previous call left (URL and form values), do the action, save the page, print the
 // result as one JSON line. Nothing outlives the call (the sandbox kills whatever is left), so
 // the browser's state between calls is `session.json` and the app's is its state file.
-//   node driver.js DIR   (DIR holds request.json {action, args} and session.json)
+//   node driver.js DIR   (DIR holds request.json {action, args} and session.json;
+//   $PLAYWRIGHT_CORE, $ENVHUB_CHROMIUM and $WEBAPP_STATE say where the rest is)
 'use strict';
 const fs = require('fs');
 const path = require('path');
 const dir = process.argv[2];
-const {chromium} = require(path.join(dir, 'playwright-core'));
+const {chromium} = require(process.env.PLAYWRIGHT_CORE);
 const app = require('./app.js');
 
 const PORT = 8080;
