@@ -108,6 +108,8 @@ def test_browser_tools_keep_the_page_between_calls_and_refuse_what_they_must(tmp
                 assert error and "e.g." in message, (name, message)
             error, page = await call("navigate", {"url": "/settings"})
             assert not error and 'combobox "Theme"' in page
+            error, page = await call("type", {"field": "Theme", "text": "Dark"})  # a drop-down
+            assert error and "Title: Settings" in page, page
         finally:
             await boxes.close()
     asyncio.run(main())

@@ -17,7 +17,7 @@ const ACTION_TIMEOUT_MS = 5000;
 const MAX_SNAPSHOT = 6000;
 const CLICKABLE = ['button', 'link', 'checkbox', 'radio', 'tab', 'menuitem'];
 
-class Refused extends Error {}  // the model's mistake: reported to it, not an infra failure
+class Refused extends Error {}  // a request the tools refuse outright (reported to the model)
 
 function target(url) {
   const u = new URL(url || '/', ORIGIN);
@@ -102,8 +102,9 @@ async function main() {
     try {
       await act(page, request.action, request.args || {});
     } catch (e) {
-      if (!(e instanceof Refused) && !(e.name === 'TimeoutError')) throw e;
-      error = e.message.split('\n')[0];
+      // Whatever the action hit (no such element, a field that is not a text box, a timeout)
+      // is reported to the model; a browser that died fails the steps below instead.
+      error = e.message.split('\n')[0].replace(/^\w+\.\w+: /, '');
     }
     await page.waitForLoadState('load');
     const values = await page.evaluate(CAPTURE);
