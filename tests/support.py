@@ -50,6 +50,17 @@ def require_tool(name: str) -> str:
     return path  # type: ignore[return-value]
 
 
+def require_browser() -> None:
+    """Playwright (`envhub[browser]`) and a Chromium executable (Debian's `chromium`)."""
+    from envhub.envs.browser.chromium import BrowserUnavailable, chromium_path, playwright_core
+
+    try:
+        playwright_core()
+        chromium_path()
+    except BrowserUnavailable as e:
+        require(False, str(e))
+
+
 def docker_reachable() -> bool:
     if shutil.which("docker") is None:
         return False

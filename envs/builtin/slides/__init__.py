@@ -1,0 +1,1 @@
+"""Built-in `slides` environment (see envhub.toml)."""

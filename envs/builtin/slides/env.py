@@ -1,0 +1,169 @@
+"""`slides`: write an HTML slide deck for a brief; graded by rendering it in Chromium.
+
+The agent writes one HTML file per slide (`write_slide`), may ask for the grader's layout
+report while it works (`check_slides`), and submits. No sandbox runs commands (`[sandbox]
+kind = "none"`: an in-process file store holds the slides); the verifier renders each slide
+in a real Chromium (render.py: JavaScript off, every request refused) and scores the layout
+checks of layout.py. The outcome is the mean of the check scores (resolved: all pass); each
+failed check is also a process signal `layout_<check>` worth 1 - score, weighted by the
+manifest's `process.layout_<check>`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from envhub.envs.browser.chromium import BrowserUnavailable
+from envhub.envs.builtin.slides.layout import CHECKS, Brief, LayoutReport, score_deck
+from envhub.envs.builtin.slides.render import MAX_SLIDE_BYTES, SlideRenderer
+from envhub.envs.environment import EnvFailure, RunContext, Task, ToolResult, Verdict
+from envhub.envs.loader import task_rows
+from envhub.envs.manifest import Manifest
+from envhub.envs.sandbox.base import Sandbox
+from envhub.envs.sandbox.errors import SandboxFileError
+from envhub.envs.tools.arguments import json_object
+from envhub.sdk.types import Signal
+
+SLIDES_DIR = "/workspace/slides"
+MAX_SLIDES = 20
+
+INSTRUCTION = """Write a slide deck as HTML, one file per slide.
+
+Brief: {brief}
+
+Requirements:
+- exactly {count} slides, each a complete HTML document rendered at {width}x{height} pixels;
+- everything must fit on the slide: no content beyond the edges, no text cut off by a box
+  that is too small, no text drawn over other text;
+- no text smaller than {min_font}px;
+- the deck must show these phrases: {required}.
+Only HTML and CSS count (scripts do not run, nothing is loaded from the network).
+Write each slide with write_slide, check the layout with check_slides, then call submit."""
+
+SCHEMAS: dict[str, dict[str, Any]] = {
+    "write_slide": {"type": "function", "function": {
+        "name": "write_slide",
+        "description": "Write (or overwrite) one slide as a complete HTML document.",
+        "parameters": {"type": "object", "properties": {
+            "number": {"type": "integer", "description": "slide number, from 1"},
+            "html": {"type": "string", "description": "the slide's HTML (inline CSS)"}},
+            "required": ["number", "html"]},
+    }},
+    "check_slides": {"type": "function", "function": {
+        "name": "check_slides",
+        "description": "Render the slides written so far and report every layout problem "
+                       "the grader would find.",
+        "parameters": {"type": "object", "properties": {}, "required": []},
+    }},
+}
+
+
+def slide_path(number: int) -> str:
+    return f"{SLIDES_DIR}/slide{number}.html"
+
+
+class SlidesEnv:
+    def __init__(self, folder: Path, manifest: Manifest) -> None:
+        self.folder = Path(folder)
+        self.manifest = manifest
+        self.solutions = self.folder / str(manifest.metadata.get("solutions_dir",
+                                                                  "data/solutions"))
+
+    def load_tasks(self) -> list[Task]:
+        tasks = []
+        for row in task_rows(self.folder, self.manifest.tasks):
+            brief = brief_of(row)
+            tasks.append(Task(id=str(row["id"]), data=row, instruction=INSTRUCTION.format(
+                brief=row["brief"], count=brief.slide_count, width=brief.width,
+                height=brief.height, min_font=f"{brief.min_font_px:g}",
+                required=", ".join(f'"{p}"' for p in brief.required) or "(none)")))
+        return tasks
+
+    async def setup(self, task: Task, ctx: RunContext) -> Sandbox:
+        return await ctx.open_sandbox(self.manifest.sandbox)
+
+    def tools(self, task: Task) -> list[str]:
+        return list(self.manifest.tools)
+
+    def tool_schemas(self, task: Task) -> list[dict[str, Any]]:
+        return [SCHEMAS[name] for name in self.tools(task) if name in SCHEMAS]
+
+    async def call_tool(self, task: Task, name: str, arguments: str, sandbox: Sandbox,
+                        state: dict[str, Any]) -> ToolResult:
+        if name == "check_slides":
+            return ToolResult((await self.report(task, sandbox)).summary())
+        args = json_object(name, arguments, '{"number": 1, "html": "<html>...</html>"}')
+        if isinstance(args, ToolResult):
+            return args
+        number, html = args.get("number"), args.get("html")
+        if not isinstance(number, int) or isinstance(number, bool) or not 1 <= number <= MAX_SLIDES:
+            return ToolResult(f"`number` must be a whole number from 1 to {MAX_SLIDES}",
+                              is_error=True)
+        if not isinstance(html, str) or not html.strip():
+            return ToolResult("`html` must be the slide's HTML document (a string)",
+                              is_error=True)
+        if len(html.encode()) > MAX_SLIDE_BYTES:
+            return ToolResult(f"a slide may hold at most {MAX_SLIDE_BYTES >> 10} KiB of HTML",
+                              is_error=True)
+        await sandbox.write_file(slide_path(number), html.encode())
+        return ToolResult(f"wrote slide {number}")
+
+    async def solve(self, task: Task, sandbox: Sandbox, ctx: RunContext) -> None:
+        folder = self.solutions / task.id
+        files = sorted(folder.glob("slide*.html"), key=lambda p: int(p.stem[5:]))
+        if not files:
+            raise EnvFailure(f"{task.id}: no gold slides in {folder}")
+        for path in files:
+            await sandbox.write_file(f"{SLIDES_DIR}/{path.name}", path.read_bytes())
+
+    async def report(self, task: Task, sandbox: Sandbox) -> LayoutReport:
+        brief = brief_of(task.data)
+        htmls = await read_deck(sandbox)
+        try:
+            async with SlideRenderer() as renderer:
+                measured = [await renderer.measure(html, brief.width, brief.height)
+                            for html in htmls]
+        except BrowserUnavailable as e:
+            raise EnvFailure(str(e)) from None
+        except Exception as e:
+            if not type(e).__module__.startswith("playwright"):
+                raise
+            raise EnvFailure(f"Chromium failed while rendering: {e}") from None
+        return score_deck(measured, brief)
+
+    async def verify(self, task: Task, sandbox: Sandbox, ctx: RunContext) -> Verdict:
+        try:
+            report = await self.report(task, sandbox)
+        except EnvFailure as e:
+            return Verdict(0.0, False, env_failure=str(e))
+        signals = [Signal(name=f"layout_{check}", value=1.0 - report.scores[check],
+                          info={"details": report.details[check]})
+                   for check in CHECKS if report.scores[check] < 1.0]
+        return Verdict(report.outcome, report.passed,
+                       {"checks": report.scores, "details": report.details}, signals=signals)
+
+
+async def read_deck(sandbox: Sandbox) -> list[str]:
+    """slide1.html, slide2.html, ... in order, up to the first number that is missing."""
+    htmls = []
+    for number in range(1, MAX_SLIDES + 1):
+        try:
+            htmls.append((await sandbox.read_file(slide_path(number))).decode(errors="replace"))
+        except SandboxFileError:
+            break
+    return htmls
+
+
+def brief_of(row: dict[str, Any]) -> Brief:
+    """The task row's brief; a row missing fields is a bad task file (KeyError names it)."""
+    try:
+        return Brief(slide_count=int(row["slide_count"]), width=int(row.get("width", 1280)),
+                     height=int(row.get("height", 720)),
+                     min_font_px=float(row.get("min_font_px", 18)),
+                     required=[str(p) for p in row.get("required", [])])
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"slides task {row.get('id')!r}: bad brief ({e!r}); rows need "
+                         f"slide_count and may set width, height, min_font_px, required: "
+                         f"{json.dumps(row)[:200]}") from None

@@ -1,0 +1,1 @@
+"""Built-in `webtask` environment (see envhub.toml)."""

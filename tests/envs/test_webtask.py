@@ -1,0 +1,115 @@
+"""`webtask`: the app and Chromium run inside a local bubblewrap sandbox, driven through the
+browser tools; the oracle's tool calls solve every task, doing nothing solves none, and the
+tools refuse what they must (other origins, unknown elements, bad arguments)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from envhub.envs.builtin.webtask.env import STATE_FILE
+from envhub.envs.environment import RunContext
+from envhub.envs.loader import load_env
+from envhub.envs.manifest import SandboxSpec
+from envhub.envs.sandbox import Sandbox, open_sandbox
+from tests.support import require_browser, require_tool
+
+pytestmark = [pytest.mark.browser, pytest.mark.bwrap]
+
+LOADED = load_env("webtask")
+ENV = LOADED.env
+TASKS = {t.id: t for t in ENV.load_tasks()}
+
+
+def requirements() -> None:
+    require_browser()
+    require_tool("bwrap")
+
+
+class Boxes:
+    """A RunContext opening local sandboxes, all closed at the end."""
+
+    def __init__(self, scratch: Path) -> None:
+        self.opened: list[Sandbox] = []
+        self.ctx = RunContext(run_id="test-webtask", sandbox_kind="local",
+                              open_sandbox=self.open, scratch=scratch)
+
+    async def open(self, spec: SandboxSpec) -> Sandbox:
+        box = await open_sandbox("local", spec, run_id="test-webtask",
+                                 package_root=LOADED.folder)
+        self.opened.append(box)
+        return box
+
+    async def close(self) -> None:
+        for box in self.opened:
+            await box.close()
+
+
+@pytest.mark.slow
+def test_oracle_solves_every_task_and_doing_nothing_solves_none(tmp_path):
+    requirements()
+
+    async def main() -> None:
+        boxes = Boxes(tmp_path)
+        try:
+            assert len(TASKS) >= 4
+            for task in TASKS.values():
+                sandbox = await ENV.setup(task, boxes.ctx)
+                untouched = await ENV.verify(task, sandbox, boxes.ctx)
+                assert not untouched.resolved and untouched.outcome == 0.0, task.id
+                await ENV.solve(task, sandbox, boxes.ctx)
+                verdict = await ENV.verify(task, sandbox, boxes.ctx)
+                assert verdict.resolved and verdict.outcome == 1.0, (task.id, verdict.info)
+        finally:
+            await boxes.close()
+    asyncio.run(main())
+
+
+@pytest.mark.slow
+def test_browser_tools_keep_the_page_between_calls_and_refuse_what_they_must(tmp_path):
+    requirements()
+    task = TASKS["add-todo"]
+
+    async def main() -> None:
+        boxes = Boxes(tmp_path)
+        try:
+            sandbox = await ENV.setup(task, boxes.ctx)
+
+            async def call(name: str, args: object) -> tuple[bool, str]:
+                text = args if isinstance(args, str) else json.dumps(args)
+                r = await ENV.call_tool(task, name, text, sandbox, {})
+                return r.is_error, r.content
+
+            error, page = await call("read_page", {})
+            assert not error and 'button "Complete Pay rent"' in page and "URL: http" in page
+            # typed text survives into the next call (a new browser each time)
+            assert not (await call("type", {"field": "New to-do", "text": "Walk dog"}))[0]
+            error, page = await call("read_page", {})
+            assert 'textbox "New to-do": Walk dog' in page, page
+            error, page = await call("click", {"name": "Add"})
+            assert not error and "Added Walk dog." in page
+            saved = json.loads(await sandbox.read_file(STATE_FILE))
+            assert ["Walk dog", False] in [[t["title"], t["done"]] for t in saved["todos"]]
+            # the model's mistakes are error results that show the page, never exceptions
+            error, page = await call("navigate", {"url": "http://example.com/"})
+            assert error and "only the app" in page
+            error, page = await call("navigate", {"url": "file:///etc/passwd"})
+            assert error and "only the app" in page
+            error, page = await call("click", {"name": "Launch rockets"})
+            assert error and "no button or link" in page and "Title: To-do list" in page
+            error, page = await call("click", {"name": "Pay rent"})  # a name that is text only
+            assert error
+            for name, args in (("click", {}), ("type", {"field": 3, "text": "x"}),
+                               ("navigate", "{not json"), ("select", {"field": "Theme"})):
+                error, message = await call(name, args)
+                assert error and "e.g." in message, (name, message)
+            error, page = await call("navigate", {"url": "/settings"})
+            assert not error and 'combobox "Theme"' in page
+            error, page = await call("type", {"field": "Theme", "text": "Dark"})  # a drop-down
+            assert error and "Title: Settings" in page, page
+        finally:
+            await boxes.close()
+    asyncio.run(main())
