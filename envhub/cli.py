@@ -211,3 +211,7 @@ _register_all()
 
 def main() -> None:
     app()
+
+
+if __name__ == "__main__":  # python -m envhub.cli (python -m envhub works too)
+    main()
