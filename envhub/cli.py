@@ -94,7 +94,8 @@ def train_command(
 def export_command(
     out: str = typer.Option(..., "--out", "-o", help="file to write"),
     fmt: str = typer.Option(None, "--format", "-f", help="jsonl | parquet (the pool's "
-                            "trajectories) | verl | trl (training rows with advantages); "
+                            "trajectories) | atif (Harbor's ATIF, one document a line) | "
+                            "verl | trl (training rows with advantages); "
                             "default: verl with --gateway/--jsonl, else jsonl"),
     db: str = typer.Option(None, help="pool URL to read (sqlite:///FILE or postgresql://...)"),
     gateway: str = typer.Option(None, help="a gateway's URL to read the pool from"),
@@ -167,11 +168,11 @@ def _export(out: Path, target: Path, fmt: str | None, db: str | None, gateway: s
                jsonl=Path(jsonl) if jsonl else None, window=window, max_groups=max_groups,
                group_size=group_size, tau=tau, trainer_version=trainer_version, no_std=no_std)
         return
-    if fmt not in ("jsonl", "parquet"):
-        typer.echo(f"error: --format {fmt!r}: use jsonl, parquet, verl or trl", err=True)
+    if fmt not in ("jsonl", "parquet", "atif"):
+        typer.echo(f"error: --format {fmt!r}: use jsonl, parquet, verl or trl, or atif", err=True)
         raise typer.Exit(2)
     if db is None:
-        typer.echo("error: jsonl/parquet read the pool directly: pass --db URL, e.g. "
+        typer.echo("error: jsonl/parquet/atif read the pool directly: pass --db URL, e.g. "
                    "--db sqlite:///envhub-pool.db", err=True)
         raise typer.Exit(2)
     if db.startswith("sqlite:///") and not Path(db[len("sqlite:///"):]).is_file():
@@ -182,6 +183,13 @@ def _export(out: Path, target: Path, fmt: str | None, db: str | None, gateway: s
 
     store = Store(db)
     try:
+        if fmt == "atif":
+            from envhub.gateway.pool.atif import export_atif
+
+            n, skipped = export_atif(store, Path(out), group_id, status, __version__)
+            typer.echo(f"wrote {n} ATIF trajectories to {target} ({skipped} sessions without "
+                       "model calls skipped)")
+            return
         writer = export_jsonl if fmt == "jsonl" else export_parquet
         n = writer(store, Path(out), group_id, status)
     finally:
