@@ -5,9 +5,11 @@ Mapping (ATIF field names as in Harbor's `harbor.models.trajectories`):
 * a session -> `Trajectory` (`session_id` = `trajectory_id` = the session id; `agent.name` the
   agent the runner recorded in the session metadata, else "envhub");
 * a turn (one model call) -> one `Step` with `source: "agent"`, `llm_call_count: 1`: `message`
-  the completion text, `tool_calls` as parsed by the gateway, and `metrics` with the exact
-  `prompt_token_ids` (the whole prompt the engine saw), `completion_token_ids` and the
-  rollout `logprobs` (one per completion token, ATIF's own fields for RL data);
+  the completion text (stored by text-only backends; token backends store ids, decoded with
+  the tokenizer given to `envhub export --tokenizer`, else left empty), `tool_calls` as
+  parsed by the gateway, and `metrics` with the exact `prompt_token_ids` (the whole prompt
+  the engine saw), `completion_token_ids` and the rollout `logprobs` (one per completion
+  token; ATIF's own fields for RL data);
 * what ATIF has no field for goes under `extra`: per step the weight version, segment,
   finish reason, trainability, the context-management action that started the step's segment
   and the turn's process signals; per trajectory the status (env_failure / agent_error with
@@ -22,6 +24,7 @@ counted as skipped.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -32,6 +35,7 @@ from envhub.gateway.pool.export import trajectories
 from envhub.gateway.pool.store import Store
 from envhub.sdk.types import Trajectory, Turn
 
+Decode = Callable[[list[int]], str]
 SCHEMA_VERSION = "ATIF-v1.7"  # the newest version whose fields we use (llm_call_count, ids)
 
 
@@ -52,12 +56,27 @@ def _arguments(text: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
     return {}, {"arguments_text": text, "arguments_valid_json": True}
 
 
-def _step(index: int, turn: Turn, traj: Trajectory) -> dict[str, Any]:
+def tokenizer_decode(model: str) -> Decode:
+    """Decode sampled ids with a model folder's tokenizer ('bundled': the bundled model's).
+    Raises ValueError (with the fix) when there is no tokenizer to load there."""
+    from transformers import AutoTokenizer
+
+    from envhub.gateway.engine.config import BUNDLED_MODEL
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(BUNDLED_MODEL if model == "bundled" else model)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--tokenizer {model}: no tokenizer there ({type(e).__name__}); give "
+                         "the folder of the model that served the run, or 'bundled'") from None
+    return lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def _step(index: int, turn: Turn, traj: Trajectory, decode: Decode | None) -> dict[str, Any]:
     calls = []
     for call in turn.tool_calls:
-        arguments, extra = _arguments(call.arguments)
+        arguments, raw = _arguments(call.arguments)
         calls.append({"tool_call_id": call.id, "function_name": call.name,
-                      "arguments": arguments, **({"extra": extra} if extra else {})})
+                      "arguments": arguments, **({"extra": raw} if raw else {})})
     prompt = turn.prompt_ids or turn.prompt_delta_ids
     extra: dict[str, Any] = {
         "seq": turn.seq, "segment": turn.segment, "weight_version": turn.weight_version,
@@ -72,7 +91,8 @@ def _step(index: int, turn: Turn, traj: Trajectory) -> dict[str, Any]:
     if signals:
         extra["signals"] = signals
     step: dict[str, Any] = {
-        "step_id": index, "source": "agent", "message": turn.completion_text or "",
+        "step_id": index, "source": "agent",
+        "message": turn.completion_text or (decode(turn.completion_ids) if decode else ""),
         "llm_call_count": 1,
         "metrics": {"prompt_tokens": len(prompt), "completion_tokens": len(turn.completion_ids),
                     "prompt_token_ids": prompt, "completion_token_ids": turn.completion_ids,
@@ -89,13 +109,15 @@ def _step(index: int, turn: Turn, traj: Trajectory) -> dict[str, Any]:
     return step
 
 
-def to_atif(traj: Trajectory, version: str = "") -> dict[str, Any] | None:
-    """The ATIF document of one session, or None when it made no model call."""
+def to_atif(traj: Trajectory, version: str = "",
+            decode: Decode | None = None) -> dict[str, Any] | None:
+    """The ATIF document of one session, or None when it made no model call. Messages are
+    the stored text (text-only backends), else `decode(completion ids)`, else empty."""
     turns = sorted(traj.turns, key=lambda t: t.seq)
     if not turns:
         return None
     session = traj.session
-    steps = [_step(i, turn, traj) for i, turn in enumerate(turns, 1)]
+    steps = [_step(i, turn, traj, decode) for i, turn in enumerate(turns, 1)]
     agent: dict[str, Any] = {"name": str(session.metadata.get("agent") or "envhub"),
                              "version": version or "unknown"}
     model = next((t.requested_model for t in turns if t.requested_model), None)
@@ -121,14 +143,15 @@ def to_atif(traj: Trajectory, version: str = "") -> dict[str, Any] | None:
 
 
 def export_atif(store: Store, out: Path, group_id: str | None = None,
-                status: str | None = None, version: str = "") -> tuple[int, int]:
+                status: str | None = None, version: str = "",
+                decode: Decode | None = None) -> tuple[int, int]:
     """Write one ATIF document per line to `out`; (written, skipped without model calls)."""
     written = skipped = 0
     tmp = out.with_name(out.name + ".part")  # no half-written file on failure
     try:
         with open(tmp, "wb") as f:
             for traj in trajectories(store, group_id, status):
-                doc = to_atif(traj, version)
+                doc = to_atif(traj, version, decode)
                 if doc is None:
                     skipped += 1
                     continue
