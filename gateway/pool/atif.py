@@ -68,7 +68,7 @@ def tokenizer_decode(model: str) -> Decode:
     except (OSError, ValueError) as e:
         raise ValueError(f"--tokenizer {model}: no tokenizer there ({type(e).__name__}); give "
                          "the folder of the model that served the run, or 'bundled'") from None
-    return lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
+    return lambda ids: str(tokenizer.decode(ids, skip_special_tokens=True))
 
 
 def _step(index: int, turn: Turn, traj: Trajectory, decode: Decode | None) -> dict[str, Any]:
