@@ -123,6 +123,8 @@ def test_swebench_row_runs_on_its_image_oracle_solves_and_noop_scores_zero(
     try:
         # The name a `docker pull` from SWE-bench's namespace gives: the oracle solves it.
         client.images.get(built).tag(pulled.split(":")[0], "latest")
+        [task] = load_env(str(rows)).env.load_tasks()
+        assert task.data["image"] == pulled and "conda activate testbed" in task.instruction
         gold = _summary(envhub("run", str(rows), "--agent", "oracle", "-q",
                                "--out", str(tmp_path / "gold"), cwd=tmp_path), tmp_path / "gold")
         assert gold["rollouts"] == 1 and gold["resolved"] == 1, gold

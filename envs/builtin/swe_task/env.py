@@ -27,7 +27,9 @@ The repository is at {repo_dir} (a git checkout of the commit to fix). Change th
 so that the problem above is fixed. Tests that check the fix exist but are hidden from you;
 changes to test files, conftest.py or test configuration are discarded before grading, and only
 changes inside {repo_dir} count. If `python3 -m pytest` is missing in your shell, run
-`PYTHONPATH=/workspace/.envhub/pylib python3 -m pytest`. When you are done, submit."""
+`PYTHONPATH=/workspace/.envhub/pylib python3 -m pytest`.{setup} When you are done, submit."""
+SETUP_HINT = (" The project's own environment (its python and packages) is set up by "
+              "`{}`; start each command with it.")
 
 
 class SWETaskEnv:
@@ -56,7 +58,8 @@ class SWETaskEnv:
             self._tasks[swe.instance_id] = swe
             tasks.append(Task(id=swe.instance_id, data=swe.model_dump(mode="json"),
                               instruction=INSTRUCTION.format(
-                statement=swe.problem_statement.rstrip(), repo_dir=swe.repo_dir)))
+                statement=swe.problem_statement.rstrip(), repo_dir=swe.repo_dir,
+                setup=SETUP_HINT.format(swe.shell_setup) if swe.shell_setup else "")))
         return tasks
 
     def swe_task(self, task: Task) -> SWETask:
