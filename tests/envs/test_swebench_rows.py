@@ -81,6 +81,8 @@ def test_rows_envhub_cannot_grade_are_refused_with_the_reason(tmp_path: Path) ->
     result = envhub("info", str(rows), cwd=tmp_path)
     assert result.returncode == 2 and "SWE-smith row" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
+    result = envhub("info", str(tmp_path / "missing.jsonl"), cwd=tmp_path)
+    assert result.returncode == 2 and "no such file" in result.stderr, result.stderr
 
 
 def _summary(result, out: Path) -> dict:
