@@ -101,7 +101,8 @@ def train_command(
 def export_command(
     out: str = typer.Option(..., "--out", "-o", help="file to write"),
     fmt: str = typer.Option(None, "--format", "-f", help="jsonl | parquet (the pool's "
-                            "trajectories) | verl | trl (training rows with advantages); "
+                            "trajectories) | atif (Harbor's ATIF, one document a line) | "
+                            "verl | trl (training rows with advantages); "
                             "default: verl with --gateway/--jsonl, else jsonl"),
     db: str = typer.Option(None, help="pool URL to read (sqlite:///FILE or postgresql://...)"),
     gateway: str = typer.Option(None, help="a gateway's URL to read the pool from"),
@@ -115,12 +116,14 @@ def export_command(
     tau: int = typer.Option(None, min=0, help="verl/trl: staleness bound"),
     trainer_version: int = typer.Option(0, min=0, help="verl/trl: the trainer's version"),
     no_std: bool = typer.Option(False, "--no-std", help="verl/trl: GRPO without std"),
+    tokenizer: str = typer.Option(None, help="atif: model folder (or 'bundled') whose "
+                                  "tokenizer decodes sampled ids into step messages"),
 ) -> None:
     """Export trajectories: the pool as JSONL/Parquet, or verl/TRL training rows."""
     target = _export_target(out)
     with _written_whole(target) as partial:
         _export(partial, target, fmt, db, gateway, admin_key, jsonl, group_id, status, window,
-                max_groups, group_size, tau, trainer_version, no_std)
+                max_groups, group_size, tau, trainer_version, no_std, tokenizer)
 
 
 def _export_target(out: str) -> Path:
@@ -160,7 +163,7 @@ def _export(out: Path, target: Path, fmt: str | None, db: str | None, gateway: s
             admin_key: str | None, jsonl: str | None, group_id: str | None,
             status: str | None, window: int | None, max_groups: int | None,
             group_size: int | None, tau: int | None, trainer_version: int,
-            no_std: bool) -> None:
+            no_std: bool, tokenizer: str | None = None) -> None:
     if fmt is None:
         fmt = "verl" if (gateway or jsonl) else "jsonl"
     if fmt in ("verl", "trl"):
@@ -174,11 +177,11 @@ def _export(out: Path, target: Path, fmt: str | None, db: str | None, gateway: s
                jsonl=Path(jsonl) if jsonl else None, window=window, max_groups=max_groups,
                group_size=group_size, tau=tau, trainer_version=trainer_version, no_std=no_std)
         return
-    if fmt not in ("jsonl", "parquet"):
-        typer.echo(f"error: --format {fmt!r}: use jsonl, parquet, verl or trl", err=True)
+    if fmt not in ("jsonl", "parquet", "atif"):
+        typer.echo(f"error: --format {fmt!r}: use jsonl, parquet, verl or trl, or atif", err=True)
         raise typer.Exit(2)
     if db is None:
-        typer.echo("error: jsonl/parquet read the pool directly: pass --db URL, e.g. "
+        typer.echo("error: jsonl/parquet/atif read the pool directly: pass --db URL, e.g. "
                    "--db sqlite:///envhub-pool.db", err=True)
         raise typer.Exit(2)
     if db.startswith("sqlite:///") and not Path(db[len("sqlite:///"):]).is_file():
@@ -187,8 +190,22 @@ def _export(out: Path, target: Path, fmt: str | None, db: str | None, gateway: s
     from envhub.gateway.pool.export import export_jsonl, export_parquet
     from envhub.gateway.pool.store import Store
 
+    if fmt == "atif":
+        from envhub.gateway.pool.atif import tokenizer_decode
+
+        try:
+            decode = tokenizer_decode(tokenizer) if tokenizer else None
+        except ValueError as e:
+            _fail(str(e))
     store = Store(db)
     try:
+        if fmt == "atif":
+            from envhub.gateway.pool.atif import export_atif
+
+            n, skipped = export_atif(store, Path(out), group_id, status, __version__, decode)
+            typer.echo(f"wrote {n} ATIF trajectories to {target} ({skipped} sessions without "
+                       "model calls skipped)")
+            return
         writer = export_jsonl if fmt == "jsonl" else export_parquet
         n = writer(store, Path(out), group_id, status)
     finally:

@@ -34,6 +34,8 @@ from envhub.envs.manifest import (
 from envhub.envs.rewards import RewardComponent, make_components
 
 REGISTRY_REF_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*/[a-z0-9][a-z0-9._-]*(@\S+)?$")
+DATASET_PREFIX = "hf:"
+ROW_FILE_SUFFIXES = (".jsonl", ".parquet")
 ID_FIELDS = ("id", "task_id", "instance_id")
 INSTRUCTION_FIELDS = ("instruction", "problem_statement", "prompt", "question")
 
@@ -86,6 +88,8 @@ def resolve_folder(ref: str) -> Path:
 
 def load_env(ref: str) -> LoadedEnv:
     """Resolve, validate and instantiate. Raises ManifestError / EnvNotFound / EnvLoadError."""
+    if ref.startswith(DATASET_PREFIX) or Path(ref).suffix in ROW_FILE_SUFFIXES:
+        return load_swe_rows(ref)
     folder = resolve_folder(ref)
     if not (folder / "envhub.toml").is_file() and task_folder_kind(folder) is not None:
         return load_task_folders(folder, ref)
@@ -147,6 +151,36 @@ def load_task_folders(folder: Path, ref: str) -> LoadedEnv:
         raise EnvLoadError(str(e)) from None
     return LoadedEnv(folder=root, manifest=manifest, env=env, ref=ref,
                      rewards=reward_components(root, manifest))
+
+
+def load_swe_rows(ref: str) -> LoadedEnv:
+    """A JSONL/Parquet file of SWE-bench-schema rows, or `hf:ID[:SPLIT]` (a `datasets` id,
+    online only), run as they are by the built-in swe-task's code and manifest."""
+    from envhub.envs.builtin.swe_task.env import SWETaskEnv
+
+    base = load_manifest(builtin_folders()["swe-task"])
+    if ref.startswith(DATASET_PREFIX):
+        dataset, _, split = ref[len(DATASET_PREFIX):].partition(":")
+        if not dataset:
+            raise EnvLoadError(f"{ref}: give a dataset id, e.g. "
+                               "hf:princeton-nlp/SWE-bench_Lite:test")
+        folder, source = Path.cwd(), TasksSource(dataset=dataset, split=split or "test")
+        stem = dataset.rsplit("/", 1)[-1]
+    else:
+        path = Path(ref).expanduser().resolve()
+        if not path.is_file():
+            raise EnvNotFound(f"{ref}: no such file; give a JSONL or Parquet file of "
+                              "SWE-bench rows")
+        folder, source, stem = path.parent, TasksSource(path=path.name), path.stem
+    name = re.sub(r"[^a-z0-9._-]+", "-", stem.lower()).strip("-._")[:64] or "swe-rows"
+    # SWE-bench's images run only in docker (the repository lives at /testbed in the image).
+    sandbox = base.sandbox.model_copy(update={"kind": "docker", "supported_kinds": ["docker"]})
+    manifest = base.model_copy(update={
+        "name": name, "tasks": source, "sandbox": sandbox, "metadata": {},
+        "description": f"SWE-bench rows from {ref} (run as they are)"})
+    env = SWETaskEnv(folder, manifest)
+    return LoadedEnv(folder=folder, manifest=manifest, env=env, ref=ref,
+                     rewards=reward_components(folder, manifest))
 
 
 def _stage_tbench(folder: Path) -> Path:

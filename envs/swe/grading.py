@@ -140,14 +140,15 @@ async def grade(
         canaries = await plant_canaries(sandbox, task) if with_canaries else None
         nonce = secrets.token_hex(16)
         record_path = f"{SCRATCH}/record-{secrets.token_hex(8)}.json"
-        env = {**await pytest_env(sandbox), **GIT_ENV, **task.test_env,
+        env = {**await pytest_env(sandbox, task), **GIT_ENV, **task.test_env,
                "ENVHUB_TEST_TIMEOUT": f"{task.test_timeout:g}",
                "ENVHUB_GRADE_NONCE": nonce, "ENVHUB_GRADE_RESULTS": record_path,
                "PYTEST_ADDOPTS": "-p envhub_test_timeout",
                "COLUMNS": "240"}  # summary lines keep their failure messages readable
         command = (canary.command_with(task.command(), canaries) if canaries
                    else task.command())
-        result = await sandbox.exec(f"cd {shlex.quote(task.repo_dir)} && {command}",
+        result = await sandbox.exec(f"cd {shlex.quote(task.repo_dir)} && "
+                                    f"{task.in_shell(command)}",
                                     timeout=task.timeout, env=env)
         record = await read_record(sandbox, record_path, nonce)
     except (SandboxError, EnvFailure) as e:

@@ -88,21 +88,25 @@ async def agent_diff(sandbox: Sandbox, task: SWETask, base: str) -> tuple[str, s
     return (await sandbox.read_file(out)).decode("utf-8", errors="surrogateescape"), ""
 
 
-async def pytest_env(sandbox: Sandbox) -> dict[str, str]:
+async def pytest_env(sandbox: Sandbox, task: SWETask | None = None) -> dict[str, str]:
     """Env vars that make `python3 -m pytest` work in the sandbox, plus the timeout plugin.
 
-    The plugin and (when needed) pytest live in SCRATCH, outside the repository."""
+    The plugin and (when needed) pytest live in SCRATCH, outside the repository. The probe
+    runs after the task's shell setup (e.g. SWE-bench's conda env), as the tests will."""
+    def probe_cmd(cmd: str) -> str:
+        return task.in_shell(cmd) if task is not None else cmd
+
     plugin_dir = f"{SCRATCH}/plugins"
     await sandbox.write_file(f"{plugin_dir}/envhub_test_timeout.py",
                              (SCRIPTS / "envhub_test_timeout.py").read_bytes())
     paths = [plugin_dir]
-    probe = await sandbox.exec("python3 -c 'import pytest'", timeout=60)
+    probe = await sandbox.exec(probe_cmd("python3 -c 'import pytest'"), timeout=60)
     if probe.exit_code != 0:
         await sandbox.upload(str(host_pylib()), f"{SCRATCH}/pylib")
         paths.append(f"{SCRATCH}/pylib")
         env = {"PYTHONPATH": ":".join(paths)}
         # A grader whose pytest cannot start would score every patch 0: an infra failure.
-        check = await sandbox.exec("python3 -c 'import pytest'", timeout=60, env=env)
+        check = await sandbox.exec(probe_cmd("python3 -c 'import pytest'"), timeout=60, env=env)
         if check.exit_code != 0:
             raise EnvFailure("the pytest handed to the sandbox does not import with its "
                              f"python3: {(check.stderr or check.stdout).strip()[-500:]}")

@@ -43,6 +43,8 @@ class SWETask(BaseModel):
     test_files: list[str] = Field(default_factory=list,
                                   description="test files the command runs (appended to test_cmd)")
     test_env: dict[str, str] = Field(default_factory=dict, description="extra env for test_cmd")
+    shell_setup: str = Field("", description="shell run before test_cmd and any python probe "
+                                             "(SWE-bench images: activate conda env testbed)")
     log_parser: str = Field("pytest", description="how to read the test log: 'pytest' (-rA)")
     image: str | None = Field(None, description="prebuilt docker image holding the repository "
                                                 "(e.g. a SWE-bench per-instance image)")
@@ -101,9 +103,25 @@ class SWETask(BaseModel):
         files = [f for f in self.test_files if f not in self.test_cmd]
         return " ".join([self.test_cmd, *files])
 
+    def in_shell(self, command: str) -> str:
+        """`command` after the task's shell setup (if any)."""
+        return f"{self.shell_setup} && {command}" if self.shell_setup else command
+
 
 class TaskFileError(ValueError):
     """A task file that cannot be read; the message names the row and field."""
+
+
+def refuse_swesmith(row: dict[str, Any], where: str) -> None:
+    """SWE-smith rows (an `image_name` of a per-repo image, no `test_patch`) are not run: their
+    buggy starting state is a git branch named after the instance in SWE-smith's GitHub mirror
+    of the repository, which an offline sandbox cannot fetch."""
+    if row.get("image_name") and not row.get("test_patch"):
+        raise TaskFileError(
+            f"{where}: a SWE-smith row ({row.get('instance_id', '?')}, image_name "
+            f"{row['image_name']}): not supported as is, since its starting state is a branch "
+            "of SWE-smith's GitHub mirror; convert it to SWE-bench's schema (base_commit of "
+            "the buggy state in an image of yours as `image`, the tests as `test_patch`)")
 
 
 def parse_task(row: dict[str, Any], where: str = "task") -> SWETask:

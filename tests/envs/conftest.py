@@ -13,6 +13,10 @@ from envhub.envs.sandbox import Sandbox, open_sandbox
 from envhub.envs.swe.task import SWETask
 from tests.support import require_docker, require_tool
 
+# data/ holds task folders as users write them; their own tests/test_outputs.py run inside task
+# sandboxes, never in this suite.
+collect_ignore_glob = ["data/*"]
+
 Act = Callable[[Sandbox, "SWEHarness", Task], Awaitable[None]]
 
 class SWEHarness:

@@ -110,3 +110,50 @@ def test_oracle_runs_bare_task_dataset_and_tbench(tmp_path: Path) -> None:
         overall = _run(folder, tmp_path / f"out-{folder.name}")["overall"]
         assert overall["rollouts"] == count and overall["resolved"] == count, overall
         assert snapshot(folder) == before
+
+
+DOCS_TASKS = Path(__file__).parent / "data" / "harbor-docs"  # written by hand, see its README
+
+
+def test_task_folders_written_as_harbors_docs_show_load_bare_and_as_a_dataset() -> None:
+    loaded = load_env(str(DOCS_TASKS))
+    # A task named in task.toml's [task] section (schema 1.1) keeps that name as its id.
+    ids = {"hello-world": "hello-world", "error-count": "envhub-tests/error-count",
+           "fix-median": "fix-median"}
+    assert sorted(t.id for t in loaded.env.load_tasks()) == sorted(ids.values())
+    for folder, task_id in ids.items():
+        assert [t.id for t in load_env(str(DOCS_TASKS / folder)).env.load_tasks()] == [task_id]
+
+
+def _run_agent(folder: Path, out: Path, agent: str) -> dict:
+    result = envhub("run", str(folder), "--agent", agent, "--sandbox", "docker", "-q",
+                    "--out", str(out), cwd=out.parent)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return json.loads((out / "summary.json").read_text())["overall"]
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_oracle_solves_the_docs_tasks_bare_and_as_a_dataset(tmp_path: Path) -> None:
+    require_docker()
+    before = snapshot(DOCS_TASKS)
+    for folder, count in ((DOCS_TASKS / "hello-world", 1), (DOCS_TASKS, 3)):
+        overall = _run_agent(folder, tmp_path / f"out-{folder.name}", "oracle")
+        assert overall["rollouts"] == count and overall["resolved"] == count, overall
+    assert snapshot(DOCS_TASKS) == before
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_doing_nothing_scores_zero_on_every_folder_form(tmp_path: Path) -> None:
+    """The no-op agent (`true`: exits at once, touches nothing) resolves nothing and is never
+    an env_failure: bare Harbor task, dataset, terminal-bench 1, the docs' tasks."""
+    require_docker()
+    one = harbor_task(tmp_path / "bare")
+    harbor_task(tmp_path / "set" / "a", "1"), harbor_task(tmp_path / "set" / "b", "2")
+    tbench_task(tmp_path / "tb")
+    for folder, count in ((one, 1), (tmp_path / "set", 2), (tmp_path / "tb", 1),
+                          (DOCS_TASKS, 3)):
+        overall = _run_agent(folder, tmp_path / f"noop-{folder.name}", "true")
+        assert overall["rollouts"] == count and overall["done"] == count, overall
+        assert overall["resolved"] == 0 and overall["env_failure"] == 0, overall

@@ -11,12 +11,14 @@ import asyncio
 from pathlib import Path
 
 from envhub.envs.environment import EnvFailure, RunContext, Task, Verdict
+from envhub.envs.errors import EnvLoadError
 from envhub.envs.loader import task_rows
 from envhub.envs.manifest import Manifest, SandboxSpec
 from envhub.envs.sandbox.base import Sandbox
+from envhub.envs.swe import swebench
 from envhub.envs.swe.grading import apply_patch, grade
 from envhub.envs.swe.repo import agent_diff, build_repo, cut_history, pytest_env
-from envhub.envs.swe.task import SWETask, parse_task
+from envhub.envs.swe.task import SWETask, TaskFileError, parse_task, refuse_swesmith
 from envhub.envs.swe.task_image import task_image
 
 INSTRUCTION = """{statement}
@@ -25,7 +27,9 @@ The repository is at {repo_dir} (a git checkout of the commit to fix). Change th
 so that the problem above is fixed. Tests that check the fix exist but are hidden from you;
 changes to test files, conftest.py or test configuration are discarded before grading, and only
 changes inside {repo_dir} count. If `python3 -m pytest` is missing in your shell, run
-`PYTHONPATH=/workspace/.envhub/pylib python3 -m pytest`. When you are done, submit."""
+`PYTHONPATH=/workspace/.envhub/pylib python3 -m pytest`.{setup} When you are done, submit."""
+SETUP_HINT = (" The project's own environment (its python and packages) is set up by "
+              "`{}`; start each command with it.")
 
 
 class SWETaskEnv:
@@ -39,12 +43,23 @@ class SWETaskEnv:
 
     def load_tasks(self) -> list[Task]:
         rows = task_rows(self.folder, self.manifest.tasks)
+        where = f"{self.folder}/{self.manifest.tasks.path or self.manifest.tasks.dataset}"
+        parsed = []
+        try:
+            for i, row in enumerate(rows):
+                refuse_swesmith(row, f"{where} row {i + 1}")
+                parsed.append(parse_task(row, f"{where} row {i + 1}"))
+        except TaskFileError as e:
+            raise EnvLoadError(str(e)) from None
+        # Rows in SWE-bench's own schema run on SWE-bench's images, found by their names.
+        parsed = swebench.resolve(parsed, where)
         tasks = []
-        for i, row in enumerate(rows):
-            swe = parse_task(row, f"{self.folder}/{self.manifest.tasks.path} row {i + 1}")
+        for swe in parsed:
             self._tasks[swe.instance_id] = swe
-            tasks.append(Task(id=swe.instance_id, data=row, instruction=INSTRUCTION.format(
-                statement=swe.problem_statement.rstrip(), repo_dir=swe.repo_dir)))
+            tasks.append(Task(id=swe.instance_id, data=swe.model_dump(mode="json"),
+                              instruction=INSTRUCTION.format(
+                statement=swe.problem_statement.rstrip(), repo_dir=swe.repo_dir,
+                setup=SETUP_HINT.format(swe.shell_setup) if swe.shell_setup else "")))
         return tasks
 
     def swe_task(self, task: Task) -> SWETask:
@@ -74,8 +89,9 @@ class SWETaskEnv:
                 return sandbox, await build_repo(sandbox, swe, self.data_root)
             head = await sandbox.exec(f"git -C {swe.repo_dir} -c safe.directory='*' "
                                       "rev-parse HEAD", timeout=60)
-            if head.exit_code != 0 or (swe.source_archive and
-                                       head.stdout.strip() != swe.base_commit):
+            # Our snapshots and SWE-bench's images both hold the repository at base_commit.
+            exact = swe.source_archive or swe.metadata.get("swebench_image")
+            if head.exit_code != 0 or (exact and head.stdout.strip() != swe.base_commit):
                 raise EnvFailure(f"{swe.instance_id}: image {spec.image} does not hold the "
                                  f"repository at {swe.base_commit} in {swe.repo_dir} "
                                  f"({head.stdout.strip() or head.stderr.strip()[-300:]})")
@@ -90,7 +106,7 @@ class SWETaskEnv:
         try:
             if swe.image:  # a foreign image may carry the whole (future) history: cut it
                 base = await cut_history(sandbox, swe)
-            await pytest_env(sandbox)  # agents can run pytest too (local: host's pytest)
+            await pytest_env(sandbox, swe)  # agents can run pytest too (local: host's pytest)
         except BaseException:
             await sandbox.close()
             raise
