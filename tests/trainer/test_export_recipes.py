@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 
 from envhub.sdk import Session
