@@ -11,7 +11,8 @@ recorded sample: the exact token ids the engine saw and sampled, its logprobs, t
 and the envhub composite reward, which the reward function `envhub_reward` hands back to TRL.
 TRL then computes its own group advantages from those rewards (one per sequence; TRL's loss has
 no per-token advantages, so envhub's reward-to-go terms, in `token_advantages`, stay in the
-file for trainers that take them).
+file for trainers that take them). The live twin, `envhub.trl_rollouts.EnvRollouts`, plays
+environments through a gateway instead of replaying a file.
 """
 
 from __future__ import annotations
@@ -36,6 +37,13 @@ def trl_row(seq: TrainSequence) -> dict[str, Any]:
         "advantages": seq.sample_advantage, "token_advantages": seq.advantages[p:],
         "reward": seq.reward,
     }
+
+
+def rollout_fields(row: dict[str, Any]) -> dict[str, Any]:
+    """One TRL row as one completion of a `rollout_func`'s answer."""
+    return {"prompt_ids": row["prompt_ids"], "completion_ids": row["completion_ids"],
+            "logprobs": row["sampling_per_token_logps"], "env_mask": row["completion_mask"],
+            "envhub_reward": row["reward"]}
 
 
 class ExportReplay:
@@ -72,11 +80,8 @@ class ExportReplay:
                     f"group {group_id}: TRL asks for {n} completions, the export holds "
                     f"{len(samples)}; set GRPOConfig(num_generations={len(samples)})")
             for row in samples:
-                out["prompt_ids"].append(row["prompt_ids"])
-                out["completion_ids"].append(row["completion_ids"])
-                out["logprobs"].append(row["sampling_per_token_logps"])
-                out["env_mask"].append(row["completion_mask"])
-                out["envhub_reward"].append(row["reward"])
+                for key, value in rollout_fields(row).items():
+                    out[key].append(value)
         return dict(out)
 
 
