@@ -63,7 +63,8 @@ def test_grpotrainer_with_envhub_rollouts(tmp_path: Path) -> None:
             cut = len(answer["prompt_ids"][i])
             assert answer["env_mask"][i] == seg.loss_mask[cut:]
             assert answer["logprobs"][i] == pytest.approx(seg.logprobs[cut:])
-            assert answer["envhub_reward"][i] == pytest.approx(composite_reward(t, AdvantageConfig()))
+            reward = composite_reward(t, AdvantageConfig())
+            assert answer["envhub_reward"][i] == pytest.approx(reward)
     # TRL's step-1 weights were pushed before the second batch: its turns carry version 1
     versions = {g.group_id: {w for t in trajectories if t.session.group_id == g.group_id
                              for turn in t.turns for w in [turn.weight_version]}
