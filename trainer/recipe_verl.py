@@ -68,6 +68,7 @@ def actor_step(model: Any, optimizer: torch.optim.Optimizer, data: Any, config: 
 def main(argv: list[str] | None = None) -> dict[str, float]:
     from transformers import AutoModelForCausalLM
 
+    from envhub.trainer.errors import TrainerError
     from envhub.trainer.export_verl import load_dataproto
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -75,7 +76,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--model", required=True, help="HF model folder the rollouts sampled")
     parser.add_argument("--lr", type=float, default=1e-5)
     args = parser.parse_args(argv)
-    data = load_dataproto(args.export)
+    try:
+        data = load_dataproto(args.export)
+    except (TrainerError, OSError) as exc:  # not an export, empty, unreadable: say so
+        parser.error(str(exc))
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     metrics = actor_step(model, optimizer, data, actor_config())

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -127,3 +129,34 @@ def test_unreachable_gateway_exits_2(tmp_path: Path) -> None:
                 str(tmp_path / "x.parquet"))
     assert r.returncode == 2 and "cannot reach the gateway" in r.stderr
     assert not list(tmp_path.iterdir())
+
+
+def test_recipe_inputs_that_are_not_exports_fail_with_the_fix(tmp_path: Path) -> None:
+    """The verl loader and the TRL replay name the file and the command that writes one; a
+    replay asked for another group size says which num_generations to set."""
+    from envhub.trainer.errors import TrainerError
+    from envhub.trainer.export_trl import ExportReplay
+    from envhub.trainer.export_verl import read_verl
+
+    pool = tmp_path / "pool.jsonl"
+    pool.write_text("".join(t.model_dump_json() + "\n" for t in _pool()))
+    for fmt in ("verl", "trl"):
+        r = envhub("export", "-f", fmt, "--jsonl", str(pool), "-o", str(tmp_path / f"{fmt}.pq"))
+        assert r.returncode == 0, r.stderr
+    with pytest.raises(TrainerError, match="envhub export --format verl"):
+        read_verl(tmp_path / "trl.pq")
+    with pytest.raises(TrainerError, match="envhub export --format trl"):
+        ExportReplay(tmp_path / "verl.pq")
+    replay = ExportReplay(tmp_path / "trl.pq")
+    assert replay.prompt_dataset()["prompt"] == ["ga"]
+    answer = replay(["ga", "ga"])
+    assert answer["completion_ids"] == [[10, 11, 4, 12]] * 2
+    assert answer["env_mask"] == [[1, 1, 0, 1]] * 2 and answer["envhub_reward"] == [0.0, 1.0]
+    with pytest.raises(TrainerError, match="num_generations=2"):
+        replay(["ga", "ga", "ga"])
+    with pytest.raises(TrainerError, match="no group of this export"):
+        replay(["gz", "gz"])
+    r = subprocess.run([sys.executable, "-m", "envhub.trainer.recipe_verl",
+                        str(tmp_path / "trl.pq"), "--model", "unused"],
+                       capture_output=True, text=True, check=False)
+    assert r.returncode == 2 and "envhub export --format verl" in r.stderr, r.stderr
