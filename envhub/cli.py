@@ -107,7 +107,8 @@ def export_command(
     db: str = typer.Option(None, help="pool URL to read (sqlite:///FILE or postgresql://...)"),
     gateway: str = typer.Option(None, help="a gateway's URL to read the pool from"),
     admin_key: str = typer.Option(None, envvar="ENVHUB_ADMIN_KEY", help="its admin key"),
-    jsonl: str = typer.Option(None, help="verl/trl: read trajectories from a JSONL export"),
+    jsonl: str = typer.Option(None, help="verl/trl: read trajectories from a JSONL export "
+                              "(or give --db or --gateway)"),
     group_id: str = typer.Option(None, help="jsonl/parquet: only this group"),
     status: str = typer.Option(None, help="jsonl/parquet: only sessions with this status"),
     window: int = typer.Option(None, min=1, help="verl/trl: windowed-FIFO size"),
@@ -169,11 +170,9 @@ def _export(out: Path, target: Path, fmt: str | None, db: str | None, gateway: s
     if fmt in ("verl", "trl"):
         from envhub.trainer.cli import export
 
-        if db is not None:
-            typer.echo("error: verl/trl read from --gateway URL or --jsonl FILE (export the "
-                       "pool with --format jsonl first)", err=True)
-            raise typer.Exit(2)
-        export(out=out, shown_as=target, fmt=fmt, gateway=gateway, admin_key=admin_key,
+        if db is not None and gateway is None and jsonl is None:
+            _check_pool_file(db)
+        export(out=out, shown_as=target, fmt=fmt, gateway=gateway, admin_key=admin_key, db=db,
                jsonl=Path(jsonl) if jsonl else None, window=window, max_groups=max_groups,
                group_size=group_size, tau=tau, trainer_version=trainer_version, no_std=no_std)
         return
@@ -184,9 +183,7 @@ def _export(out: Path, target: Path, fmt: str | None, db: str | None, gateway: s
         typer.echo("error: jsonl/parquet/atif read the pool directly: pass --db URL, e.g. "
                    "--db sqlite:///envhub-pool.db", err=True)
         raise typer.Exit(2)
-    if db.startswith("sqlite:///") and not Path(db[len("sqlite:///"):]).is_file():
-        typer.echo(f"error: {db}: no such pool file", err=True)
-        raise typer.Exit(2)
+    _check_pool_file(db)
     from envhub.gateway.pool.export import export_jsonl, export_parquet
     from envhub.gateway.pool.store import Store
 
@@ -211,6 +208,11 @@ def _export(out: Path, target: Path, fmt: str | None, db: str | None, gateway: s
     finally:
         store.close()
     typer.echo(f"wrote {n} {'trajectories' if fmt == 'jsonl' else 'segments'} to {target}")
+
+
+def _check_pool_file(db: str) -> None:
+    if db.startswith("sqlite:///") and not Path(db[len("sqlite:///"):]).is_file():
+        _fail(f"{db}: no such pool file")
 
 
 def _register_all() -> None:

@@ -23,6 +23,8 @@ def export(
         "--admin-key", envvar="ENVHUB_ADMIN_KEY", help="The gateway's admin key.")] = None,
     jsonl: Annotated[Path | None, typer.Option(
         "--jsonl", help="Read trajectories from a JSONL file instead of a gateway.")] = None,
+    db: Annotated[str | None, typer.Option(
+        "--db", help="Read the pool directly (sqlite:///FILE or postgresql://...).")] = None,
     window: Annotated[int | None, typer.Option(
         "--window", min=1, help="Windowed-FIFO size; default: every finished group.")] = None,
     max_groups: Annotated[int | None, typer.Option("--max-groups", min=1)] = None,
@@ -35,19 +37,19 @@ def export(
         "--no-std", help="GRPO without std normalisation.")] = False,
     shown_as: Path | None = None,
 ) -> None:
-    """Export finished groups as flat Parquet for verl or TRL (ids, masks, logprobs,
-    advantages)."""
+    """Export finished groups as Parquet for verl (padded tensors in its batch layout) or TRL
+    (rows its GRPOTrainer replays): ids, masks, rollout logprobs, per-token advantages."""
     from envhub.trainer.config import TrainerConfig
     from envhub.trainer.errors import TrainerError
     from envhub.trainer.export import export_parquet
-    from envhub.trainer.source import HttpSource, InMemorySource, TrajectorySource
+    from envhub.trainer.source import HttpSource, InMemorySource, StoreSource, TrajectorySource
 
     if fmt not in ("verl", "trl"):
         raise typer.BadParameter(f"{fmt!r}: use --format verl or --format trl",
                                  param_hint="--format")
-    if (gateway is None) == (jsonl is None):
-        raise typer.BadParameter("give exactly one of --gateway URL or --jsonl FILE",
-                                 param_hint="--gateway/--jsonl")
+    if sum(x is not None for x in (gateway, jsonl, db)) != 1:
+        raise typer.BadParameter("give exactly one of --gateway URL, --jsonl FILE or --db URL",
+                                 param_hint="--gateway/--jsonl/--db")
     if jsonl is not None and not jsonl.is_file():
         raise typer.BadParameter(f"{jsonl} does not exist", param_hint="--jsonl")
     config = TrainerConfig.model_validate({
@@ -57,11 +59,17 @@ def export(
         source: TrajectorySource
         if jsonl is not None:
             source = InMemorySource.from_jsonl(jsonl)
+        elif db is not None:
+            source = StoreSource(db)
         else:
             source = HttpSource(gateway or "", admin_key or os.environ.get("ENVHUB_ADMIN_KEY"))
-        metrics = export_parquet(source, out, fmt,  # type: ignore[arg-type]
-                                 config=config, trainer_version=trainer_version, window=window,
-                                 max_groups=max_groups)
+        try:
+            metrics = export_parquet(source, out, fmt,  # type: ignore[arg-type]
+                                     config=config, trainer_version=trainer_version,
+                                     window=window, max_groups=max_groups)
+        finally:
+            if isinstance(source, (HttpSource, StoreSource)):
+                source.close()
     except TrainerError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
