@@ -35,6 +35,7 @@ class RunSummary:
     mean_reward: float | None = None
     resolved: int = 0
     sessions: int = 0
+    envs: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -113,6 +114,7 @@ def _pool_view(store: Store, row: SessionRow, tokenizer: Path,
 
 def _summarize(run: RunSummary, rows: list[SessionRow]) -> RunSummary:
     run.sessions = len(rows)
+    run.envs = sorted({r.env for r in rows})
     for r in rows:
         run.counts[r.status] = run.counts.get(r.status, 0) + 1
     rewards = [r.reward for r in rows if r.status == "done" and r.reward is not None]
