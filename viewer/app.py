@@ -20,10 +20,11 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from envhub import __version__
+from envhub.sdk.types import CMAction
 from envhub.viewer.errors import ViewerError
 from envhub.viewer.sources import PoolSource, RunFolders, SessionRow
 from envhub.viewer.tokens import TokenDecoder
-from envhub.viewer.turns import turn_blocks
+from envhub.viewer.turns import TurnBlock, turn_blocks
 
 HERE = Path(__file__).parent
 STATUSES = ("done", "env_failure", "agent_error", "open")
@@ -108,7 +109,8 @@ def create_app(source: RunFolders | PoolSource) -> FastAPI:
         view = await run_in_threadpool(source.session, run_id, key)
         if view is None:
             raise StarletteHTTPException(404, f"no session {key!r} in run {run_id!r}")
-        blocks, loose = [], []
+        blocks: list[TurnBlock] = []
+        loose: list[CMAction] = []
         if view.trajectory is not None:
             try:
                 if view.tokenizer not in decoders:

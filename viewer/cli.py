@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 import typer
 
 if TYPE_CHECKING:
+    from fastapi import FastAPI
+
     from envhub.viewer.config import ViewConfig
 
 
@@ -50,7 +52,7 @@ def view(
         opened.close()
 
 
-def _serve(app: object, config: ViewConfig) -> None:
+def _serve(app: FastAPI, config: ViewConfig) -> None:
     import uvicorn
 
     from envhub.sdk.serve import bind
