@@ -78,11 +78,27 @@ def _open_store(url: str) -> Store:
     if not url.startswith(("sqlite:///", "postgresql://", "postgresql+psycopg://")):
         raise ViewerError(f"{url}: not a pool URL; use sqlite:///FILE or postgresql://...")
     try:
-        store = Store(url)
-        store.counts()
+        tables = _tables(url)
     except Exception as e:  # not a database, wrong password, server down: the driver says which
         raise ViewerError(f"{url}: cannot read the pool ({type(e).__name__}: {e})") from e
-    return store
+    if not {"sessions", "turns"} <= tables:
+        # Store() would create the pool's tables in it: never write into someone else's file
+        raise ViewerError(f"{url}: not an envhub pool (no sessions/turns tables); give the "
+                          "--db URL of a gateway or a run's pool.db")
+    return Store(url)
+
+
+def _tables(url: str) -> set[str]:
+    """Table names in the database at `url`, read without creating anything."""
+    import sqlalchemy as sa
+
+    if url.startswith("postgresql://"):
+        url = "postgresql+psycopg://" + url[len("postgresql://"):]
+    engine = sa.create_engine(url)
+    try:
+        return set(sa.inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
 
 
 def _pool_row(run_id: str, row: dict, store: Store) -> SessionRow:
@@ -136,7 +152,8 @@ class RunFolders:
         self.folders = {}
         for folder in [path] if _is_run(path) else sorted(p for p in path.iterdir()
                                                           if p.is_dir() and _is_run(p)):
-            self.folders[_run_id(folder)] = folder
+            run_id = _run_id(folder)
+            self.folders[folder.name if run_id in self.folders else run_id] = folder
         if not self.folders:
             raise ViewerError(f"{path}: no run here (a run folder holds run.json and rollouts/ "
                               "as `envhub run` writes them); give runs/<run_id> or runs/")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import re
+import sqlite3
 from pathlib import Path
 
 import httpx
@@ -108,15 +109,18 @@ def test_token_pieces_join_to_the_decoded_text() -> None:
     (["{tmp}"], "no run here"),
     (["sqlite:///{tmp}/missing.db"], "no such pool file"),
     (["sqlite:///{tmp}/file.txt"], "cannot read the pool"),
+    (["sqlite:///{tmp}/other.db"], "not an envhub pool"),
     (["ftp://example.org/pool"], "not a pool URL"),
     (["{tmp}", "--host", "0.0.0.0"], "no authentication"),
     (["{tmp}", "--tokenizer", "{tmp}/no-model"], "no tokenizer.json"),
 ])
 def test_bad_input_exits_2_with_the_fix(tmp_path: Path, args: list[str], message: str) -> None:
     (tmp_path / "file.txt").write_text("not a database\n")
-    before = sorted(p.name for p in tmp_path.iterdir())
+    with sqlite3.connect(tmp_path / "other.db") as db:  # someone else's database
+        db.execute("CREATE TABLE notes (body TEXT)")
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
     result = CliRunner().invoke(app, ["view", *[a.replace("{tmp}", str(tmp_path))
                                                 for a in args]])
     assert result.exit_code == 2, result.output
     assert message in result.output and "Traceback" not in result.output
-    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing created
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # nothing written
