@@ -149,7 +149,7 @@ class RunFolders:
         if not path.is_dir():
             raise ViewerError(f"{path}: not a folder; give a run folder (runs/<run_id>), the "
                               "runs/ folder, or a pool file as sqlite:///" + str(path))
-        self.folders = {}
+        self.folders: dict[str, Path] = {}
         for folder in [path] if _is_run(path) else sorted(p for p in path.iterdir()
                                                           if p.is_dir() and _is_run(p)):
             run_id = _run_id(folder)
