@@ -11,11 +11,16 @@ of each group id.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
+from sqlalchemy import select
+
 from envhub.gateway.config import BUNDLED_MODEL
+from envhub.gateway.pool import schema as t
 from envhub.gateway.pool.store import Store
 from envhub.gateway.pool.trajectory import build_trajectory
 from envhub.sdk.types import RewardEvent, Trajectory
@@ -101,8 +106,20 @@ def _tables(url: str) -> set[str]:
         engine.dispose()
 
 
-def _pool_row(run_id: str, row: dict, store: Store) -> SessionRow:
-    events = [RewardEvent(**e) for e in store.events("rewards", row["id"])]
+def _reward_events(store: Store, session_ids: list[str] | None = None
+                   ) -> dict[str, list[RewardEvent]]:
+    """Reward events per session in one query (a list page must not cost a query per row)."""
+    q = select(t.rewards.c.session_id, t.rewards.c.body).order_by(t.rewards.c.id)
+    if session_ids is not None:
+        q = q.where(t.rewards.c.session_id.in_(session_ids))
+    out: dict[str, list[RewardEvent]] = {}
+    with store.engine.connect() as c:
+        for sid, body in c.execute(q):
+            out.setdefault(sid, []).append(RewardEvent(**orjson.loads(body)))
+    return out
+
+
+def _pool_row(run_id: str, row: dict, events: list[RewardEvent]) -> SessionRow:
     components: dict[str, float] = {}
     for e in events:
         if e.kind != "reward_to_go":
@@ -116,6 +133,12 @@ def _pool_row(run_id: str, row: dict, store: Store) -> SessionRow:
                       task_id=row["task_id"] or "", sample=row["sample_index"] or 0,
                       status=row["status"], reason=row["reason"], reward=reward,
                       components=components, turns=None, group_id=row["group_id"])
+
+
+def _pool_rows(store: Store, run_of: Callable[[dict], str]) -> list[SessionRow]:
+    raw = store.list_sessions(limit=MAX_POOL_SESSIONS)
+    events = _reward_events(store)
+    return [_pool_row(run_of(r), r, events.get(r["id"], [])) for r in raw]
 
 
 def _pool_view(store: Store, row: SessionRow, tokenizer: Path,
@@ -159,7 +182,7 @@ class RunFolders:
                               "as `envhub run` writes them); give runs/<run_id> or runs/")
         self.tokenizer = tokenizer
         self._stores: dict[str, Store | None] = {}
-        self._rows: dict[str, list[SessionRow]] = {}
+        self._rows: dict[str, tuple[tuple[int, ...], list[SessionRow]]] = {}
         self._records: dict[tuple[str, str], dict[str, Any]] = {}
 
     def close(self) -> None:
@@ -203,9 +226,11 @@ class RunFolders:
     def sessions(self, run_id: str | None = None) -> list[SessionRow]:
         rows: list[SessionRow] = []
         for rid in self.folders if run_id is None else [run_id]:
-            if rid not in self._rows:
-                self._rows[rid] = self._load_rows(rid)
-            rows += self._rows[rid]
+            # read again when the run wrote since (a run in progress shows its new rollouts)
+            stamp = _stamp(self.folders[rid])
+            if rid not in self._rows or self._rows[rid][0] != stamp:
+                self._rows[rid] = (stamp, self._load_rows(rid))
+            rows += self._rows[rid][1]
         return rows
 
     def _load_rows(self, run_id: str) -> list[SessionRow]:
@@ -230,8 +255,7 @@ class RunFolders:
             seen.add(rec.get("session_id"))
         store = self._store(run_id)
         if store is not None:  # sessions without a record yet (a run still going or killed)
-            rows += [_pool_row(run_id, r, store) for r in store.list_sessions(
-                limit=MAX_POOL_SESSIONS) if r["id"] not in seen]
+            rows += [r for r in _pool_rows(store, lambda _: run_id) if r.key not in seen]
         return rows
 
     def session(self, run_id: str, key: str) -> SessionView | None:
@@ -267,9 +291,8 @@ class PoolSource:
         return self.tokenizer or BUNDLED_MODEL
 
     def sessions(self, run_id: str | None = None) -> list[SessionRow]:
-        raw = self.store.list_sessions(limit=MAX_POOL_SESSIONS)
-        self.cut = len(raw) == MAX_POOL_SESSIONS
-        rows = [_pool_row(_group_run(r["group_id"]), r, self.store) for r in raw]
+        rows = _pool_rows(self.store, lambda r: _group_run(r["group_id"]))
+        self.cut = len(rows) == MAX_POOL_SESSIONS
         return [r for r in rows if run_id is None or r.run_id == run_id]
 
     def runs(self) -> list[RunSummary]:
@@ -282,12 +305,20 @@ class PoolSource:
         row = self.store.session_row(key)
         if row is None:
             return None
-        return _pool_view(self.store, _pool_row(_group_run(row["group_id"]), row, self.store),
+        events = _reward_events(self.store, [key]).get(key, [])
+        return _pool_view(self.store, _pool_row(_group_run(row["group_id"]), row, events),
                           self.tokenizer_for(run_id))
 
 
 def _group_run(group_id: str | None) -> str:
     return group_id.split(":", 1)[0] if group_id and ":" in group_id else "(no run id)"
+
+
+def _stamp(folder: Path) -> tuple[int, ...]:
+    """Changes whenever the runner writes a record (atomic renames touch rollouts/) or the
+    pool commits (SQLite WAL)."""
+    paths = (folder / "rollouts", folder / "pool.db", folder / "pool.db-wal")
+    return tuple(p.stat().st_mtime_ns if p.exists() else 0 for p in paths)
 
 
 def _is_run(folder: Path) -> bool:
