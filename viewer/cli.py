@@ -4,7 +4,7 @@ top level, so `envhub --help` stays fast."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 
@@ -43,7 +43,7 @@ def view(
             TokenDecoder(config.tokenizer)  # a bad --tokenizer fails now, not on a page
         opened = open_source(config.source, config.tokenizer)
     except ValidationError as e:
-        _fail("; ".join(err["msg"].removeprefix("Value error, ") for err in e.errors()))
+        _fail("; ".join(_problem(err) for err in e.errors()))
     except ViewerError as e:
         _fail(str(e))
     try:
@@ -67,7 +67,14 @@ def _serve(app: FastAPI, config: ViewConfig) -> None:
     uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
 
 
-def _fail(message: str) -> typer.Exit:
+def _problem(err: Any) -> str:
+    """One pydantic error as the flag it came from: `--port: Input should be ...`."""
+    field = "_".join(str(p) for p in err.get("loc", ()))
+    message = str(err["msg"]).removeprefix("Value error, ")
+    return f"--{field.replace('_', '-')}: {message}" if field else message
+
+
+def _fail(message: str) -> NoReturn:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(2)
 

@@ -112,6 +112,7 @@ def test_token_pieces_join_to_the_decoded_text() -> None:
     (["sqlite:///{tmp}/other.db"], "not an envhub pool"),
     (["ftp://example.org/pool"], "not a pool URL"),
     (["{tmp}", "--host", "0.0.0.0"], "no authentication"),
+    (["{tmp}", "--port", "70000"], "--port: Input should be less than or equal to 65535"),
     (["{tmp}", "--tokenizer", "{tmp}/no-model"], "no tokenizer.json"),
 ])
 def test_bad_input_exits_2_with_the_fix(tmp_path: Path, args: list[str], message: str) -> None:
