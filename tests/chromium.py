@@ -2,8 +2,9 @@
 registry's HTML index). Chromium is Debian's package, launched by path (no browser download);
 .ci/run installs it and the `browser` extra installs playwright.
 
-Screenshots go to the test's tmp folder and, when ENVHUB_TEST_ARTIFACTS names a folder (CI
-keeps it), there as well, so a failure can be looked at afterwards.
+Screenshots go to the test's tmp folder and to ENVHUB_TEST_ARTIFACTS (default: .test-artifacts/
+in the checkout, git-ignored), where they outlive pytest's rotation of its tmp folders, so a
+run can be looked at afterwards.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from typing import Any
 from tests.support import require
 
 CHROMIUM = os.environ.get("ENVHUB_CHROMIUM", "/usr/bin/chromium")
+ARTIFACTS = Path(os.environ.get("ENVHUB_TEST_ARTIFACTS")
+                 or Path(__file__).resolve().parents[1] / ".test-artifacts") / "screenshots"
 
 
 @contextmanager
@@ -57,9 +60,7 @@ def screenshot(page: Any, tmp_path: Path, name: str, full_page: bool = True) -> 
     path = tmp_path / "screenshots" / f"{name}.png"
     path.parent.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(path), full_page=full_page)
-    keep = os.environ.get("ENVHUB_TEST_ARTIFACTS")
-    if keep:
-        Path(keep).mkdir(parents=True, exist_ok=True)
-        shutil.copy(path, Path(keep) / f"{tmp_path.name}-{name}.png")
     assert path.stat().st_size > 1000, path  # a real render, not an empty file
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shutil.copy(path, ARTIFACTS / f"{tmp_path.name}-{name}.png")
     return path
