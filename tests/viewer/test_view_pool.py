@@ -13,23 +13,24 @@ import pytest
 from typer.testing import CliRunner
 
 from envhub.cli import app
-from envhub.gateway.config import BUNDLED_MODEL
+from envhub.gateway.config import BUNDLED_MODEL, GatewayConfig
+from envhub.gateway.server import run_in_thread
 from envhub.sdk import Session
 from envhub.sdk.serve import serve_in_thread
 from envhub.viewer.app import create_app
 from envhub.viewer.sources import open_source
 from envhub.viewer.tokens import TokenDecoder
 from tests.gateway.conftest import CALC_TOOL
-from tests.support import gateway_in_thread, scripted_backend, tool_call
+from tests.support import scripted_backend, tool_call
 
 MARKUP = "<script>document.title='x'</script>"
 
 
-def record_pool(tmp_path: Path) -> tuple[str, int]:
-    """A pool with two runs: run-a's session made 3 calls and then truncated its history (a
-    detected CM action) and was rewarded; run-b's ended as env_failure. Returns run-a's
-    session id and its number of sampled tokens."""
-    gw = gateway_in_thread(tmp_path, scripted_backend(
+def record_pool(db: str) -> tuple[str, int]:
+    """A pool at `db` with two runs: run-a's session made 3 calls and then truncated its
+    history (a detected CM action) and was rewarded; run-b's ended as env_failure. Returns
+    run-a's session id and its number of sampled tokens."""
+    gw = run_in_thread(GatewayConfig(port=0, db=db), backend=scripted_backend(
         [tool_call("calc", {"expr": "6*7"}), "The answer is 42, 因为六乘以七"]))
     try:
         s = Session.open(gw.url, group_id="run-a:arith:t1", task_id=f"t1{MARKUP}", env="arith")
@@ -56,9 +57,16 @@ def record_pool(tmp_path: Path) -> tuple[str, int]:
     return s.id, sampled
 
 
-def test_a_pool_url_shows_runs_sessions_and_tokens(tmp_path: Path) -> None:
-    sid, sampled = record_pool(tmp_path)
-    source = open_source(f"sqlite:///{tmp_path}/pool.db")
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def pool_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/pool.db"
+    return str(request.getfixturevalue("postgres_server").create_database())
+
+
+def test_a_pool_url_shows_runs_sessions_and_tokens(pool_url: str) -> None:
+    sid, sampled = record_pool(pool_url)
+    source = open_source(pool_url)
     try:
         with serve_in_thread(create_app(source)) as server:
             runs = httpx.get(server.url + "/").text
