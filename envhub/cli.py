@@ -220,8 +220,9 @@ def _register_all() -> None:
     from envhub.gateway import cli as gateway_cli
     from envhub.registry import cli as registry_cli
     from envhub.trainer import cli as trainer_cli
+    from envhub.viewer import cli as viewer_cli
 
-    for module in (gateway_cli, envs_cli, registry_cli, trainer_cli):
+    for module in (gateway_cli, envs_cli, registry_cli, trainer_cli, viewer_cli):
         module.register(app)
 
 

@@ -151,6 +151,14 @@ class Catalog:
         raise NotFound(f"{owner}/{name}@{version} does not exist; list versions with "
                        f"`envhub info {owner}/{name}`")
 
+    def manifest_text(self, owner: str, name: str, version: str) -> str:
+        """The envhub.toml of a published version, as it was in its archive."""
+        self.version(owner, name, version)  # NotFound with the fix
+        with self.engine.connect() as conn:
+            return str(conn.execute(sa.select(versions.c.manifest).where(
+                versions.c.owner == owner, versions.c.name == name,
+                versions.c.version == version)).scalar_one())
+
     def resolve(self, ref: PackageRef) -> VersionInfo:
         infos = self.versions(ref.owner, ref.name)
         if not infos:

@@ -36,6 +36,7 @@ from envhub.registry.models import (
     YankRequest,
 )
 from envhub.registry.refs import PackageRef, VersionSpec, check_name, check_owner
+from envhub.registry.web import add_html_index
 
 API = "/api/v1"
 _NAME = r"^[a-z0-9][a-z0-9._-]{0,63}$"
@@ -196,6 +197,7 @@ def create_app(config: ServerConfig, catalog: Catalog | None = None) -> FastAPI:
         return FileResponse(path, media_type="application/gzip",
                             headers={"X-Envhub-Digest": digest})
 
+    add_html_index(app, catalog)
     app.state.catalog = catalog
     return app
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-COMPONENTS = ("sdk", "gateway", "envs", "registry", "trainer")
+COMPONENTS = ("sdk", "gateway", "envs", "registry", "trainer", "viewer")
 
 
 def lint_imports(tree: Path) -> subprocess.CompletedProcess[str]:
@@ -59,6 +59,12 @@ def test_contracts_hold_on_this_tree() -> None:
      "envhub.registry.reach_in -> envhub.envs.runner.rollout"),
     ("gateway/reach_in.py", "from envhub.cli import main",
      "gateway may import sdk", "envhub.gateway.reach_in -> envhub.cli"),
+    ("viewer/reach_in.py", "from envhub.gateway.render import messages",
+     "viewer may import sdk, gateway.pool and gateway.config only",
+     "envhub.viewer.reach_in -> envhub.gateway.render.messages"),
+    ("trainer/reach_in.py", "import envhub.viewer.sources",
+     "trainer may import sdk and gateway.pool only",
+     "envhub.trainer.reach_in -> envhub.viewer.sources"),
 ])
 def test_a_forbidden_import_breaks_its_contract(tmp_path: Path, module: str, line: str,
                                                 contract: str, edge: str) -> None:

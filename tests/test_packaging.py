@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-COMPONENTS = ("sdk", "gateway", "envs", "registry", "trainer")
+COMPONENTS = ("sdk", "gateway", "envs", "registry", "trainer", "viewer")
 
 
 def test_components_are_relative_symlinks_into_the_checkout() -> None:
@@ -44,6 +44,7 @@ def test_wheel_holds_every_component_with_its_data(wheel: Path) -> None:
     for data in ("envhub/gateway/engine/tiny/model.safetensors",
                  "envhub/gateway/engine/tiny/tokenizer.json",
                  "envhub/gateway/render/templates/deepseek_v3.jinja",
+                 "envhub/viewer/templates/session.html", "envhub/viewer/static/view.css",
                  "envhub/envs/builtin/swe_task/envhub.toml",
                  "envhub/envs/scaffold/template/envhub.toml.tmpl"):
         assert data in names, data

@@ -1,0 +1,126 @@
+"""The viewer's web app: server-rendered HTML (Jinja2, autoescaped) over a source, no script
+and nothing fetched from the network.
+
+    /                                  runs with counts by status and mean reward
+    /sessions?run=&env=&task=&status=&min_reward=&max_reward=   sessions, filtered
+    /runs/{run_id}/sessions/{key}      one session: token-level trajectory, rewards, status
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse
+from fastapi.staticfiles import StaticFiles
+from jinja2 import Environment, FileSystemLoader
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from envhub import __version__
+from envhub.sdk.types import CMAction
+from envhub.viewer.errors import ViewerError
+from envhub.viewer.sources import PoolSource, RunFolders, SessionRow
+from envhub.viewer.tokens import TokenDecoder
+from envhub.viewer.turns import TurnBlock, turn_blocks
+
+HERE = Path(__file__).parent
+STATUSES = ("done", "env_failure", "agent_error", "open")
+
+
+def _templates() -> Environment:
+    env = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=True)
+    env.filters["num"] = lambda v, d=3: "–" if v is None else f"{v:.{d}f}"
+    env.globals["version"] = __version__
+    return env
+
+
+class BadFilter(Exception):
+    pass
+
+
+def _number(name: str, text: str | None) -> float | None:
+    if text is None or not text.strip():
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise BadFilter(f"{name}: {text!r} is not a number; use e.g. 0.5 or -1") from None
+    if not math.isfinite(value):
+        raise BadFilter(f"{name}: give a finite number, not {text!r}")
+    return value
+
+
+def _matches(r: SessionRow, q: dict[str, Any]) -> bool:
+    if q["run"] and r.run_id != q["run"]:
+        return False
+    if q["env"] and r.env != q["env"]:
+        return False
+    if q["status"] and r.status != q["status"]:
+        return False
+    if q["task"] and q["task"].lower() not in r.task_id.lower():
+        return False
+    if q["min_reward"] is not None and (r.reward is None or r.reward < q["min_reward"]):
+        return False
+    return not (q["max_reward"] is not None and (r.reward is None or r.reward > q["max_reward"]))
+
+
+def create_app(source: RunFolders | PoolSource) -> FastAPI:
+    app = FastAPI(title="envhub view", version=__version__, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
+    templates = _templates()
+    decoders: dict[Path, TokenDecoder] = {}
+
+    def page(name: str, status: int = 200, **values: Any) -> HTMLResponse:
+        html = templates.get_template(name).render(source=source, **values)
+        return HTMLResponse(html, status_code=status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_req: Request, exc: StarletteHTTPException) -> HTMLResponse:
+        return page("error.html", exc.status_code, message=str(exc.detail))
+
+    @app.exception_handler(BadFilter)
+    async def _bad_filter(_req: Request, exc: BadFilter) -> HTMLResponse:
+        return page("error.html", 400, message=str(exc))
+
+    @app.get("/", response_class=HTMLResponse)
+    async def runs() -> HTMLResponse:
+        return page("runs.html", runs=await run_in_threadpool(source.runs))
+
+    @app.get("/sessions", response_class=HTMLResponse)
+    async def sessions(run: str = "", env: str = "", task: str = "", status: str = "",
+                       min_reward: str = "", max_reward: str = "") -> HTMLResponse:
+        q = {"run": run, "env": env, "task": task, "status": status,
+             "min_reward": _number("min_reward", min_reward),
+             "max_reward": _number("max_reward", max_reward)}
+        rows = await run_in_threadpool(source.sessions)
+        shown = [r for r in rows if _matches(r, q)]
+        return page("sessions.html", rows=shown, total=len(rows), q=q,
+                    form={"run": run, "env": env, "task": task, "status": status,
+                          "min_reward": min_reward, "max_reward": max_reward},
+                    runs=sorted({r.run_id for r in rows}), envs=sorted({r.env for r in rows}),
+                    statuses=sorted(set(STATUSES) | {r.status for r in rows}))
+
+    @app.get("/runs/{run_id}/sessions/{key}", response_class=HTMLResponse)
+    async def session(run_id: str, key: str) -> HTMLResponse:
+        view = await run_in_threadpool(source.session, run_id, key)
+        if view is None:
+            raise StarletteHTTPException(404, f"no session {key!r} in run {run_id!r}")
+        blocks: list[TurnBlock] = []
+        loose: list[CMAction] = []
+        if view.trajectory is not None:
+            try:
+                if view.tokenizer not in decoders:
+                    decoders[view.tokenizer] = await run_in_threadpool(TokenDecoder,
+                                                                       view.tokenizer)
+            except ViewerError as e:  # the run's model folder is gone: say so, show the rest
+                view.note = f"cannot decode this session's tokens: {e}"
+            else:
+                blocks, loose = await run_in_threadpool(turn_blocks, view.trajectory,
+                                                        decoders[view.tokenizer])
+        return page("session.html", view=view, blocks=blocks, loose=loose)
+
+    return app
