@@ -78,6 +78,19 @@ signals = _events("signals", "ix_signals_session")  # Signal JSON
 # PostgreSQL) but never columns, and there is no migration step.
 turn_info = _events("turn_info", "ix_turn_info_session")
 
+# Responses API objects (/v1/responses with store: true), so that `previous_response_id` and
+# GET /v1/responses/{id} survive a gateway restart. A response stores only its own input
+# items; its conversation is the chain of previous_id links (input + output of each).
+responses = Table(
+    "responses", metadata,
+    Column("id", String(64), primary_key=True),
+    Column("session_id", String(128), nullable=False, index=True),
+    Column("previous_id", String(64)),
+    Column("body", Text, nullable=False),  # the response object, JSON
+    Column("input", Text, nullable=False),  # this request's input items, JSON list
+    Column("created_at", Float, nullable=False),
+)
+
 
 def pack_ids(ids: list[int]) -> bytes:
     return array("i", ids).tobytes()

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from sqlalchemy import create_engine, event, func, select, update
+from sqlalchemy import create_engine, delete, event, func, select, update
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
@@ -144,6 +144,11 @@ class Store:
         with self.engine.connect() as c:
             return [orjson.loads(r[0]) for r in c.execute(q)]
 
+    def response_row(self, response_id: str) -> dict | None:
+        with self.engine.connect() as c:
+            row = c.execute(select(t.responses).where(t.responses.c.id == response_id)).first()
+        return dict(row._mapping) if row else None
+
     def counts(self) -> dict[str, int]:
         with self.engine.connect() as c:
             return {
@@ -195,6 +200,10 @@ def op_event(table_name: str, session_id: str, body: dict) -> WriteOp:
 def op_update_session(session_id: str, **values: Any) -> WriteOp:
     return lambda conn: conn.execute(
         update(t.sessions).where(t.sessions.c.id == session_id).values(**values))
+
+
+def op_delete_response(response_id: str) -> WriteOp:
+    return lambda conn: conn.execute(delete(t.responses).where(t.responses.c.id == response_id))
 
 
 __all__ = ["IntegrityError", "Store", "op_event", "op_insert", "op_update_session"]
