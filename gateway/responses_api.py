@@ -75,6 +75,9 @@ async def create_response(request: Request, body: ResponsesRequest) -> Response:
         raise BadRequest("'input' is required: a string or a non-empty list of items",
                          param="input")
     messages = to_messages(body.instructions, earlier + new)
+    if not messages:
+        raise BadRequest("the input renders to no message (only empty reasoning items); send "
+                         "a message or a function_call_output", param="input")
     tools = _tool_choice(chat_tool_choice(body.tool_choice), to_tools(body.tools))
     want_lp = LOGPROBS in (body.include or []) or bool(body.top_logprobs)
     params = SamplingParams(
@@ -94,9 +97,9 @@ async def create_response(request: Request, body: ResponsesRequest) -> Response:
         await gw.responses.save(StoredResponse(out["id"], live.id, body.previous_response_id,
                                                out, with_ids(new)))
     headers = {"x-request-id": out["id"]}
-    ignored = body.ignored() + _unenforced(body)
+    ignored = ignored_header(body.ignored() + _unenforced(body))
     if ignored:
-        headers["x-envhub-ignored"] = ",".join(ignored)
+        headers["x-envhub-ignored"] = ignored
     if body.stream:
         return StreamingResponse(sse_events(out), media_type="text/event-stream",
                                  headers={**headers, "cache-control": "no-cache"})
@@ -113,6 +116,16 @@ def _refuse_unsupported(body: ResponsesRequest) -> None:
         raise BadRequest(f"text.format {fmt.type!r} (structured output) is not supported on "
                          "this route: this gateway cannot constrain the sampler here; use "
                          "{'type': 'text'}", param="text.format")
+
+
+def ignored_header(names: list[str], limit: int = 32) -> str:
+    """Field names for a header: printable ASCII without commas (a client may send any key;
+    a header value may not carry any character), at most `limit`, then a count."""
+    safe = [n for n in names if n.isascii() and n.isprintable() and "," not in n and n]
+    out = safe[:limit]
+    if len(names) > len(out):
+        out.append(f"(+{len(names) - len(out)} more)")
+    return ",".join(out)
 
 
 def _unenforced(body: ResponsesRequest) -> list[str]:

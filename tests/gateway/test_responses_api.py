@@ -4,6 +4,9 @@ across a gateway restart on the same pool), stored responses, and every turn tok
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +19,7 @@ from envhub.gateway.backends.scripted import ScriptedBackend
 from envhub.gateway.render.chat_template import ChatRenderer
 from envhub.gateway.server import GatewayHandle
 from tests.gateway.conftest import CALC_TOOL, start
+from tests.support import require
 from tests.support import trajectory_json as trajectory
 
 CALC = {"type": "function", "name": "calc", "description": CALC_TOOL["function"]["description"],
@@ -245,6 +249,7 @@ def _post(gw: GatewayHandle, body: dict[str, Any], key: str = "resp-bad") -> htt
     ({"model": "m", "input": "x", "text": {"format": {"type": "json_object"}}},
      "text.format"),
     ({"model": "m"}, "input"),
+    ({"model": "m", "input": [{"type": "reasoning", "summary": []}]}, "input"),
     ({"input": "x"}, "model"),
     ({"model": "m", "input": "x", "previous_response_id": "resp_unknown"},
      "previous_response_id"),
@@ -275,3 +280,26 @@ def test_openapi_describes_the_body(shared):
     assert {"input", "instructions", "tools", "tool_choice", "previous_response_id",
             "store", "stream", "max_output_tokens"} <= set(props)
     assert {"get", "delete"} <= set(spec["paths"]["/v1/responses/{response_id}"])
+
+
+def test_odd_field_names_stay_out_of_the_header(shared):
+    r = _post(shared, {"model": "m", "input": "hi", "caf\u00e9\U000dee4a": 1, "a,b": 2,
+                       "x\ny": 3, "fine": 4}, key="resp-odd")
+    assert r.status_code == 200, r.text
+    assert r.headers["x-envhub-ignored"] == "fine,(+3 more)"
+
+
+@pytest.mark.slow
+def test_schemathesis_finds_no_server_error(shared, tmp_path: Path):
+    """Bounded fuzzing of the /v1/responses operations from /openapi.json: no 5xx, and the
+    methods a path does not serve answer 405."""
+    st = shutil.which("st", path=str(Path(sys.executable).parent)) or shutil.which("st")
+    require(st is not None, "schemathesis (`pip install schemathesis`)")
+    proc = subprocess.run(
+        [str(st), "run", f"{shared.url}/openapi.json", "--include-path-regex",
+         "^/v1/responses", "--checks", "not_a_server_error,unsupported_method",
+         "--max-examples", "25", "--seed", "7", "--workers", "1",
+         "--generation-database", "none", "--no-color", "--request-timeout", "30",
+         "-H", "Authorization: Bearer resp-fuzz"],
+        capture_output=True, text=True, timeout=500, cwd=tmp_path, check=False)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
