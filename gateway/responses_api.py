@@ -27,7 +27,6 @@ from typing import Any
 import orjson
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
-from pydantic import TypeAdapter
 
 from envhub.gateway.backends.base import SamplingParams
 from envhub.gateway.errors import BadRequest, NotFound
@@ -46,12 +45,11 @@ from envhub.gateway.responses_items import (
     to_tools,
     with_ids,
 )
-from envhub.gateway.responses_log import StoredResponse
-from envhub.gateway.responses_models import InputItem, MessageItem, ResponsesRequest
+from envhub.gateway.responses_log import ITEMS, StoredResponse
+from envhub.gateway.responses_models import MessageItem, ResponsesRequest
 from envhub.gateway.service import ChatAnswer, ChatCall
 
 router = APIRouter()
-_ITEMS: TypeAdapter[list[Any]] = TypeAdapter(list[InputItem])
 LOGPROBS = "message.output_text.logprobs"
 
 
@@ -62,13 +60,14 @@ async def create_response(request: Request, body: ResponsesRequest) -> Response:
     _refuse_unsupported(body)
     live = await gw.sessions.authenticate(request.state.api_key)
     earlier: list[Any] = []
+    link: StoredResponse | None = None
     if body.previous_response_id is not None:
-        prev = await gw.responses.get(body.previous_response_id)
-        if prev is None or prev.session_id != live.id:
+        link = await gw.responses.get(body.previous_response_id)
+        if link is None or link.deleted or link.session_id != live.id:
             raise BadRequest(f"previous response {body.previous_response_id!r} not found (a "
                              "response created with store: false cannot be continued)",
                              param="previous_response_id", code="previous_response_not_found")
-        earlier = _ITEMS.validate_python(await gw.responses.conversation(prev))
+        earlier = ITEMS.validate_python(await gw.responses.conversation(link))
     new: list[Any] = [MessageItem(role="user", content=body.input)] \
         if isinstance(body.input, str) else list(body.input or [])
     if not earlier and not new:
@@ -94,8 +93,11 @@ async def create_response(request: Request, body: ResponsesRequest) -> Response:
         gw.metrics.in_flight.dec()
     out = response_body(gw, answer, body, want_lp)
     if body.store is not False:
-        await gw.responses.save(StoredResponse(out["id"], live.id, body.previous_response_id,
-                                               out, with_ids(new)))
+        own = new
+        if link is None:  # a client that resends the conversation: store only what is new
+            link, own = await gw.responses.implicit_base(live.id, new)
+        await gw.responses.save(StoredResponse(out["id"], live.id, link.id if link else None,
+                                               out, with_ids(own)))
     headers = {"x-request-id": out["id"]}
     ignored = ignored_header(body.ignored() + _unenforced(body))
     if ignored:
@@ -230,6 +232,8 @@ async def _stored(request: Request, response_id: str) -> StoredResponse:
     gw = request.app.state.gw
     token = request.state.api_key
     stored = await gw.responses.get(response_id)
+    if stored is not None and stored.deleted:
+        stored = None
     if stored is not None and not gw.sessions.is_admin(token):
         live = await gw.sessions.by_key(token or "default")
         if live is None or live.id != stored.session_id:
@@ -248,7 +252,7 @@ async def get_response(request: Request, response_id: str) -> Response:
 @router.delete("/v1/responses/{response_id}")
 async def delete_response(request: Request, response_id: str) -> Response:
     stored = await _stored(request, response_id)
-    await request.app.state.gw.responses.delete(stored.id)
+    await request.app.state.gw.responses.delete(stored)
     return json_response({"id": stored.id, "object": "response.deleted", "deleted": True})
 
 
@@ -265,8 +269,14 @@ async def input_items(request: Request, response_id: str,
                       limit: int = Query(20, ge=1, le=100),
                       order: str = Query("desc", pattern="^(asc|desc)$"),
                       after: str | None = None) -> Response:
-    """The input items this request sent (not those inherited through previous_response_id)."""
-    items = list((await _stored(request, response_id)).input)
+    """The input items of the request (those inherited through previous_response_id are
+    not listed; a resent conversation stored as a link is listed whole)."""
+    stored = await _stored(request, response_id)
+    items = list(stored.input)
+    if stored.previous_id is not None and stored.body["previous_response_id"] is None:
+        base = await request.app.state.gw.responses.get(stored.previous_id)
+        if base is not None:
+            items = [*await request.app.state.gw.responses.conversation(base), *items]
     if order == "desc":
         items.reverse()
     if after is not None:

@@ -1,8 +1,13 @@
 """Stored Responses API objects: `previous_response_id` chains and GET/DELETE by id.
 
 Rows live in the pool (schema.responses), so a chain survives a gateway restart; recently
-used ones are kept in memory. Each response stores only its own input items: its conversation
-is the walk of `previous_id` links, oldest first, each link's input then output items.
+used ones are kept in memory. A response stores only the input items after its link: the
+explicit `previous_response_id`, or — for clients that resend the whole conversation each
+turn, as the Agents SDK does — the session's previous response when its conversation is a
+prefix of the new input. Stored items thus grow with unique items, not with turns². The
+conversation of a response is the walk of links, oldest first, input then output of each.
+Deleting leaves a tombstone: gone for GET and for `previous_response_id`, still read by the
+responses that link to it.
 """
 
 from __future__ import annotations
@@ -13,11 +18,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from pydantic import TypeAdapter
 
 from envhub.gateway.errors import BadRequest
 from envhub.gateway.pool.rows import response_insert
 from envhub.gateway.pool.store import Store, op_delete_response
+from envhub.gateway.responses_models import InputItem
 
+ITEMS: TypeAdapter[list[Any]] = TypeAdapter(list[InputItem])
 _MAX_CHAIN = 100_000  # links walked before a cycle (impossible by construction) is assumed
 
 
@@ -25,9 +33,15 @@ _MAX_CHAIN = 100_000  # links walked before a cycle (impossible by construction)
 class StoredResponse:
     id: str
     session_id: str
-    previous_id: str | None
+    previous_id: str | None  # the link whose conversation precedes `input`
     body: dict[str, Any]  # the response object as returned
-    input: list[dict[str, Any]]  # this request's input items (with ids)
+    input: list[dict[str, Any]]  # input items after the link's conversation (with ids)
+    deleted: bool = False
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Items equal but for their ids (clients echo ours, or none)."""
+    return bool(a.model_dump(exclude={"id"}) == b.model_dump(exclude={"id"}))
 
 
 class ResponseLog:
@@ -35,6 +49,7 @@ class ResponseLog:
         self.store = store
         self.cached = cached
         self._recent: OrderedDict[str, StoredResponse] = OrderedDict()
+        self._latest: dict[str, str | None] = {}  # session id → its latest stored response
 
     def _remember(self, stored: StoredResponse) -> None:
         self._recent[stored.id] = stored
@@ -43,6 +58,7 @@ class ResponseLog:
             self._recent.popitem(last=False)
 
     async def get(self, response_id: str) -> StoredResponse | None:
+        """The stored response, tombstones included (callers decide)."""
         stored = self._recent.get(response_id)
         if stored is not None:
             return stored
@@ -50,7 +66,8 @@ class ResponseLog:
         if row is None:
             return None
         stored = StoredResponse(row["id"], row["session_id"], row["previous_id"],
-                                orjson.loads(row["body"]), orjson.loads(row["input"]))
+                                orjson.loads(row["body"]), orjson.loads(row["input"]),
+                                bool(row["deleted"]))
         self._remember(stored)
         return stored
 
@@ -59,10 +76,11 @@ class ResponseLog:
             stored.id, stored.session_id, previous_id=stored.previous_id, body=stored.body,
             input_items=stored.input))
         self._remember(stored)
+        self._latest[stored.session_id] = stored.id
 
-    async def delete(self, response_id: str) -> None:
-        await self.store.write(op_delete_response(response_id))
-        self._recent.pop(response_id, None)
+    async def delete(self, stored: StoredResponse) -> None:
+        await self.store.write(op_delete_response(stored.id))
+        stored.deleted = True
 
     async def conversation(self, last: StoredResponse) -> list[dict[str, Any]]:
         """Every item of the chain ending at `last`: input then output of each, oldest first."""
@@ -70,10 +88,27 @@ class ResponseLog:
         while links[-1].previous_id is not None and len(links) < _MAX_CHAIN:
             prev = await self.get(links[-1].previous_id)
             if prev is None:
-                raise BadRequest(f"the chain of previous responses is broken: "
-                                 f"{links[-1].previous_id!r} (the previous response of "
-                                 f"{links[-1].id!r}) was deleted", param="previous_response_id",
+                raise BadRequest(f"the stored conversation is incomplete: response "
+                                 f"{links[-1].previous_id!r} is missing from the pool",
+                                 param="previous_response_id",
                                  code="previous_response_not_found")
             links.append(prev)
         return [item for link in reversed(links)
                 for item in (*link.input, *link.body["output"])]
+
+    async def implicit_base(self, session_id: str, items: list[Any]
+                            ) -> tuple[StoredResponse | None, list[Any]]:
+        """(the session's latest response, the items after its conversation) when that
+        conversation starts `items`; else (None, items)."""
+        if session_id not in self._latest:
+            self._latest[session_id] = await asyncio.to_thread(
+                self.store.latest_response_id, session_id)
+        latest_id = self._latest[session_id]
+        base = await self.get(latest_id) if latest_id is not None else None
+        if base is None:
+            return None, items
+        earlier = ITEMS.validate_python(await self.conversation(base))
+        if len(earlier) > len(items) or not all(
+                _same(a, b) for a, b in zip(earlier, items, strict=False)):
+            return None, items
+        return base, items[len(earlier):]

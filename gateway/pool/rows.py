@@ -53,8 +53,9 @@ def turn_info(session_id: str, seq: int, *, requested_model: str) -> WriteOp:
 
 def response_insert(response_id: str, session_id: str, *, previous_id: str | None,
                     body: dict[str, Any], input_items: list[dict[str, Any]]) -> WriteOp:
-    """A stored Responses API object (schema.responses): its body and its own input items."""
+    """A stored Responses API object (schema.responses): its body and the input items after
+    its `previous_id` link."""
     return op_insert("responses", {
         "id": response_id, "session_id": session_id, "previous_id": previous_id,
         "body": orjson.dumps(body).decode(), "input": orjson.dumps(input_items).decode(),
-        "created_at": time.time()})
+        "deleted": False, "created_at": time.time()})

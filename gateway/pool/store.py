@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from sqlalchemy import create_engine, delete, event, func, select, update
+from sqlalchemy import create_engine, event, func, select, update
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
@@ -149,6 +149,12 @@ class Store:
             row = c.execute(select(t.responses).where(t.responses.c.id == response_id)).first()
         return dict(row._mapping) if row else None
 
+    def latest_response_id(self, session_id: str) -> str | None:
+        q = (select(t.responses.c.id).where(t.responses.c.session_id == session_id)
+             .order_by(t.responses.c.created_at.desc()).limit(1))
+        with self.engine.connect() as c:
+            return c.execute(q).scalar()
+
     def counts(self) -> dict[str, int]:
         with self.engine.connect() as c:
             return {
@@ -203,7 +209,9 @@ def op_update_session(session_id: str, **values: Any) -> WriteOp:
 
 
 def op_delete_response(response_id: str) -> WriteOp:
-    return lambda conn: conn.execute(delete(t.responses).where(t.responses.c.id == response_id))
+    """A tombstone: later responses that link to it still read its items."""
+    return lambda conn: conn.execute(
+        update(t.responses).where(t.responses.c.id == response_id).values(deleted=True))
 
 
 __all__ = ["IntegrityError", "Store", "op_event", "op_insert", "op_update_session"]

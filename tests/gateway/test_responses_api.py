@@ -4,7 +4,9 @@ across a gateway restart on the same pool), stored responses, and every turn tok
 
 from __future__ import annotations
 
+import json
 import shutil
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -75,8 +77,10 @@ FIRST = [{"role": "system", "content": INSTRUCTIONS},
          {"role": "user", "content": "Compute things step by step."}]
 
 
-def test_function_calling_across_turns_is_token_exact(gateway, tool_script, renderer):
-    responses = _echo_loop(client(gateway, "resp-loop"), 9, stream=False)
+def test_function_calling_across_turns_is_token_exact(gateway, tool_script, renderer,
+                                                      tmp_path):
+    c = client(gateway, "resp-loop")
+    responses = _echo_loop(c, 9, stream=False)
     kinds = [[item.type for item in r.output] for r in responses]
     assert kinds[:3] == [["function_call"], ["function_call"], ["message"]]
     assert responses[0].output[0].name == "calc"
@@ -89,7 +93,16 @@ def test_function_calling_across_turns_is_token_exact(gateway, tool_script, rend
     for r, turn in zip(responses, traj["turns"], strict=True):
         assert r.usage.input_tokens == len(turn["prompt_ids"])
         assert r.usage.output_tokens == len(turn["completion_ids"])
-    assert {i["requested_model"] for i in traj.get("turn_info", [])} <= {"gpt-5"}
+    assert {t["requested_model"] for t in traj["turns"]} == {"gpt-5"}
+    # the resent conversation is stored once: each response keeps only its new input items
+    with sqlite3.connect(tmp_path / "pool.db") as db:
+        stored = [len(json.loads(row[0])) for row in db.execute(
+            "SELECT input FROM responses ORDER BY created_at")]
+    assert stored == [1] * 9, stored
+    listed = c.responses.input_items.list(responses[-1].id, order="asc", limit=100).data
+    sent = 1 + sum(len(r.output) for r in responses[:-1]) + 8  # user, outputs, answers
+    assert len(listed) == sent
+    assert [i.type for i in listed[:3]] == ["message", "function_call", "function_call_output"]
 
 
 def test_stream_and_non_stream_record_the_same_ids(gateway, tool_script, renderer):
@@ -204,14 +217,27 @@ def test_stored_responses(gateway, tool_script):
     with pytest.raises(openai.BadRequestError) as err:
         c.responses.create(model="gpt-5", input="x", previous_response_id=off.id)
     assert err.value.body["param"] == "previous_response_id"
-    # delete
+    # delete: gone for GET and previous_response_id; later links still read its items
+    tool_script._next = 1  # a second tool call
+    r2 = c.responses.create(model="gpt-5", previous_response_id=r.id, tools=[CALC], input=[
+        {"type": "function_call_output", "call_id": r.output[0].call_id, "output": "2"}])
     c.responses.delete(r.id)
     with pytest.raises(openai.NotFoundError):
         c.responses.retrieve(r.id)
+    with pytest.raises(openai.BadRequestError):
+        c.responses.create(model="gpt-5", input="x", previous_response_id=r.id)
+    r3 = c.responses.create(model="gpt-5", previous_response_id=r2.id, tools=[CALC], input=[
+        {"type": "function_call_output", "call_id": r2.output[0].call_id, "output": "6"}])
+    assert r3.output_text == "The answer is 6."
     with pytest.raises(openai.NotFoundError):
         c.responses.cancel("resp_nope")
-    turns = trajectory(gateway, "resp-store")["turns"]
-    assert len(turns) == 2  # the store: false call is recorded like any other
+    traj = trajectory(gateway, "resp-store")
+    assert len(traj["turns"]) == 4  # the store: false call is recorded like any other
+    # r → r2 → r3 extend one token history (the store: false call repeated r's request)
+    t = traj["turns"]
+    for prev, turn in ((t[0], t[2]), (t[2], t[3])):
+        assert turn["prompt_ids"] == (prev["prompt_ids"] + prev["completion_ids"]
+                                      + turn["prompt_delta_ids"])
 
 
 @pytest.fixture(scope="module")
