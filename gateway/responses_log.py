@@ -13,6 +13,7 @@ responses that link to it.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -39,9 +40,11 @@ class StoredResponse:
     deleted: bool = False
 
 
-def _same(a: Any, b: Any) -> bool:
-    """Items equal but for their ids (clients echo ours, or none)."""
-    return bool(a.model_dump(exclude={"id"}) == b.model_dump(exclude={"id"}))
+def fingerprint(items: list[Any]) -> list[bytes]:
+    """Per validated item, a digest of everything but its id (clients echo ours, or none)."""
+    return [hashlib.blake2b(orjson.dumps(item.model_dump(exclude={"id"}),
+                                         option=orjson.OPT_SORT_KEYS), digest_size=8).digest()
+            for item in items]
 
 
 class ResponseLog:
@@ -49,7 +52,9 @@ class ResponseLog:
         self.store = store
         self.cached = cached
         self._recent: OrderedDict[str, StoredResponse] = OrderedDict()
-        self._latest: dict[str, str | None] = {}  # session id → its latest stored response
+        # session id → (its latest stored response, fingerprint of that one's conversation):
+        # a resent conversation is recognised without walking the chain
+        self._latest: dict[str, tuple[str, list[bytes]] | None] = {}
 
     def _remember(self, stored: StoredResponse) -> None:
         self._recent[stored.id] = stored
@@ -71,12 +76,14 @@ class ResponseLog:
         self._remember(stored)
         return stored
 
-    async def save(self, stored: StoredResponse) -> None:
+    async def save(self, stored: StoredResponse, conversation: list[Any]) -> None:
+        """Store a response; `conversation`: its validated input items, whole."""
         await self.store.write(response_insert(
             stored.id, stored.session_id, previous_id=stored.previous_id, body=stored.body,
             input_items=stored.input))
         self._remember(stored)
-        self._latest[stored.session_id] = stored.id
+        self._latest[stored.session_id] = (stored.id, fingerprint(
+            conversation + ITEMS.validate_python(stored.body["output"])))
 
     async def delete(self, stored: StoredResponse) -> None:
         await self.store.write(op_delete_response(stored.id))
@@ -100,15 +107,14 @@ class ResponseLog:
                             ) -> tuple[StoredResponse | None, list[Any]]:
         """(the session's latest response, the items after its conversation) when that
         conversation starts `items`; else (None, items)."""
-        if session_id not in self._latest:
-            self._latest[session_id] = await asyncio.to_thread(
-                self.store.latest_response_id, session_id)
-        latest_id = self._latest[session_id]
-        base = await self.get(latest_id) if latest_id is not None else None
-        if base is None:
+        if session_id not in self._latest:  # first request since the gateway started
+            latest_id = await asyncio.to_thread(self.store.latest_response_id, session_id)
+            latest = await self.get(latest_id) if latest_id is not None else None
+            self._latest[session_id] = None if latest is None else (latest.id, fingerprint(
+                ITEMS.validate_python(await self.conversation(latest))))
+        known = self._latest[session_id]
+        if known is None or len(known[1]) > len(items) \
+                or fingerprint(items[:len(known[1])]) != known[1]:
             return None, items
-        earlier = ITEMS.validate_python(await self.conversation(base))
-        if len(earlier) > len(items) or not all(
-                _same(a, b) for a, b in zip(earlier, items, strict=False)):
-            return None, items
-        return base, items[len(earlier):]
+        base = await self.get(known[0])
+        return (base, items[len(known[1]):]) if base is not None else (None, items)
