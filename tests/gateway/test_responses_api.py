@@ -329,3 +329,36 @@ def test_schemathesis_finds_no_server_error(shared, tmp_path: Path):
          "-H", "Authorization: Bearer resp-fuzz"],
         capture_output=True, text=True, timeout=500, cwd=tmp_path, check=False)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
+
+
+def test_resent_conversation_is_linked_after_a_restart(tmp_path: Path, renderer):
+    """The Agents SDK's way (whole conversation each turn, no previous_response_id) across a
+    gateway restart: each response still stores only its new items, and turns stay exact."""
+    from tests.gateway.conftest import scripted, tool_call_text
+
+    script = [tool_call_text("1+1"), tool_call_text("2*3"), "The answer is 6."]
+    backends = [scripted(renderer, script), scripted(renderer, script)]
+    items: list[Any] = [{"role": "user", "content": "Compute things step by step."}]
+    for k, backend in enumerate(backends):
+        backend._next = 2 * k
+        gw = start(tmp_path, backend)
+        try:
+            c = client(gw, "resp-resend")
+            for _ in range(2 - k):
+                resp = c.responses.create(model="gpt-5", instructions=INSTRUCTIONS,
+                                          input=items, tools=[CALC])
+                items += [item.model_dump(exclude_none=True) for item in resp.output]
+                items += [{"type": "function_call_output", "call_id": o.call_id,
+                           "output": "r"} for o in resp.output if o.type == "function_call"]
+            listed = c.responses.input_items.list(resp.id, order="asc", limit=100).data
+            traj = trajectory(gw, "resp-resend")
+        finally:
+            gw.close()
+    with sqlite3.connect(tmp_path / "pool.db") as db:
+        stored = [len(json.loads(row[0])) for row in db.execute(
+            "SELECT input FROM responses ORDER BY created_at")]
+    assert stored == [1, 1, 1]
+    assert resp.output_text == "The answer is 6."
+    assert len(listed) == len(items) - 1  # all but the last output
+    backends[0].received += backends[1].received
+    assert_token_exact(traj, backends[0], renderer, FIRST)
