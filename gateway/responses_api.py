@@ -11,9 +11,10 @@ Decisions where the API and this gateway meet:
   request's input; `instructions` are not inherited (as documented by OpenAI). A response
   belongs to its session: another session's key gets 404, like an unknown id.
 - `store: false` responses are neither retrievable nor usable as `previous_response_id`.
-- `background: true` and non-text `text.format` (structured outputs) get a 400: this gateway
-  cannot honour them. `tool_choice` required/named and `parallel_tool_calls: false` are
-  validated but cannot force the sampler; they are named in `x-envhub-ignored`.
+- `background: true` gets a 400 (every response is answered in the foreground).
+- `text.format` json_object / json_schema, `tool_choice` required / named and
+  `parallel_tool_calls: false` are honoured by constrained decoding, as on the chat route
+  (gateway/structured.py); a backend that cannot constrain answers 400.
 - `include: ["message.output_text.logprobs"]` returns the rollout logprobs on `output_text`.
 - Cancel answers as the API does for a response that was not created in the background: 400.
 """
@@ -46,8 +47,9 @@ from envhub.gateway.responses_items import (
     with_ids,
 )
 from envhub.gateway.responses_log import ITEMS, StoredResponse
-from envhub.gateway.responses_models import MessageItem, ResponsesRequest
+from envhub.gateway.responses_models import MessageItem, ResponsesRequest, ToolChoiceFunction
 from envhub.gateway.service import ChatAnswer, ChatCall
+from envhub.gateway.structured import Constraint, for_request
 
 router = APIRouter()
 LOGPROBS = "message.output_text.logprobs"
@@ -83,7 +85,8 @@ async def create_response(request: Request, body: ResponsesRequest) -> Response:
         max_tokens=body.max_output_tokens or gw.config.default_max_tokens,
         temperature=1.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
-        stop_token_ids=gw.renderer.stop_token_ids, top_logprobs=body.top_logprobs or 0)
+        stop_token_ids=gw.renderer.stop_token_ids, top_logprobs=body.top_logprobs or 0,
+        constraint=_constraint(gw, body, tools))
     gw.metrics.in_flight.inc()
     try:
         answer = await until_disconnect(request, gw.service.chat(
@@ -99,7 +102,7 @@ async def create_response(request: Request, body: ResponsesRequest) -> Response:
         await gw.responses.save(StoredResponse(out["id"], live.id, link.id if link else None,
                                                out, with_ids(own)), earlier + new)
     headers = {"x-request-id": out["id"]}
-    ignored = ignored_header(body.ignored() + _unenforced(body))
+    ignored = ignored_header(body.ignored())
     if ignored:
         headers["x-envhub-ignored"] = ignored
     if body.stream:
@@ -113,11 +116,6 @@ def _refuse_unsupported(body: ResponsesRequest) -> None:
         raise BadRequest("background responses are not supported: send the request without "
                          "'background' (every response is answered in the foreground)",
                          param="background")
-    fmt = body.text.format if body.text is not None else None
-    if fmt is not None and fmt.type != "text":
-        raise BadRequest(f"text.format {fmt.type!r} (structured output) is not supported on "
-                         "this route: this gateway cannot constrain the sampler here; use "
-                         "{'type': 'text'}", param="text.format")
 
 
 def ignored_header(names: list[str], limit: int = 32) -> str:
@@ -130,14 +128,32 @@ def ignored_header(names: list[str], limit: int = 32) -> str:
     return ",".join(out)
 
 
-def _unenforced(body: ResponsesRequest) -> list[str]:
-    """Validated settings the sampler cannot enforce (no constrained decoding here)."""
-    out = []
-    if body.tool_choice not in (None, "auto", "none"):
-        out.append("tool_choice")
-    if body.parallel_tool_calls is False:
-        out.append("parallel_tool_calls")
-    return out
+def _constraint(gw: Any, body: ResponsesRequest, tools: list[dict[str, Any]] | None
+                ) -> Constraint | None:
+    """text.format, tool_choice and parallel_tool_calls as a sampling constraint."""
+    fmt = body.text.format if body.text is not None else None
+    chat_format = fmt.chat_form() if fmt is not None else None
+    choice = body.tool_choice
+    force, name = None, None
+    if choice == "required":
+        force = "required"
+    elif isinstance(choice, ToolChoiceFunction):
+        force, name = "named", choice.name
+    request: dict[str, Any] = {}
+    if chat_format is not None:
+        request["response_format"] = chat_format
+    if choice is not None:
+        request["tool_choice"] = chat_tool_choice(choice)
+    if body.parallel_tool_calls is not None:
+        request["parallel_tool_calls"] = body.parallel_tool_calls
+    try:
+        return for_request(gw.renderer, tools, fmt=chat_format, force=force, name=name,
+                           parallel=body.parallel_tool_calls is not False, request=request)
+    except BadRequest as e:  # name the Responses field, not the chat one
+        if e.param and e.param.startswith("response_format"):
+            e.param = "text.format" + e.param[len("response_format"):].replace(
+                ".json_schema", "", 1)
+        raise
 
 
 def response_body(gw: Any, answer: ChatAnswer, body: ResponsesRequest, want_lp: bool
@@ -160,7 +176,9 @@ def response_body(gw: Any, answer: ChatAnswer, body: ResponsesRequest, want_lp: 
         "previous_response_id": body.previous_response_id,
         "reasoning": {"effort": None, "summary": None}, "store": body.store is not False,
         "temperature": 1.0 if body.temperature is None else body.temperature,
-        "text": {"format": {"type": "text"}},
+        "text": {"format": body.text.format.model_dump(by_alias=True, exclude_none=True)
+                 if body.text is not None and body.text.format is not None
+                 else {"type": "text"}},
         "tool_choice": body.tool_choice.model_dump() if body.tool_choice is not None
         and not isinstance(body.tool_choice, str) else body.tool_choice or "auto",
         "tools": [t.model_dump() for t in body.tools or []],

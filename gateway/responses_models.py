@@ -124,7 +124,24 @@ class ToolChoiceFunction(_Part):
 
 
 class TextFormat(_Part):
+    """`text.format`: json_schema carries its fields flat (name, schema, strict)."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", populate_by_name=True)
+
     type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None
+    json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+    def chat_form(self) -> dict[str, Any]:
+        """The chat route's `response_format` for the same request."""
+        if self.type != "json_schema":
+            return {"type": self.type}
+        spec: dict[str, Any] = {} if self.name is None else {"name": self.name}
+        if self.json_schema is not None:
+            spec["schema"] = self.json_schema
+        return {"type": "json_schema", "json_schema": spec}
 
 
 class TextConfig(_Part):

@@ -272,8 +272,10 @@ def _post(gw: GatewayHandle, body: dict[str, Any], key: str = "resp-bad") -> htt
       "tool_choice": {"type": "function", "name": "other"}}, "tool_choice"),
     ({"model": "m", "input": "x", "tool_choice": "required"}, "tool_choice"),
     ({"model": "m", "input": "x", "background": True}, "background"),
-    ({"model": "m", "input": "x", "text": {"format": {"type": "json_object"}}},
+    ({"model": "m", "input": "x", "text": {"format": {"type": "json_schema"}}},
      "text.format"),
+    ({"model": "m", "input": "x", "text": {"format": {
+        "type": "json_schema", "name": "x", "schema": {"type": "objekt"}}}}, "text.format"),
     ({"model": "m"}, "input"),
     ({"model": "m", "input": [{"type": "reasoning", "summary": []}]}, "input"),
     ({"input": "x"}, "model"),
@@ -295,7 +297,7 @@ def test_unknown_fields_are_accepted_and_named(shared):
                         "parallel_tool_calls": False}, key="resp-extra")
     assert r.status_code == 200, r.text
     assert r.headers["x-envhub-ignored"].split(",") == [
-        "reasoning", "some_new_field", "truncation", "parallel_tool_calls"]
+        "reasoning", "some_new_field", "truncation"]
 
 
 def test_openapi_describes_the_body(shared):
