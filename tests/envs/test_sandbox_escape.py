@@ -214,11 +214,6 @@ def test_docker_caps_the_number_of_processes(docker_box) -> None:
 
 @pytest.mark.docker
 @pytest.mark.timeout(180)
-@pytest.mark.xfail(strict=False, reason="after the call the sweep (or, when it cannot start, a "
-                   "restart of the container) ends the bomb and the sandbox stays usable, and it "
-                   "passes on a quiet host; on a loaded one the Docker engine itself may fail to "
-                   "kill the container ('did not receive an exit event') and the test hangs: "
-                   "not yet reliable")
 def test_docker_fork_bomb_is_contained(docker_box) -> None:
     """The real thing. The pids limit keeps the host safe; when the call ends (timeout or
     not) nothing of the bomb may remain (the fork-free sweep, or a restart of the container
