@@ -334,3 +334,20 @@ def test_docker_end_processes_reports_a_stopped_container(docker_box) -> None:
     time.sleep(1)
     with pytest.raises(SandboxError, match="not running"):
         run(docker_box.end_processes())
+
+
+#: allocates (and touches) far more than the container's memory limit
+HOG = "python3 -c \"b = b'x' * (1 << 30)\""
+
+
+@pytest.mark.docker
+def test_docker_end_processes_after_an_oom(docker_box) -> None:
+    """A command killed by the container's OOM killer leaves a usable sandbox: end_processes
+    sweeps (the container is not restarted) and the next call runs. (A container whose main
+    process died is covered by the test above.)"""
+    hog = run(docker_box.exec(HOG, timeout=60))
+    assert hog.exit_code == 137, hog  # SIGKILL from the OOM killer
+    docker_box.container.reload()
+    assert docker_box.container.attrs["State"]["Running"]
+    assert run(docker_box.end_processes()) == "swept"
+    assert run(docker_box.exec("echo alive")).stdout == "alive\n"
