@@ -101,6 +101,6 @@ def host_view_args(network: bool, host_paths: Sequence[str] = ()) -> list[str]:
         args += ["--dir", parent]
     for path in visible:
         args += _bind(path)
-    for path in private_paths(visible, host_paths):
-        args += ["--tmpfs", path, "--remount-ro", path]
+    for hidden in private_paths(visible, host_paths):
+        args += ["--tmpfs", hidden, "--remount-ro", hidden]
     return args
