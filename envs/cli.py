@@ -130,8 +130,9 @@ def run_command(
         help="Environments: name, ./folder or owner/name@version; NAME=WEIGHT sets sampling "
              "ratios.")],
     agent: str = typer.Option("tool", "--agent", "-a", help="tool | tool:summarize | oracle | "
-                              "a command line, run inside the rollout's sandbox ('agent.py {task_file}' "
-                              "with --agent-install script:agent.py; placeholders "
+                              "a command line, run inside the rollout's sandbox "
+                              "('agent.py {task_file}' with --agent-install "
+                              "script:agent.py; placeholders "
                               "{instruction} {task_file} {task_id} {model}; OPENAI_BASE_URL/"
                               "OPENAI_API_KEY and ANTHROPIC_* point at its session)."),
     agent_install: Annotated[list[str] | None, typer.Option(

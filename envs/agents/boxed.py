@@ -35,7 +35,8 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _LAUNCH = """set -e
 python3 {home}/forwarder.py {port} {channel}/gateway.sock /tmp/.envhub-forwarder &
 i=0; while [ ! -e /tmp/.envhub-forwarder ]; do
-  i=$((i+1)); [ $i -lt 200 ] || {{ echo 'envhub: the gateway forwarder did not start' >&2; exit 125; }}
+  i=$((i+1))
+  [ $i -lt 200 ] || {{ echo 'envhub: the gateway forwarder did not start' >&2; exit 125; }}
   sleep 0.05
 done
 set +e
