@@ -68,7 +68,8 @@ def test_cli_agent_turns_are_recorded_in_its_session(tmp_path):
     gw, _ = start_gateway(tmp_path, ["Working on it."])
     try:
         agent = f"{sys.executable} {FIXTURES / 'openai_agent.py'}"
-        ran = envhub("run", "arith", "-n", "2", "--agent", agent, "--gateway", gw.url,
+        ran = envhub("run", "arith", "-n", "2", "--agent", agent, "--agent-on-host",
+                     "--gateway", gw.url,
                      "--admin-key", ADMIN_KEY, "--out", "out", cwd=tmp_path)
         assert ran.returncode == 0, ran.stderr
         records = [json.loads(p.read_text()) for p in (tmp_path / "out" / "rollouts").iterdir()]
@@ -191,6 +192,7 @@ def test_interrupted_run_leaves_nothing_behind(tmp_path, sig):
     agent = f"{sys.executable} {FIXTURES / 'openai_agent.py'}"
     proc = subprocess.Popen(
         [sys.executable, "-m", "envhub", "run", "arith", "-n", "1", "--agent", agent,
+         "--agent-on-host",
          "--gateway", gw.url, "--admin-key", ADMIN_KEY, "-q"],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
