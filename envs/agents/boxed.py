@@ -33,6 +33,7 @@ PORT = 4141
 KINDS = ("docker", "local")
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _LAUNCH = """set -e
+rm -f /tmp/.envhub-forwarder
 python3 {home}/forwarder.py {port} {channel}/gateway.sock /tmp/.envhub-forwarder &
 i=0; while [ ! -e /tmp/.envhub-forwarder ]; do
   i=$((i+1))

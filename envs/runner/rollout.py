@@ -141,8 +141,11 @@ async def execute(key: RolloutKey, group_id: str, loaded: LoadedEnv, task: Task,
         if getattr(rs.agent, "in_sandbox", False):
             from envhub.envs.agents.channel import SessionChannel
 
-            channel = await SessionChannel(rs.scratch / f"ch-{secrets.token_hex(4)}",
-                                           rs.link.url, str(p.session.api_key)).start()
+            try:
+                channel = await SessionChannel(rs.scratch / f"ch-{secrets.token_hex(4)}",
+                                               rs.link.url, str(p.session.api_key)).start()
+            except (OSError, ValueError) as e:  # the host end cannot serve: infrastructure
+                return p.fail("env_failure", f"agent channel: {type(e).__name__}: {e}")
             tracker.agent_box = AgentBox(rs.agent, channel)
         await _run_phases(p, loaded, task, rs, ctx, tracker)
     except asyncio.CancelledError:
