@@ -48,12 +48,14 @@ print("MINI " + json.dumps({"exit_code": int(sys.argv[2]), "exit_status": info["
 """
 
 
-def mini_requirement() -> str:
+def mini_requirements() -> list[str]:
+    """mini-swe-agent as installed here, plus `mcp`: this litellm imports it on every completion
+    without declaring it (on the host it happens to be installed by another package)."""
     try:
-        version = metadata.version("mini-swe-agent")
+        versions = [metadata.version(p) for p in ("mini-swe-agent", "mcp")]
     except metadata.PackageNotFoundError:
         require(False, "mini-swe-agent (pip install 'mini-swe-agent>=2.4,<3')")
-    return f"pip:mini-swe-agent=={version}"
+    return [f"pip:mini-swe-agent=={versions[0]}", f"pip:mcp=={versions[1]}"]
 
 
 @pytest.mark.parametrize("kind", ["local", "docker"])
@@ -73,7 +75,8 @@ def test_mini_swe_agent_runs_unchanged_in_the_sandbox_and_its_turns_are_token_ex
     ran = subprocess.run(
         [sys.executable, "-m", "envhub", "run", "arith",
          "--agent", shlex.join(["sh", "-c", script]),
-         "--agent-install", mini_requirement(), "--agent-install", f"script:{report}",
+         *(f"--agent-install={spec}" for spec in mini_requirements()),
+         "--agent-install", f"script:{report}",
          "--sandbox", kind, "-n", "1", "-k", "1", "--time-limit", "240", "--out", "out", "-q"],
         cwd=tmp_path, text=True, capture_output=True, timeout=900, check=False)
     assert ran.returncode == 0, ran.stderr
