@@ -46,7 +46,13 @@ def make_agent(spec: str | None, installs: list[str] | None = None,
     if spec == "oracle":
         return OracleAgent()
     if not on_host:
-        return BoxedCommandAgent(spec, installs)
+        boxed = BoxedCommandAgent(spec, installs)
+        if not installs and len(boxed.argv) == 1 and shutil.which(spec) is None:
+            raise AgentSpecError(  # a lone unknown word is a typo far more often than a program
+                f"unknown agent {shlex.quote(spec)}: not one of {', '.join(BUILTIN_AGENTS)}; a "
+                "command line runs inside the sandbox: give --agent-install pip:PKG|script:PATH "
+                "for its program, or --agent-on-host")
+        return boxed
     log.warning(ON_HOST_WARNING)
     print(ON_HOST_WARNING, file=sys.stderr, flush=True)
     agent = CommandAgent(spec)

@@ -85,7 +85,9 @@ def build_bundle(installs: list[AgentInstall], python: str) -> Path:
         shutil.copy(FORWARDER, work / "forwarder.py")
         requirements = [i.value for i in installs if i.kind == "pip"]
         if requirements:
-            _pip_install(requirements, work / "lib", python)
+            # hard links to the packages' own cache: a new script next to them costs no pip run
+            shutil.copytree(_pip_lib(requirements, python), work / "lib", dirs_exist_ok=True,
+                            copy_function=_link_or_copy)
             _write_entry_points(work)
         for i in installs:
             if i.kind == "script":
@@ -103,6 +105,33 @@ def build_bundle(installs: list[AgentInstall], python: str) -> Path:
         if work.exists():
             shutil.rmtree(work, ignore_errors=True)
     return final
+
+
+def _pip_lib(requirements: list[str], python: str) -> Path:
+    """`requirements` installed for `python` (`pip install --target`), cached by both."""
+    key = hashlib.sha256(json.dumps([python, platform.machine(), sorted(requirements)]
+                                    ).encode()).hexdigest()
+    final = cache_root() / f"pip-{key[:24]}"
+    if (final / ".envhub-ok").is_file():
+        return final
+    work = Path(tempfile.mkdtemp(prefix=".pip-", dir=cache_root()))
+    try:
+        _pip_install(requirements, work, python)
+        (work / ".envhub-ok").write_text("\n".join(requirements))
+        try:
+            work.rename(final)
+        except OSError:  # installed concurrently by another run: keep theirs
+            pass
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return final
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
 
 
 def _pip_install(requirements: list[str], target: Path, python: str) -> None:
