@@ -1,5 +1,7 @@
-"""Any command-line agent, run on the host with its OpenAI and Anthropic endpoints pointing at
-its own gateway session (so every model call it makes is recorded in that session).
+"""A command-line agent run as a HOST process (`--agent-on-host` only: no containment, it has
+this machine's rights; the default runs command agents inside the sandbox, boxed.py), with its
+OpenAI and Anthropic endpoints pointing at its own gateway session (so every model call it
+makes is recorded in that session).
 
 Environment given to the command:
   OPENAI_BASE_URL=<gateway>/v1  OPENAI_API_KEY=<session key>

@@ -72,6 +72,7 @@ def test_cli_agent_turns_are_recorded_in_its_session(tmp_path):
                      "--gateway", gw.url,
                      "--admin-key", ADMIN_KEY, "--out", "out", cwd=tmp_path)
         assert ran.returncode == 0, ran.stderr
+        assert "WARNING: --agent-on-host" in ran.stderr and "no containment" in ran.stderr
         records = [json.loads(p.read_text()) for p in (tmp_path / "out" / "rollouts").iterdir()]
         assert len(records) == 2
         for record in records:
