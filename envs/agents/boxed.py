@@ -16,13 +16,14 @@ when the agent phase ends (`Sandbox.end_processes`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import shlex
 from pathlib import Path
 from typing import Any
 
 from envhub.envs.agents.base import AgentContext, AgentResult
 from envhub.envs.agents.channel import PLACEHOLDER_KEY
-from envhub.envs.agents.command import PLACEHOLDERS, TAIL_CHARS, _substitute
+from envhub.envs.agents.command import PLACEHOLDERS, TAIL_CHARS, substitute
 from envhub.envs.agents.install import AgentInstall, build_bundle
 from envhub.envs.environment import EnvFailure
 from envhub.envs.errors import AgentError, AgentSpecError
@@ -116,7 +117,7 @@ class BoxedCommandAgent:
         values = {"{instruction}": ctx.task.instruction, "{task_file}": task_file,
                   "{task_id}": ctx.task.id, "{model}": ctx.model}
         assert set(values) == set(PLACEHOLDERS)
-        command = shlex.join(_substitute(a, values) for a in self.argv)
+        command = shlex.join(substitute(a, values) for a in self.argv)
         script = _LAUNCH.format(home=home, port=PORT, channel=CHANNEL_DIR, command=command)
         root = f"http://127.0.0.1:{PORT}"
         env = {"PATH": f"{home}/bin:{DEFAULT_PATH}",
@@ -138,6 +139,7 @@ class BoxedCommandAgent:
         return AgentResult(stopped=stopped, info=info)
 
 
+@functools.lru_cache(maxsize=1)
 def _host_python() -> str:
     """The Python version `python3` has inside a local sandbox (the host's system one)."""
     import shutil
