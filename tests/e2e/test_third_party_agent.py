@@ -58,7 +58,8 @@ def mini_requirements() -> list[str]:
     return [f"pip:mini-swe-agent=={versions[0]}", f"pip:mcp=={versions[1]}"]
 
 
-@pytest.mark.parametrize("kind", ["local", "docker"])
+@pytest.mark.parametrize("kind", [pytest.param("local", marks=pytest.mark.bwrap),
+                                  pytest.param("docker", marks=pytest.mark.docker)])
 def test_mini_swe_agent_runs_unchanged_in_the_sandbox_and_its_turns_are_token_exact(
         tmp_path: Path, kind: str) -> None:
     require_docker() if kind == "docker" else require_tool("bwrap")

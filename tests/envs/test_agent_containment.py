@@ -95,7 +95,11 @@ def probes(record) -> dict:
     return json.loads(line[len("PROBE "):])
 
 
-@pytest.mark.parametrize("kind", ["local", "docker"])
+KINDS = [pytest.param("local", marks=pytest.mark.bwrap),
+         pytest.param("docker", marks=pytest.mark.docker)]
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_agent_in_the_sandbox_reaches_only_its_own_session(kind, gateway, host_server,
                                                             secrets_on_host):
     if kind == "docker":
