@@ -81,13 +81,15 @@ class DockerSandbox:
 
     @classmethod
     async def open(cls, spec: SandboxSpec, *, run_id: str, labels: dict[str, str],
-                   env: dict[str, str], package_root: str | Path) -> DockerSandbox:
+                   env: dict[str, str], package_root: str | Path,
+                   binds: dict[str, str] | None = None) -> DockerSandbox:
         """The kinds table's entry point: the spec's image (its `dockerfile` built on the envhub
-        base, else its `image`, else the base itself, built on first use), then a container."""
+        base, else its `image`, else the base itself, built on first use), then a container.
+        `binds`: host path -> container path, bound read-only (an in-sandbox agent's channel)."""
         from envhub.envs.images import aimage_for_spec
 
         image = await aimage_for_spec(spec.image, spec.dockerfile, package_root)
-        return await cls.create(spec, image, run_id, labels, env)
+        return await cls.create(spec, image, run_id, labels, env, binds)
 
     @staticmethod
     def reap(run_id: str | None = None, stale_only: bool = False) -> list[str]:
@@ -97,15 +99,16 @@ class DockerSandbox:
     @classmethod
     async def create(cls, spec: SandboxSpec, image: str, run_id: str,
                      labels: dict[str, str] | None = None,
-                     env: dict[str, str] | None = None) -> DockerSandbox:
+                     env: dict[str, str] | None = None,
+                     binds: dict[str, str] | None = None) -> DockerSandbox:
         """Start a container from `image` (which must exist locally: nothing is pulled)."""
         install()  # here, in the caller's (usually the main) thread: signal handlers need it
-        return await in_thread(cls._create_blocking, spec, image, run_id, labels, env)
+        return await in_thread(cls._create_blocking, spec, image, run_id, labels, env, binds)
 
     @classmethod
     def _create_blocking(cls, spec: SandboxSpec, image: str, run_id: str,
-                         labels: dict[str, str] | None, env: dict[str, str] | None
-                         ) -> DockerSandbox:
+                         labels: dict[str, str] | None, env: dict[str, str] | None,
+                         binds: dict[str, str] | None = None) -> DockerSandbox:
         docker = import_docker()
         client = docker_client()
         try:
@@ -123,6 +126,7 @@ class DockerSandbox:
                 nano_cpus=int(spec.cpus * 1e9), mem_limit=f"{spec.memory_mb}m",
                 memswap_limit=f"{spec.memory_mb}m", pids_limit=PIDS_LIMIT,
                 working_dir=WORKDIR, security_opt=["no-new-privileges"],
+                volumes={h: {"bind": c, "mode": "ro"} for h, c in (binds or {}).items()},
             )
         except docker.errors.APIError as e:
             raise SandboxError(f"could not start a container from {image}: "

@@ -125,14 +125,19 @@ class LocalSandbox:
         self.mount = mount
         self.workdir = mount if bwrap else str(host_dir)
         self.isolated = bwrap is not None
+        self.binds: dict[str, str] = {}  # host -> sandbox, read-only (`open(binds=...)`)
         self._closed = False
 
     @classmethod
     async def open(cls, spec: SandboxSpec, *, run_id: str, labels: dict[str, str],
-                   env: dict[str, str], package_root: str | Path) -> LocalSandbox:
+                   env: dict[str, str], package_root: str | Path,
+                   binds: dict[str, str] | None = None) -> LocalSandbox:
         """The kinds table's entry point (labels live in the workdir's name; `env` is given
-        per exec; no images)."""
-        return await cls.create(spec, run_id)
+        per exec; no images). `binds`: host path -> sandbox path, bound read-only into every
+        call (an in-sandbox agent's channel and programs; under /run, which is a tmpfs)."""
+        sandbox = await cls.create(spec, run_id)
+        sandbox.binds = dict(binds or {})
+        return sandbox
 
     @staticmethod
     def reap(run_id: str | None = None, stale_only: bool = False) -> list[str]:
@@ -171,6 +176,8 @@ class LocalSandbox:
         if self.bwrap is None:
             return limits + shell
         argv = [self.bwrap, *host_view_args(self.spec.network, self.spec.host_paths)]
+        for host, inside in self.binds.items():  # under /run (a tmpfs), before / turns read-only
+            argv += ["--ro-bind", host, inside]
         for path in PROC_READ_ONLY:
             argv += ["--ro-bind-try", path, path]
         argv += ["--bind", str(self.host_dir), self.mount, "--remount-ro", "/", "--chdir", cwd,
