@@ -75,7 +75,8 @@ def write_checkpoint(folder: str | Path, model: Any, optimizer: torch.optim.Opti
         dp.barrier()
     try:
         model_sd, optim_sd = get_state_dict(model, optimizer)
-        dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(tmp))
+        dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(tmp),
+                 no_dist=dp is None)
         save_file(_rng_state(), str(tmp / f"rng-rank{rank}.safetensors"))
         if rank == 0:
             world = dp.world if dp else 1
@@ -113,9 +114,9 @@ def read_checkpoint(folder: str | Path, model: Any, optimizer: torch.optim.Optim
                            ".metadata); pass a folder written by Trainer.save_checkpoint")
     state: dict[str, Any] = json.loads((path / STATE_FILE).read_text())
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    loaded = {"model": model_sd, "optimizer": optim_sd}
+    loaded: dict[str, Any] = {"model": model_sd, "optimizer": optim_sd}
     try:
-        dcp.load(loaded, checkpoint_id=str(path))
+        dcp.load(loaded, checkpoint_id=str(path), no_dist=dp is None)
     except Exception as exc:  # DCP raises plain RuntimeErrors/KeyErrors on a mismatch
         raise TrainerError(f"checkpoint {path} does not match this model/optimizer ({exc}); "
                            "load it into the architecture (and LoRA setup) it was saved "

@@ -69,7 +69,7 @@ class LoraSettings(BaseModel):
     """LoRA adapters through PEFT: only the adapters train; pushes send merged weights."""
 
     rank: int = Field(default=16, ge=1, description="LoRA rank r.")
-    alpha: float = Field(default=32.0, gt=0, description="LoRA alpha (scale alpha / r).")
+    alpha: int = Field(default=32, ge=1, description="LoRA alpha (scale alpha / r).")
     targets: list[str] | str = Field(
         default="all-linear", description="Module names to adapt (PEFT's target_modules), or "
         "'all-linear' (every linear layer but the LM head).")

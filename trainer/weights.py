@@ -28,8 +28,8 @@ def full_state(model: Any) -> dict[str, torch.Tensor]:
     call this; ranks other than 0 get an empty dict)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
-                                                                cpu_offload=True))
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_model_state_dict(model, options=options)  # type: ignore[return-value]
 
 
 def export_weights(model: Any, root: str | Path, version: int, tokenizer: Any = None, *,

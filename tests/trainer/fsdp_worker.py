@@ -28,7 +28,7 @@ from tests.trainer.models import tiny_model
 SCENARIOS: dict[str, dict[str, Any]] = {
     "plain": {},
     "checkpointing": {"gradient_checkpointing": True},
-    "lora": {"lora": LoraSettings(rank=4, alpha=8.0)},
+    "lora": {"lora": LoraSettings(rank=4, alpha=8)},
     "bf16": {"precision": "bf16"},
 }
 

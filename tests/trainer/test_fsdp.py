@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from envhub.trainer.synthetic import RolloutShape, sample_group
-from tests.trainer.fsdp_worker import SCENARIOS, load_groups, run_scenario
+from tests.trainer.fsdp_worker import load_groups, run_scenario
 from tests.trainer.models import tiny_model
 
 pytestmark = pytest.mark.slow  # two torchrun launches of 2 processes on a shared box
