@@ -3,7 +3,7 @@
 `apply_lora` wraps a transformers causal LM in a `PeftModel` (base weights frozen, only the
 adapters require gradients). Engines load full HF folders, so a push merges: `MergeShell`
 keeps a weightless (meta-device) copy of the PEFT model; each push loads the trainer's full
-state into a fresh copy of it (`assign=True`, no extra allocation) and writes PEFT's
+state (copied) into a fresh copy of it (`assign=True`) and writes PEFT's
 `merge_and_unload()` of it — the trained model itself is never merged and unmerged, so no
 rounding drift accumulates in its base weights.
 """
@@ -50,11 +50,14 @@ class MergeShell:
 
     def save_merged(self, state: dict[str, torch.Tensor], folder: Path) -> None:
         model = copy.deepcopy(self.shell)
-        missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+        # copies: in one process on CPU the state dict shares the trained tensors, which
+        # the in-place merge would otherwise change
+        own = {k: v.detach().clone() for k, v in state.items()}
+        missing, unexpected = model.load_state_dict(own, strict=False, assign=True)
         if missing or unexpected:
             raise TrainerError(f"full state does not match the LoRA model: missing "
                                f"{missing[:5]}, unexpected {unexpected[:5]}")
+        if getattr(model.config, "tie_word_embeddings", False):
+            model.get_base_model().tie_weights()  # `assign` loaded the two names apart
         merged = model.merge_and_unload()
-        if getattr(merged.config, "tie_word_embeddings", False):
-            merged.tie_weights()
         merged.save_pretrained(folder, safe_serialization=True)
