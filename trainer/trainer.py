@@ -26,7 +26,7 @@ from envhub.trainer.batch import TrainSequence, build_batch
 from envhub.trainer.checkpoint import read_checkpoint, write_checkpoint
 from envhub.trainer.config import TrainerConfig
 from envhub.trainer.distributed import DataParallel, default_device, shard_model
-from envhub.trainer.errors import require_torch
+from envhub.trainer.errors import TrainerError, require_torch
 from envhub.trainer.forward import tree_logprobs
 from envhub.trainer.lora import MergeShell, apply_lora
 from envhub.trainer.loss import ADDITIVE, LossSums, is_masked_loss
@@ -221,16 +221,26 @@ class Trainer:
     def sync(self, root: str | Path, push: Callable[[str], None] | None = None) -> Path | None:
         """Export weights as version+1 under `root`, push them, bump the version.
 
-        Only rank 0 writes and pushes (the others wait at a barrier); returns the folder on
-        rank 0 and None elsewhere. Resets the optimizer when `reset_optimizer_on_sync`.
+        Collective under FSDP2: the full state is gathered to rank 0, which alone writes and
+        pushes; a failed push raises on every rank. Returns the folder on rank 0 and None
+        elsewhere. Resets the optimizer when `reset_optimizer_on_sync`.
         """
         is_rank0 = self.dp is None or self.dp.rank == 0
         path = export_weights(self.model, root, self.version + 1, self.tokenizer,
                               is_rank0=is_rank0, merge=self._merge)
+        error: Exception | None = None
         if path is not None and push is not None:
-            push(str(path))
+            try:
+                push(str(path))
+            except Exception as exc:  # every rank must hear of it, not wait forever
+                error = exc
         if self.dp is not None:
-            self.dp.barrier()
+            failed = self.dp.sum_floats([float(error is not None)])[0]
+            if failed and error is None:
+                raise TrainerError("the weight push on rank 0 failed (see rank 0's error); "
+                                   "the weight version was not bumped")
+        if error is not None:
+            raise error
         self.version += 1
         if self.config.optim.reset_optimizer_on_sync:
             self.optimizer.state.clear()
