@@ -122,6 +122,7 @@ class Loop:
                                "weight_version": self.trainer.version,
                                **step_metrics(by_env, stats), **lag,
                                "groups_trained": len(groups),
+                               "groups": [g.group_id for g in groups],
                                # asynchronous: the trainer's wait for groups (its idle time)
                                "rollout_s": round(t1 - t0, 3), "train_s": round(t2 - t1, 3),
                                "push_s": round(t3 - t2, 3),

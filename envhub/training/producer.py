@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Coroutine, Iterator
-from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from envhub.envs.environment import Task
@@ -26,6 +25,7 @@ from envhub.envs.runner.stream import GroupRunner
 from envhub.training.tasks import EnvTasks
 
 T = TypeVar("T")
+SHUTDOWN_S = 60.0  # longest wait for cancelled rollouts to clean up
 
 
 class ProducerFailed(RuntimeError):
@@ -50,9 +50,11 @@ class Producer:
                                         daemon=True)
         self._thread.start()
         self._wake: asyncio.Event | None = None
-        self._main: Future[None] | None = None
+        self._main: asyncio.Task[None] | None = None
+        self._stopping = False
         self._tasks: set[asyncio.Task[None]] = set()
         self.runner: GroupRunner | None = None
+        self._sem: asyncio.Semaphore | None = None  # rollouts in flight, made on the loop
 
     # -- called from the trainer's thread ---------------------------------------------------
 
@@ -67,8 +69,12 @@ class Producer:
 
     def start(self) -> None:
         """Asynchronous mode: keep launching groups until `stop()`."""
-        self._main = asyncio.run_coroutine_threadsafe(self._produce(), self._loop)
-        self._main.add_done_callback(self._on_main_done)
+
+        async def begin() -> None:
+            self._main = asyncio.get_running_loop().create_task(self._produce())
+            self._main.add_done_callback(self._on_main_done)
+
+        self.call(begin())
 
     def run_groups(self, n: int) -> list[str]:
         """Synchronous mode: launch the next `n` groups of the stream, wait for all of them;
@@ -111,12 +117,20 @@ class Producer:
         close the runner, stop the thread."""
 
         async def shutdown() -> None:
+            self._stopping = True  # no new group from here on
             if self._main is not None:
                 self._main.cancel()
-            tasks = list(self._tasks)
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+                await asyncio.gather(self._main, return_exceptions=True)
+            while self._tasks:
+                tasks = list(self._tasks)
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+            # A cancelled group's rollouts finish their own clean-up (killing an agent's
+            # processes, closing its session) after the group has given up on them.
+            rest = asyncio.all_tasks() - {asyncio.current_task()}
+            if rest:
+                await asyncio.wait(rest, timeout=SHUTDOWN_S)
             if self.runner is not None:
                 await self.runner.aclose()
 
@@ -124,7 +138,9 @@ class Producer:
             self.call(shutdown())
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=60)
+            self._thread.join(timeout=SHUTDOWN_S)
+            if not self._thread.is_alive():
+                self._loop.close()
 
     # -- on the rollout loop ------------------------------------------------------------------
 
@@ -146,6 +162,8 @@ class Producer:
             self._launch()
 
     def _launch(self) -> tuple[str, asyncio.Task[None]]:
+        if self._stopping:
+            raise asyncio.CancelledError
         env, task = next(self.stream)
         with self._changed:
             gid = f"{self.run_id}:{env.name}:{task.id}:g{len(self.order):06d}"
@@ -161,7 +179,9 @@ class Producer:
     async def _group(self, env: EnvTasks, task: Task, gid: str) -> None:
         assert self.runner is not None, "open() the runner first"
         try:
-            records = await self.runner.run_group(env.ref, task, self.k, gid)
+            if self._sem is None:
+                self._sem = asyncio.Semaphore(self.concurrency)
+            records = await self.runner.run_group(env.ref, task, self.k, gid, sem=self._sem)
         except asyncio.CancelledError:
             raise
         except BaseException as e:  # a broken runner: the trainer must hear of it, not hang
@@ -180,7 +200,7 @@ class Producer:
             self._failure = e
             self._changed.notify_all()
 
-    def _on_main_done(self, fut: Future[None]) -> None:
-        if not fut.cancelled() and fut.exception() is not None:
-            self._fail(fut.exception())  # type: ignore[arg-type]
+    def _on_main_done(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self._fail(task.exception())  # type: ignore[arg-type]
 

@@ -113,16 +113,17 @@ class GroupRunner:
         return self.envs[ref].env.load_tasks()
 
     async def run_group(self, ref: str, task: Task, k: int, group_id: str,
-                        agent: Agent | None = None) -> list[RolloutRecord]:
+                        agent: Agent | None = None, sem: asyncio.Semaphore | None = None
+                        ) -> list[RolloutRecord]:
         """k samples of `task`, scored together and closed; `agent` overrides the runner's
-        (e.g. a greedy one for evaluation). Records are written to OUT/rollouts when the
-        runner has an `out` folder."""
+        (e.g. a greedy one for evaluation); `sem` bounds rollouts in flight across calls.
+        Records are written to OUT/rollouts when the runner has an `out` folder."""
         loaded, rs = self.envs[ref], self.setups[ref]
         if agent is not None:
             rs = dataclasses.replace(rs, agent=agent, agent_name=agent.name)
         # The group id names the file too: the same task runs again in later groups.
         keys = [RolloutKey(loaded.name, task.id, i) for i in range(k)]
-        pendings = await rollout_group(keys, group_id, loaded, task, rs)
+        pendings = await rollout_group(keys, group_id, loaded, task, rs, sem)
         try:
             records = await finalize_group(pendings, loaded, rs.agent_name, [])
         except asyncio.CancelledError:
