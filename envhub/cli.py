@@ -94,8 +94,15 @@ def train_command(
         _fail(f"--chains {chains!r}: use all or main")
     if model is not None and not Path(model).is_dir():
         _fail(f"--model {model} is not a folder; pass a Hugging Face model folder")
+    from envhub.envs.errors import RunConfigError
+    from envhub.envs.runner.config import EnvChoice
+
     try:
-        cfg = TrainLoopConfig(envs=envs or ["arith"], steps=steps, seed=seed, out=Path(out),
+        choices = [EnvChoice.parse(e) for e in envs or ["arith"]]
+    except RunConfigError as e:
+        _fail(str(e))
+    try:
+        cfg = TrainLoopConfig(envs=choices, steps=steps, seed=seed, out=Path(out),
                               groups=groups, k=k, concurrency=concurrency, lr=lr, tau=tau,
                               sync=sync, window=window, buffer=buffer, model=model, agent=agent,
                               max_turns=max_turns, tasks=tasks, keep_weights=keep_weights,
