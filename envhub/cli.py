@@ -57,7 +57,7 @@ def train_command(
                                "generation order (0: greedy; default: 2 x --groups, greedy "
                                "with --sync)"),
     buffer: int = typer.Option(None, min=1, help="most groups launched but not yet trained on "
-                               "(default: 2 x --groups)"),
+                               "(default: 3 x --groups)"),
     model: str = typer.Option(None, help="HF model folder (default: the bundled model)"),
     agent: str = typer.Option("tool", help="tool (the built-in agent) or a command line "
                               "(any agent using OPENAI_BASE_URL / OPENAI_API_KEY)"),

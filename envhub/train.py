@@ -49,8 +49,9 @@ class TrainLoopConfig(BaseModel):
     window: int | None = Field(None, ge=0, description="windowed-FIFO size in groups (0: greedy, "
                                "any finished group; None: 2 x groups asynchronous, greedy --sync)")
     buffer: int | None = Field(None, ge=1, description="asynchronous: most groups launched but "
-                               "not yet trained on (None: 2 x groups); bounds how far rollouts "
-                               "run ahead of the trainer")
+                               "not yet trained on (None: 3 x groups, one step beyond the "
+                               "default window); bounds how far rollouts run ahead of the "
+                               "trainer")
     model: str | None = Field(None, description="HF model folder (default: the bundled one)")
     agent: str = Field("tool", description="the agent: tool (built-in) or a command line")
     max_turns: int | None = Field(None, ge=1, description="override the env's max_turns")
@@ -101,7 +102,7 @@ class TrainLoopConfig(BaseModel):
 
     @property
     def buffer_size(self) -> int:
-        return self.buffer or 2 * self.groups
+        return self.buffer or 3 * self.groups
 
     @property
     def resets_optimizer(self) -> bool:
