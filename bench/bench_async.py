@@ -31,13 +31,15 @@ from typing import Any
 # ---------------------------------------------------------------------------------------------
 
 
-def run_loop(sync: bool, args: argparse.Namespace, out: Path) -> dict[str, float]:
+def run_loop(sync: bool, args: argparse.Namespace, out: Path,
+             reset: bool | None = None) -> dict[str, float]:
     """One `envhub train` loop in this process; its figures from the step rows."""
     from envhub.train import TrainLoopConfig, train
 
     cfg = TrainLoopConfig(envs=["arith"], steps=args.steps, seed=args.seed, out=out,
                           groups=args.groups, k=args.k, concurrency=args.concurrency,
-                          tasks=args.tasks, max_turns=args.max_turns, eval_every=0, sync=sync)
+                          tasks=args.tasks, max_turns=args.max_turns, eval_every=0, sync=sync,
+                          reset_optimizer=reset)
     rows = [r for r in train(cfg, log=lambda _: None) if r["phase"] == "train"]
     wall = rows[-1]["wall_s"]
     rollouts = sum(r["rollouts"] for r in rows)
@@ -51,23 +53,32 @@ def run_loop(sync: bool, args: argparse.Namespace, out: Path) -> dict[str, float
 
 
 def part1(args: argparse.Namespace) -> None:
+    """Three runs, one after the other: --sync (its default: no optimizer reset), the
+    asynchronous default (reset after each push), and asynchronous without the reset (the
+    loop's own effect, with the optimizer setting of --sync)."""
     load0 = os.getloadavg()
+    runs: dict[str, dict[str, float]] = {}
+    took: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="bench-async-") as tmp:
-        t0 = time.perf_counter()
-        sync = run_loop(True, args, Path(tmp) / "sync")
-        t1 = time.perf_counter()
-        asyn = run_loop(False, args, Path(tmp) / "async")
-        t2 = time.perf_counter()
+        for name, sync, reset in (("sync", True, None), ("async", False, None),
+                                  ("async no-reset", False, False)):
+            t0 = time.perf_counter()
+            runs[name] = run_loop(sync, args, Path(tmp) / name.replace(" ", "-"), reset)
+            took[name] = time.perf_counter() - t0
     load1 = os.getloadavg()
     print(f"work: {args.steps} steps x {args.groups} groups x k={args.k} (arith, bundled model, "
           f"max turns {args.max_turns}, concurrency {args.concurrency}, seed {args.seed})")
     print(f"machine: {os.cpu_count()} cores; load average 1/5/15 min before "
           f"{'/'.join(f'{x:.1f}' for x in load0)}, after {'/'.join(f'{x:.1f}' for x in load1)}"
-          f"; runs (with start-up) {t1 - t0:.0f} s sync, {t2 - t1:.0f} s async")
-    print(f"\n{'':<22}{'sync':>10}{'async':>10}{'async/sync':>12}")
-    for key in sync:
-        ratio = asyn[key] / sync[key] if sync[key] else float("nan")
-        print(f"{key:<22}{sync[key]:>10.3f}{asyn[key]:>10.3f}{ratio:>12.2f}")
+          "; runs with start-up: " + ", ".join(f"{k} {v:.0f} s" for k, v in took.items()))
+    names = list(runs)
+    print(f"\n{'':<22}" + "".join(f"{n:>16}" for n in names)
+          + "".join(f"{n + '/sync':>22}" for n in names[1:]))
+    for key in runs["sync"]:
+        base = runs["sync"][key]
+        ratios = [runs[n][key] / base if base else float("nan") for n in names[1:]]
+        print(f"{key:<22}" + "".join(f"{runs[n][key]:>16.3f}" for n in names)
+              + "".join(f"{r:>22.2f}" for r in ratios))
 
 
 # ---------------------------------------------------------------------------------------------
