@@ -27,8 +27,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def read_metrics(folder: Path) -> list[dict]:
+    """The step rows (held-out evaluation rows, `"phase": "eval"`, are left out)."""
     path = folder / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in rows if r.get("phase", "train") == "train"]
 
 
 def mean_of(rows: list[dict], key: str) -> float:

@@ -41,24 +41,38 @@ def _root(
 
 @app.command("train")
 def train_command(
-    env: str = typer.Argument("arith", help="environment to train on (built-in or path)"),
-    steps: int = typer.Option(20, min=1, help="optimizer steps, one rollout batch each"),
+    envs: list[str] = typer.Argument(None, help="environments to train on, with sampling "
+                                     "weights if several: arith=3 swe-task=1 (default: arith)"),
+    steps: int = typer.Option(20, min=1, help="optimizer steps"),
     seed: int = typer.Option(0, help="seed for torch, task order and sampling"),
     out: str = typer.Option("runs/train", help="folder for metrics.jsonl, pool.db, weights/"),
-    groups: int = typer.Option(8, min=1, help="tasks (groups) per step"),
+    groups: int = typer.Option(8, min=1, help="groups (tasks) per optimizer step"),
     k: int = typer.Option(8, min=2, help="samples per task (group size)"),
     concurrency: int = typer.Option(16, min=1, help="rollouts in flight"),
     lr: float = typer.Option(1e-3, min=0, help="AdamW learning rate"),
     tau: int = typer.Option(2, min=0, help="staleness bound in weight versions"),
-    window: int = typer.Option(0, min=0, help="windowed-FIFO size (0: greedy)"),
+    sync: bool = typer.Option(False, "--sync", help="synchronous loop (roll out a step's "
+                              "groups, wait, train, push) instead of the asynchronous one"),
+    window: int = typer.Option(None, min=0, help="windowed-FIFO size in groups, over the "
+                               "generation order (0: greedy; default: 2 x --groups, greedy "
+                               "with --sync)"),
+    buffer: int = typer.Option(None, min=1, help="most groups launched but not yet trained on "
+                               "(default: 3 x --groups)"),
     model: str = typer.Option(None, help="HF model folder (default: the bundled model)"),
+    agent: str = typer.Option("tool", help="tool (the built-in agent) or a command line "
+                              "(any agent using OPENAI_BASE_URL / OPENAI_API_KEY)"),
     max_turns: int = typer.Option(None, min=1, help="override the env's max_turns"),
-    tasks: int = typer.Option(None, min=1, help="train on the env's first N tasks (default: "
-                              "all); each pass over them is in a fresh seeded order"),
+    tasks: int = typer.Option(None, min=1, help="train on each env's first N training tasks "
+                              "(default: all); each pass over them is in a fresh seeded order"),
     keep_weights: int = typer.Option(2, min=1, help="weight versions kept in OUT/weights"),
     sync_every: int = typer.Option(1, min=1, help="push weights every K optimizer steps"),
-    reset_optimizer: bool = typer.Option(False, "--reset-optimizer", help="clear AdamW's "
-                                         "moments after each weight push"),
+    reset_optimizer: bool = typer.Option(None, "--reset-optimizer/--no-reset-optimizer",
+                                         help="clear AdamW's moments after each weight push "
+                                         "(default: on, off with --sync)", show_default=False),
+    eval_every: int = typer.Option(5, min=0, help="held-out evaluation (greedy) every E steps, "
+                                   "before the first and after the last; 0: none"),
+    eval_tasks: int = typer.Option(8, min=1, help="held-out tasks per environment (its last N, "
+                                   "never trained on)"),
     no_std_norm: bool = typer.Option(False, "--no-std-norm", help="GRPO advantages r - mean "
                                      "(not divided by the group's std)"),
     gradient_checkpointing: bool = typer.Option(False, "--gradient-checkpointing",
@@ -79,45 +93,57 @@ def train_command(
                                        "gateway and rollouts). Under your own torchrun, leave "
                                        "it at 1"),
 ) -> None:
-    """Train on an environment: gateway + rollouts + trainer + weight sync (GPU when present,
-    else CPU; several ranks with --nproc-per-node or under torchrun)."""
+    """Train on environments: gateway + rollouts + trainer + weight sync (GPU when present,
+    else CPU; several ranks with --nproc-per-node or under torchrun). Asynchronous by default
+    (rollouts keep running while the trainer trains)."""
     import os
     import subprocess
     import sys
     from pathlib import Path
 
-    from envhub.train import TrainLoopConfig, train
+    from pydantic import ValidationError
+
+    from envhub.train import TrainLoopConfig, load_training_envs, train
     from envhub.trainer.errors import TrainerError
 
     if chains not in ("all", "main"):
-        typer.echo(f"error: --chains {chains!r}: use all or main", err=True)
-        raise typer.Exit(2)
+        _fail(f"--chains {chains!r}: use all or main")
     if model is not None and not Path(model).is_dir():
-        typer.echo(f"error: --model {model} is not a folder; pass a Hugging Face model folder",
-                   err=True)
-        raise typer.Exit(2)
+        _fail(f"--model {model} is not a folder; pass a Hugging Face model folder")
     if precision not in ("fp32", "bf16"):
-        typer.echo(f"error: --precision {precision}: use fp32 or bf16", err=True)
-        raise typer.Exit(2)
+        _fail(f"--precision {precision}: use fp32 or bf16")
     targets = [t.strip() for t in lora_targets.split(",") if t.strip()] if lora_targets else None
     if (lora_alpha is not None or targets) and lora_rank is None:
-        typer.echo("error: --lora-alpha/--lora-targets need --lora-rank R", err=True)
-        raise typer.Exit(2)
-    cfg = TrainLoopConfig(env=env, steps=steps, seed=seed, out=Path(out), groups=groups, k=k,
-                          concurrency=concurrency, lr=lr, tau=tau, window=window or None,
-                          model=model, max_turns=max_turns, tasks=tasks,
-                          keep_weights=keep_weights, sync_every=sync_every,
-                          reset_optimizer=reset_optimizer, std_norm=not no_std_norm,
-                          gradient_checkpointing=gradient_checkpointing, precision=precision,
-                          lora_rank=lora_rank, lora_alpha=lora_alpha, lora_targets=targets,
-                          chains=chains)
-    try:
-        from envhub.envs.loader import load_env
+        _fail("--lora-alpha/--lora-targets need --lora-rank R")
+    from envhub.envs.errors import RunConfigError
+    from envhub.envs.runner.config import EnvChoice
 
-        load_env(env)
-    except Exception as e:  # unknown env, bad manifest: the loader's message says the fix
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from e
+    try:
+        choices = [EnvChoice.parse(e) for e in envs or ["arith"]]
+    except RunConfigError as e:
+        _fail(str(e))
+    try:
+        cfg = TrainLoopConfig(envs=choices, steps=steps, seed=seed, out=Path(out),
+                              groups=groups, k=k, concurrency=concurrency, lr=lr, tau=tau,
+                              sync=sync, window=window, buffer=buffer, model=model, agent=agent,
+                              max_turns=max_turns, tasks=tasks, keep_weights=keep_weights,
+                              sync_every=sync_every, reset_optimizer=reset_optimizer,
+                              eval_every=eval_every, eval_tasks=eval_tasks,
+                              std_norm=not no_std_norm,
+                              gradient_checkpointing=gradient_checkpointing, chains=chains,
+                              precision=precision, lora_rank=lora_rank, lora_alpha=lora_alpha,
+                              lora_targets=targets)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        _fail(f"{'--' + where.replace('_', '-') + ': ' if where else ''}{err['msg']}")
+    try:
+        from envhub.envs.agents import make_agent
+
+        make_agent(agent)
+        load_training_envs(cfg)
+    except Exception as e:  # unknown env or agent, bad manifest, bad split: the fix is in it
+        _fail(str(e))
     if nproc_per_node > 1 and "WORLD_SIZE" not in os.environ:
         from envhub.train import torchrun_argv
 
@@ -127,8 +153,7 @@ def train_command(
     try:
         train(cfg, log=typer.echo)
     except TrainerError as e:  # e.g. LoRA targets the model does not have
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from e
+        _fail(str(e))
 
 
 @app.command("export")

@@ -1,59 +1,82 @@
-"""`envhub train ENV`: the whole RL loop on one machine.
+"""`envhub train ENV [ENV=WEIGHT ...]`: the whole RL loop on one machine.
 
-    gateway (embedded engine, SQLite pool) ← rollouts of the built-in agent (runner)
-        → finished groups read back over the gateway's HTTP API (windowed FIFO)
-        → Trainer.step (filters, GRPO + reward-to-go, IS-masked loss, prefix-tree packing)
-        → weights exported and pushed to the engine through POST /admin/weights (version+1)
+    gateway (embedded engine, SQLite pool) <- rollouts of the agent (envs/runner, a thread of
+        their own: envhub/training/producer.py)
+        -> finished groups read back over the gateway's HTTP API, windowed FIFO over the
+           generation order (envhub/training/source.py)
+        -> Trainer.step (filters, GRPO + reward-to-go, IS-masked loss, prefix-tree packing)
+        -> weights exported and pushed through POST /admin/weights every K steps (version+1)
 
-Per-step metrics, with the step's mean reward, are appended to `OUT/metrics.jsonl`.
+Asynchronous by default: N rollouts stay in flight while the trainer trains; the trainer takes
+`groups` finished groups per step from the window (the oldest unconsumed group is its head; it
+moves only when that group is consumed), drops samples more than `tau` versions old, pushes
+every `sync_every` steps and then resets AdamW's moments (GLM-5). Rollouts running across a
+push keep going: their later turns carry the new version. `--sync` runs today's loop instead:
+roll out one step's groups, wait for all, train, push.
+
+Rows of `OUT/metrics.jsonl`: one per step (`"phase": "train"`), and one per held-out
+evaluation (`"phase": "eval"`, before training and every `eval_every` steps).
 
 Under torchrun (WORLD_SIZE > 1; `envhub train --nproc-per-node N` re-launches itself that way)
-the trainer is FSDP2-sharded over the ranks: rank 0 runs the gateway, the rollouts and the
-metrics file and broadcasts each step's groups; every rank trains its shard; the weight push
-gathers the full state to rank 0, which writes and pushes it.
+the trainer is FSDP2-sharded over the ranks: rank 0 runs the gateway, the rollouts, the loop and
+the metrics file, and announces each step's groups and each push to the other ranks, which
+follow (envhub/training/ranks.py); the push gathers the full state to rank 0, which writes and
+pushes it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import random
 import secrets
-import statistics
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+from envhub.envs.runner.config import EnvChoice
 
 
 class TrainLoopConfig(BaseModel):
-    env: str = Field("arith", description="environment to train on")
-    steps: int = Field(20, ge=1, description="optimizer steps (one rollout batch each)")
+    envs: list[EnvChoice] = Field(default_factory=lambda: [EnvChoice(ref="arith")],
+                                  description="environments to train on, with sampling weights "
+                                  "(`arith=3 swe-task=1`: three groups of arith per swe-task)")
+    steps: int = Field(20, ge=1, description="optimizer steps")
     seed: int = Field(0, description="seeds torch, task order and sampling")
     out: Path = Field(Path("runs/train"), description="metrics.jsonl, pool.db, weights/")
-    groups: int = Field(8, ge=1, description="tasks (groups) per step")
+    groups: int = Field(8, ge=1, description="groups (tasks x k samples) per optimizer step")
     k: int = Field(8, ge=2, description="samples per task (group size)")
     concurrency: int = Field(16, ge=1, description="rollouts in flight")
     lr: float = Field(1e-3, gt=0, description="AdamW learning rate")
     tau: int | None = Field(2, ge=0, description="staleness bound (versions)")
-    window: int | None = Field(None, ge=1, description="windowed-FIFO size (None: greedy)")
+    sync: bool = Field(False, description="the synchronous loop: roll out a step's groups, "
+                       "wait for all, train, push (for comparison)")
+    window: int | None = Field(None, ge=0, description="windowed-FIFO size in groups (0: greedy, "
+                               "any finished group; None: 2 x groups asynchronous, greedy --sync)")
+    buffer: int | None = Field(None, ge=1, description="asynchronous: most groups launched but "
+                               "not yet trained on (None: 3 x groups, one step beyond the "
+                               "default window); bounds how far rollouts run ahead of the "
+                               "trainer")
     model: str | None = Field(None, description="HF model folder (default: the bundled one)")
+    agent: str = Field("tool", description="the agent: tool (built-in) or a command line")
     max_turns: int | None = Field(None, ge=1, description="override the env's max_turns")
-    tasks: int | None = Field(None, ge=1, description="train on the env's first N tasks "
-                              "(None: all of them)")
+    tasks: int | None = Field(None, ge=1, description="train on each env's first N training "
+                              "tasks (None: all of them)")
     sync_every: int = Field(1, ge=1, description="push the weights to the engine every K "
                             "optimizer steps (and after the last one)")
-    reset_optimizer: bool = Field(False, description="clear AdamW's moments after each push "
-                                  "(GLM-5 resets them at every weight sync)")
+    reset_optimizer: bool | None = Field(None, description="clear AdamW's moments after each "
+                                         "push (None: on asynchronous, as GLM-5 does at every "
+                                         "weight sync; off with --sync)")
+    eval_every: int = Field(5, ge=0, description="held-out evaluation every E steps (and before "
+                            "the first and after the last); 0: none, and no task held out")
+    eval_tasks: int = Field(8, ge=1, description="held-out tasks per environment: its last N, "
+                            "never trained on")
     std_norm: bool = Field(True, description="GRPO advantages divided by the group's reward "
                            "std; off: plain r - mean (GLM-5's formula)")
     gradient_checkpointing: bool = Field(False, description="recompute activations in the "
                                          "backward pass (less memory, more compute)")
-    chains: Literal["all", "main"] = Field("all", description="conversations of a session to "
-                                           "train on: all, or the main one (side calls of CLIs "
-                                           "are other chains)")
     precision: str = Field("fp32", pattern="^(fp32|bf16)$", description="bf16: bfloat16 "
                            "compute with fp32 master weights")
     lora_rank: int | None = Field(None, ge=1, description="train LoRA adapters of this rank "
@@ -61,8 +84,43 @@ class TrainLoopConfig(BaseModel):
     lora_alpha: int | None = Field(None, ge=1, description="LoRA alpha (default 2 x rank)")
     lora_targets: list[str] | None = Field(None, description="module names to adapt "
                                            "(default: every linear layer but the LM head)")
+    chains: Literal["all", "main"] = Field("all", description="conversations of a session to "
+                                           "train on: all, or the main one (side calls of CLIs "
+                                           "are other chains)")
     keep_weights: int = Field(2, ge=1, description="weight versions kept in OUT/weights (the "
                               "newest; older ones are deleted once a newer one is served)")
+
+    @field_validator("envs", mode="before")
+    @classmethod
+    def _envs(cls, v: Any) -> Any:
+        items = [v] if isinstance(v, str) else v
+        return [EnvChoice.parse(x) if isinstance(x, str) else x for x in items]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrainLoopConfig:
+        refs = [e.ref for e in self.envs]
+        if not refs or len(set(refs)) != len(refs):
+            raise ValueError(f"give each environment once (got {', '.join(refs) or 'none'}), "
+                             "with a weight if wanted: arith=3 swe-task=1")
+        if self.buffer is not None and self.buffer < self.groups:
+            raise ValueError(f"buffer {self.buffer} < groups {self.groups}: the trainer needs "
+                             "`groups` finished groups per step; raise buffer")
+        return self
+
+    @property
+    def window_size(self) -> int | None:
+        """Groups the window spans (None: greedy)."""
+        if self.window is None:
+            return None if self.sync else 2 * self.groups
+        return self.window or None
+
+    @property
+    def buffer_size(self) -> int:
+        return self.buffer or 3 * self.groups
+
+    @property
+    def resets_optimizer(self) -> bool:
+        return (not self.sync) if self.reset_optimizer is None else self.reset_optimizer
 
 
 def prune_weights(folder: Path, keep: int) -> None:
@@ -88,22 +146,18 @@ def task_schedule(task_ids: list[str], steps: int, groups: int, seed: int) -> li
     return [order[i * groups:(i + 1) * groups] for i in range(steps)]
 
 
-def _mean(xs: list[float]) -> float:
-    return statistics.fmean(xs) if xs else 0.0
-
-
-def train(cfg: TrainLoopConfig, log: Any = print) -> list[dict[str, Any]]:
-    """Run the loop; returns the per-step metrics (also written to OUT/metrics.jsonl)."""
+def train(cfg: TrainLoopConfig, log: Callable[[str], Any] = print,
+          on_wait: Callable[[Any], None] | None = None) -> list[dict[str, Any]]:
+    """Run the loop; returns the metrics rows (also written to OUT/metrics.jsonl).
+    `on_wait(WaitState)` is called each time the trainer waits for groups (asynchronous mode):
+    which group heads the window and which finished groups lie beyond it."""
     import torch
     from huggingface_hub.utils import disable_progress_bars
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
-    from envhub.envs.loader import load_env
-    from envhub.envs.runner.config import EnvChoice, RunConfig
-    from envhub.envs.runner.run import run
+    from envhub.envs.agents import make_agent
     from envhub.gateway.config import GatewayConfig
-    from envhub.gateway.server import run_in_thread
     from envhub.trainer.config import (
         AdvantageConfig,
         FilterConfig,
@@ -112,24 +166,23 @@ def train(cfg: TrainLoopConfig, log: Any = print) -> list[dict[str, Any]]:
         TrainerConfig,
     )
     from envhub.trainer.distributed import DataParallel
-    from envhub.trainer.source import HttpSource
     from envhub.trainer.trainer import Trainer
-    from envhub.trainer.window import GroupWindow
+    from envhub.training.ranks import RankLeader, follow
 
     disable_progress_bars()
     hf_logging.disable_progress_bar()
     dp = DataParallel.init() if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
     rank0 = dp is None or dp.rank == 0
     torch.manual_seed(cfg.seed)
-    metrics_path = cfg.out / "metrics.jsonl"
+    random.seed(cfg.seed)
+    agent = make_agent(cfg.agent)
+    envs = load_training_envs(cfg)
     if rank0:
         cfg.out.mkdir(parents=True, exist_ok=True)
-        metrics_path.write_text("")
+        (cfg.out / "metrics.jsonl").write_text("")
     admin = "envhub-admin-" + secrets.token_urlsafe(16)
     gw_config = GatewayConfig(port=0, db=f"sqlite:///{cfg.out / 'pool.db'}", admin_key=admin,
                               model=cfg.model)
-    all_tasks = [t.id for t in load_env(cfg.env).env.load_tasks()]
-    schedule = task_schedule(all_tasks[:cfg.tasks], cfg.steps, cfg.groups, cfg.seed)
     model = AutoModelForCausalLM.from_pretrained(str(gw_config.model_path()),
                                                  dtype=torch.float32)
     lora = None
@@ -137,86 +190,54 @@ def train(cfg: TrainLoopConfig, log: Any = print) -> list[dict[str, Any]]:
         lora = LoraSettings(rank=cfg.lora_rank, alpha=cfg.lora_alpha or 2 * cfg.lora_rank,
                             targets=cfg.lora_targets or "all-linear")
     trainer = Trainer(model, TrainerConfig(
-        optim=OptimConfig(lr=cfg.lr, reset_optimizer_on_sync=cfg.reset_optimizer),
+        optim=OptimConfig(lr=cfg.lr, reset_optimizer_on_sync=cfg.resets_optimizer),
         advantages=AdvantageConfig(normalize_std=cfg.std_norm),
         filters=FilterConfig(tau=cfg.tau, group_size=cfg.k, drop_no_signal=True,
                              chains=cfg.chains),
         gradient_checkpointing=cfg.gradient_checkpointing,
         precision=cfg.precision, lora=lora), data_parallel=dp)  # type: ignore[arg-type]
-    history: list[dict[str, Any]] = []
-    gw = run_in_thread(gw_config) if rank0 else None
-    source = HttpSource(gw.url, admin) if gw else None
-    window = GroupWindow(source, cfg.window) if source else None
+    if not rank0:  # follow rank 0's steps and pushes until it stops
+        assert dp is not None
+        follow(trainer, cfg.out / "weights")
+        return []
+    leader = RankLeader(trainer, dp) if dp is not None else None
     try:
-        for step in range(cfg.steps):
-            t0 = time.perf_counter()
-            outcome, groups = None, []
-            if gw is not None and window is not None:
-                outcome = asyncio.run(run(RunConfig(
-                    envs=[EnvChoice(ref=cfg.env)], k=cfg.k, tasks=schedule[step],
-                    n=cfg.groups, gateway=gw.url, admin_key=admin,
-                    concurrency=cfg.concurrency, max_turns=cfg.max_turns,
-                    out=cfg.out / "rollouts" / f"step-{step:04d}"), progress=False))
-                groups = window.take(len(window.ready()))
-            if dp is not None:
-                groups = _broadcast(groups)
-            t_roll = time.perf_counter() - t0
-            stats = trainer.step(groups)
-            t_train = time.perf_counter() - t0 - t_roll
-            if (step + 1) % cfg.sync_every == 0 or step == cfg.steps - 1:
-                trainer.sync(cfg.out / "weights", push=_pusher(gw.url, admin) if gw else None)
-                if rank0:
-                    prune_weights(cfg.out / "weights", cfg.keep_weights)
-            if outcome is None:
-                continue
-            done = [r for r in outcome.records if r.status == "done"]
-            row = {
-                **{f"trainer/{k}": v for k, v in stats.items() if isinstance(v, (int, float))},
-                "step": step, "weight_version": trainer.version,
-                "reward_mean": _mean([r.components.get("total", 0.0) for r in done]),
-                "outcome_mean": _mean([r.outcome or 0.0 for r in done]),
-                "resolved_rate": _mean([1.0 if r.resolved else 0.0 for r in done]),
-                "rollouts": len(outcome.records),
-                "env_failures": sum(r.status == "env_failure" for r in outcome.records),
-                "groups_trained": len(groups), "rollout_s": round(t_roll, 2),
-                "train_s": round(t_train, 2), "ranks": dp.world if dp else 1,
-            }
-            history.append(row)
-            with open(metrics_path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(row) + "\n")
-            log(f"step {step:>3}  reward {row['reward_mean']:+.3f}  resolved "
-                f"{row['resolved_rate']:.2f}  groups {len(groups)}  "
-                f"rollout {t_roll:.1f}s  train {t_train:.1f}s  v{trainer.version}")
+        return _lead(cfg, leader or trainer, gw_config, admin, envs, agent, log, on_wait)
     finally:
-        if source is not None:
-            source.close()
-        if gw is not None:
-            gw.close()
-        if dp is not None:
-            import torch.distributed as dist
-
-            dist.destroy_process_group()
-    return history
+        if leader is not None:  # the other ranks stop following, also when this failed
+            leader.stop()
 
 
-def _pusher(url: str, admin: str) -> Any:
-    import httpx
+def _lead(cfg: TrainLoopConfig, trainer: Any, gw_config: Any, admin: str, envs: list[Any],
+          agent: Any, log: Callable[[str], Any],
+          on_wait: Callable[[Any], None] | None) -> list[dict[str, Any]]:
+    """Rank 0 (or the only process): the gateway, the rollouts and the loop."""
+    from envhub.envs.runner.run import new_run_id
+    from envhub.gateway.server import run_in_thread
+    from envhub.trainer.source import HttpSource
+    from envhub.trainer.window import GroupWindow
+    from envhub.training.loop import Loop
+    from envhub.training.producer import Producer
+    from envhub.training.source import LaunchOrderSource
+    from envhub.training.tasks import task_stream
 
-    def push(path: str) -> None:
-        r = httpx.post(f"{url}/admin/weights", json={"path": path},
-                       headers={"authorization": f"Bearer {admin}"}, timeout=600)
-        r.raise_for_status()
-
-    return push
-
-
-def _broadcast(groups: list[Any]) -> list[Any]:
-    """Rank 0's groups on every rank (pickled through torch.distributed)."""
-    import torch.distributed as dist
-
-    box = [groups]
-    dist.broadcast_object_list(box, src=0)
-    return list(box[0])
+    gw = run_in_thread(gw_config)
+    http = HttpSource(gw.url, admin)
+    producer = Producer(task_stream(envs, cfg.seed), k=cfg.k, concurrency=cfg.concurrency,
+                        buffer=cfg.buffer_size, run_id=new_run_id())
+    try:
+        producer.open(refs=[e.ref for e in envs], gateway=gw.url, admin_key=admin, agent=agent,
+                      out=cfg.out, max_turns=cfg.max_turns)
+        source = LaunchOrderSource(http, producer)
+        window = GroupWindow(source, cfg.window_size)
+        loop = Loop(cfg, trainer, producer, source, window, envs,
+                    push_url=f"{gw.url}/admin/weights", admin_key=admin, log=log,
+                    on_wait=on_wait, eval_agent=None if cfg.agent == "tool" else agent)
+        return loop.run()
+    finally:
+        producer.stop()
+        http.close()
+        gw.close()
 
 
 def torchrun_argv(nproc: int, argv: list[str]) -> list[str]:
@@ -226,3 +247,23 @@ def torchrun_argv(nproc: int, argv: list[str]) -> list[str]:
 
     return [sys.executable, "-m", "torch.distributed.run", "--standalone",
             "--nproc-per-node", str(nproc), "-m", "envhub", *argv]
+
+
+def load_training_envs(cfg: TrainLoopConfig) -> list[Any]:
+    """Each environment's training and held-out tasks (`EnvTasks`); raises the loader's errors
+    and ValueError (with the fix) for a split that leaves nothing to train on."""
+    from envhub.envs.loader import load_env
+    from envhub.training.tasks import EnvTasks, split_tasks
+
+    envs = []
+    for choice in cfg.envs:
+        loaded = load_env(choice.ref)
+        heldout = cfg.eval_tasks if cfg.eval_every else 0
+        train_tasks, held = split_tasks(loaded.env.load_tasks(), cfg.tasks, heldout)
+        envs.append(EnvTasks(choice.ref, loaded.name, choice.weight, train_tasks, held))
+    return envs
+
+
+def append_row(out: Path, row: dict[str, Any]) -> None:
+    with open(out / "metrics.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps(row) + "\n")

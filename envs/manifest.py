@@ -95,6 +95,10 @@ class AgentLimits(BaseModel):
     max_tokens: int = Field(32768, ge=1, description="total completion tokens per rollout")
     max_tokens_per_turn: int = Field(2048, ge=1, description="completion tokens per model call")
     time_limit_s: float = Field(600.0, gt=0)
+    time_limit_is_failure: bool = Field(
+        False, description="true: reaching time_limit_s ends the rollout as env_failure (the "
+        "machine was too slow), never graded; for environments whose limits are in turns and "
+        "tokens, so that machine load cannot decide a reward")
     context_budget: int = Field(8192, ge=256, description="prompt tokens before context management")
 
 

@@ -262,4 +262,8 @@ async def _run_agent(p: PendingRollout, agent: Agent, actx: AgentContext,
     except Exception as e:  # noqa: BLE001 - any other crash of the agent itself
         p.fail("agent_error", f"agent crashed: {type(e).__name__}: {e}")
     p.duration_s = time.monotonic() - t1
+    if p.status == "done" and p.stopped == "time_limit" and limits.time_limit_is_failure:
+        p.fail("env_failure", f"time limit of {limits.time_limit_s:g}s reached: this "
+               "environment's limits are in turns and tokens, so running out of wall-clock "
+               "time means the machine was too slow (load), not the agent")
     return p.status == "done"

@@ -27,11 +27,12 @@ from envhub.envs.errors import RunConfigError
 from envhub.envs.loader import LoadedEnv, check_tools, load_env
 from envhub.envs.runner.config import RunConfig
 from envhub.envs.runner.gateway_link import GatewayLink
-from envhub.envs.runner.plan import GroupPlan, RolloutKey, allocate, interleave
+from envhub.envs.runner.plan import GroupPlan, allocate, interleave
 from envhub.envs.runner.progress import RunProgress
 from envhub.envs.runner.results import ResultsFolder, RolloutRecord, summarize
-from envhub.envs.runner.rollout import PendingRollout, RolloutSetup, execute
-from envhub.envs.runner.scoring import close_session, finalize_group
+from envhub.envs.runner.rollout import RolloutSetup
+from envhub.envs.runner.scoring import finalize_group
+from envhub.envs.runner.stream import rollout_group
 from envhub.envs.sandbox import best_available, reap
 from envhub.envs.sandbox.kinds import AUTO, NONE, check_supported, effective_kind
 from envhub.envs.sandbox.reaper import owner_alive, owner_label
@@ -155,27 +156,7 @@ async def _run_group(g: GroupPlan, run_id: str, rs: RolloutSetup, results: Resul
     if not todo:
         return
     group_id = f"{run_id}:{g.loaded.name}:{g.task.id}"
-
-    finished: list[PendingRollout] = []
-
-    async def one(key: RolloutKey) -> PendingRollout:
-        async with sem:
-            try:
-                p = await execute(key, group_id, g.loaded, g.task, rs)
-            except Exception as e:  # a runner bug must not take the other rollouts down
-                log.exception("rollout %s failed in the runner", key.text)
-                p = PendingRollout(key, group_id).fail("env_failure", f"runner: {e}")
-            finished.append(p)
-            return p
-
-    try:
-        pendings = await asyncio.gather(*(one(k) for k in todo))
-    except asyncio.CancelledError:
-        # Interrupted: sessions whose rollout got this far are closed as infrastructure
-        # failures (not scored), so an external gateway's pool holds no dangling sessions.
-        await asyncio.shield(asyncio.gather(*(
-            close_session(p.session, "env_failure", "interrupted") for p in finished)))
-        raise
+    pendings = await rollout_group(todo, group_id, g.loaded, g.task, rs, sem)
     done_before = [r for r in earlier.values() if r is not None]
     new = await finalize_group(list(pendings), g.loaded, rs.agent_name, done_before)
     for key, rec in zip(todo, new, strict=True):

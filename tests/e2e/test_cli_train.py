@@ -21,9 +21,11 @@ def test_train_arith_runs_the_loop_and_the_engine_samples_the_new_weights(tmp_pa
     done = envhub("train", "arith", "--steps", "3", "--seed", "3", "--out", str(out),
                   "--groups", "2", "--k", "2", "--tasks", "2", "--max-turns", "3",
                   "--keep-weights", "1", "--sync-every", "2", "--reset-optimizer",
-                  "--no-std-norm", "--gradient-checkpointing", cwd=tmp_path)
+                  "--no-std-norm", "--gradient-checkpointing", "--sync", "--eval-every", "0",
+                  cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert {r["phase"] for r in rows} == {"train"}
     assert [r["step"] for r in rows] == [0, 1, 2]
     # --sync-every 2: a push after step 1, and one after the last step
     assert [r["weight_version"] for r in rows] == [0, 1, 2]
@@ -59,6 +61,13 @@ def test_train_rejects_bad_input_with_exit_2(tmp_path):
     assert fp16.returncode == 2 and "--precision" in fp16.stderr
     alpha = envhub("train", "arith", "--lora-alpha", "8", cwd=tmp_path, timeout=120)
     assert alpha.returncode == 2 and "--lora-rank" in alpha.stderr
+    for args, says in [(["arith=0"], "weight"), (["arith", "arith=2"], "once"),
+                       (["arith", "--eval-tasks", "64"], "--eval-tasks"),
+                       (["arith", "--groups", "4", "--buffer", "2"], "buffer"),
+                       (["arith", "--agent", "no-such-agent-program"], "no-such-agent")]:
+        bad = envhub("train", *args, "--out", str(tmp_path / "a"), cwd=tmp_path, timeout=120)
+        assert bad.returncode == 2 and says in bad.stderr, (args, bad.stderr[-2000:])
+        assert "Traceback" not in bad.stderr
     assert not (tmp_path / "a").exists() and not (tmp_path / "runs").exists()  # nothing written
 
 
@@ -74,9 +83,10 @@ def test_train_on_two_ranks_with_lora_in_bf16_pushes_merged_weights(tmp_path):
     done = envhub("train", "arith", "--steps", "2", "--seed", "3", "--out", str(out),
                   "--groups", "4", "--k", "4", "--tasks", "4", "--max-turns", "3",
                   "--nproc-per-node", "2", "--lora-rank", "4", "--precision", "bf16",
-                  cwd=tmp_path)
+                  "--sync", "--eval-every", "0", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if r["phase"] == "train"]
     assert [(r["step"], r["ranks"], r["weight_version"]) for r in rows] == [(0, 2, 1),
                                                                             (1, 2, 2)]
     assert any(r["trainer/step/skipped"] == 0 and r["trainer/tokens/packed"] > 0
@@ -101,3 +111,71 @@ def test_task_schedule_passes_over_every_task_once_per_epoch():
         assert sorted(steps[2 * epoch] + steps[2 * epoch + 1]) == sorted(ids)
     assert steps[:2] != steps[2:4]  # a fresh order each pass
     assert steps == task_schedule(ids, steps=6, groups=4, seed=1)  # and seeded
+
+
+def test_task_stream_interleaves_environments_by_weight_and_holds_out_tasks():
+    from envhub.envs.environment import Task
+    from envhub.training.tasks import EnvTasks, split_tasks, task_stream
+
+    def tasks(prefix: str, n: int) -> list[Task]:
+        return [Task(f"{prefix}{i}", "") for i in range(n)]
+
+    train_a, held_a = split_tasks(tasks("a", 10), None, 2)
+    assert [t.id for t in held_a] == ["a8", "a9"] and len(train_a) == 8
+    assert [t.id for t in split_tasks(tasks("a", 10), 3, 2)[0]] == ["a0", "a1", "a2"]
+    with pytest.raises(ValueError, match="--eval-tasks"):
+        split_tasks(tasks("a", 4), None, 4)
+    envs = [EnvTasks("a", "a", 3.0, train_a, held_a), EnvTasks("b", "b", 1.0, tasks("b", 5), [])]
+    drawn = [next(s) for s in [task_stream(envs, seed=0)] for _ in range(40)]
+    names = [e.name for e, _ in drawn]
+    assert names.count("a") == 30 and names.count("b") == 10  # 3:1
+    assert all(names[i:i + 4].count("b") == 1 for i in range(0, 40, 4))  # at its pace
+    assert not {t.id for _, t in drawn} & {"a8", "a9"}  # held-out tasks are never trained on
+    # one environment: the same order as the synchronous schedule
+    ids = [t.id for t in train_a]
+    one = task_stream([EnvTasks("a", "a", 1.0, train_a, [])], seed=5)
+    assert [next(one)[1].id for _ in range(16)] == sum(task_schedule(ids, 4, 4, 5), [])
+
+
+@pytest.mark.slow
+def test_async_train_on_two_environments_by_weight_with_held_out_eval(tmp_path):
+    """Asynchronous (the default) on arith and a copy of it (weights 2:1): per-environment
+    metrics, every filter's count in each row, greedy held-out evaluation rows before the first
+    step and after each, on tasks never trained on."""
+    import shutil
+
+    from envhub.envs.loader import load_env
+
+    copy = tmp_path / "arith2"
+    shutil.copytree(load_env("arith").folder, copy)
+    manifest = copy / "envhub.toml"
+    manifest.write_text(manifest.read_text().replace('name = "arith"', 'name = "arith2"', 1))
+    out = tmp_path / "run"
+    done = envhub("train", "arith=2", f"{copy}=1", "--steps", "2", "--seed", "1", "--out",
+                  str(out), "--groups", "3", "--k", "2", "--tasks", "3", "--max-turns", "2",
+                  "--eval-every", "1", "--eval-tasks", "1", "--concurrency", "6", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in rows if r["phase"] == "eval"]
+    steps = [r for r in rows if r["phase"] == "train"]
+    assert [r["after_step"] for r in evals] == [-1, 0, 1]
+    assert [r["weight_version"] for r in evals] == [0, 1, 2]
+    for r in evals:
+        assert r["eval/rollouts"] == 2 and "eval/arith/resolved_rate" in r
+        assert "eval/arith2/reward_mean" in r
+    for r in steps:
+        assert len(r["groups"]) == 3
+        names = sorted(g.split(":")[1] for g in r["groups"])
+        assert r["env/arith/rollouts"] + r["env/arith2/rollouts"] == 6 == r["rollouts"]
+        assert names.count("arith") + names.count("arith2") == 3
+        for key in ("filter/stale", "filter/env_failure", "filter/padded",
+                    "filter/no_signal_groups", "staleness/max"):
+            assert key in r
+    launched = [g for r in steps for g in r["groups"]]
+    assert sum(g.split(":")[1] == "arith" for g in launched) == 4  # 2:1 over 6 groups
+    with StoreSource(f"sqlite:///{out / 'pool.db'}") as pool:
+        infos = pool.list_groups()
+    held = {load_env(ref).env.load_tasks()[-1].id for ref in ("arith", str(copy))}
+    eval_tasks = {s.task_id for g in infos if ":eval:" in g.group_id for s in g.sessions}
+    trained = {s.task_id for g in infos if ":eval:" not in g.group_id for s in g.sessions}
+    assert eval_tasks == held and not trained & held

@@ -241,3 +241,16 @@ def test_an_environments_own_reward_component_reaches_the_records_and_the_pool(g
         stored = trajectory(gateway, record.session_id)["rewards"]
         assert any(e["name"] == "brevity" for e in stored)
     assert "custom" in result.summary["overall"]["mean"]  # in the summary too
+
+
+def test_a_time_limit_in_an_environment_limited_by_turns_is_env_failure(tmp_path):
+    """arith's limits are in turns and tokens (`time_limit_is_failure`): running out of
+    wall-clock time means the machine was too slow, so the rollout is excluded, never scored 0
+    (machine load must not decide a CPU demo's rewards)."""
+    result = asyncio.run(run(RunConfig(envs=[EnvChoice.parse("arith")], model="zero", n=1, k=2,
+                                       time_limit_s=1e-6, out=tmp_path / "out"),
+                             progress=False))
+    assert [r.status for r in result.records] == ["env_failure", "env_failure"]
+    assert all("time limit" in (r.reason or "") and r.outcome is None
+               for r in result.records)
+    assert result.summary["overall"]["done"] == 0

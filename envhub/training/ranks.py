@@ -1,0 +1,75 @@
+"""Several trainer ranks under torchrun: rank 0 leads, the others follow.
+
+Rank 0 runs the gateway, the rollouts and the loop (envhub/training/loop.py). The trainer is
+FSDP2-sharded, so every rank must join each step's and each push's collectives: rank 0's
+`RankLeader` stands in for the Trainer in the loop and announces every `step(groups)` and
+`sync(root)` to the other ranks (a pickled broadcast), which run the same call in `follow`.
+A `stop` (always sent, also when rank 0 fails) ends the followers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from envhub.trainer.distributed import DataParallel
+    from envhub.trainer.source import Group
+    from envhub.trainer.trainer import Trainer
+
+
+def _broadcast(message: Any) -> Any:
+    import torch.distributed as dist
+
+    box = [message]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+class RankLeader:
+    """The Trainer as rank 0's loop sees it; each call is announced to the other ranks."""
+
+    def __init__(self, trainer: Trainer, dp: DataParallel):
+        self.trainer = trainer
+        self.ranks = dp.world
+        self._stopped = False
+
+    @property
+    def version(self) -> int:
+        return self.trainer.version
+
+    def step(self, groups: list[Group]) -> dict[str, Any]:
+        _broadcast(("step", groups))
+        return self.trainer.step(groups)
+
+    def sync(self, root: str | Path, push: Any = None) -> Path | None:
+        _broadcast(("sync", str(root)))
+        return self.trainer.sync(root, push=push)
+
+    def stop(self) -> None:
+        if not self._stopped:
+            self._stopped = True
+            _broadcast(("stop", None))
+            _close()
+
+
+def follow(trainer: Trainer, weights: Path) -> None:
+    """A non-zero rank: run rank 0's steps and pushes (rank 0 alone writes and pushes)."""
+    try:
+        while True:
+            command, arg = _broadcast(None)
+            if command == "step":
+                trainer.step(arg)
+            elif command == "sync":
+                trainer.sync(arg, push=None)
+            else:
+                return
+    finally:
+        _close()
+
+
+def _close() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,145 @@
+"""Groups run one at a time on request, for a caller that decides what to run next (the
+asynchronous `envhub train` keeps N rollouts in flight and starts a new group whenever slots
+free up; `envhub run` plans every group up front instead, see run.py).
+
+    runner = await GroupRunner.open(["arith"], gateway=url, admin_key=key, agent=agent,
+                                    run_id=run_id, out=folder)
+    records = await runner.run_group("arith", task, k=8, group_id="...")   # scored, closed
+    await runner.aclose()                                                   # reaps, cleans up
+
+The same leak guarantees as `envhub run`: every rollout closes its sandboxes, `aclose` reaps
+anything still labelled with the run id and removes the scratch folder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import shutil
+import tempfile
+from pathlib import Path
+
+from envhub.envs.agents.base import Agent
+from envhub.envs.environment import Task
+from envhub.envs.loader import LoadedEnv, check_tools, load_env
+from envhub.envs.runner.config import EnvChoice, RunConfig
+from envhub.envs.runner.gateway_link import GatewayLink
+from envhub.envs.runner.plan import RolloutKey
+from envhub.envs.runner.results import ResultsFolder, RolloutRecord
+from envhub.envs.runner.rollout import PendingRollout, RolloutSetup, execute
+from envhub.envs.runner.scoring import close_session, finalize_group
+from envhub.envs.sandbox.kinds import NONE
+from envhub.envs.sandbox.reaper import owner_label
+
+log = logging.getLogger(__name__)
+
+
+async def rollout_group(keys: list[RolloutKey], group_id: str, loaded: LoadedEnv, task: Task,
+                        rs: RolloutSetup, sem: asyncio.Semaphore | None = None
+                        ) -> list[PendingRollout]:
+    """Run `keys` (samples of one group) concurrently, up to grading; sessions stay open for
+    `finalize_group`. A runner bug in one rollout is that rollout's env_failure; on
+    cancellation the sessions already opened are closed as env_failure ("interrupted")."""
+    finished: list[PendingRollout] = []
+
+    async def one(key: RolloutKey) -> PendingRollout:
+        async with sem if sem is not None else contextlib.nullcontext():
+            try:
+                p = await execute(key, group_id, loaded, task, rs)
+            except Exception as e:  # a runner bug must not take the other rollouts down
+                log.exception("rollout %s failed in the runner", key.text)
+                p = PendingRollout(key, group_id).fail("env_failure", f"runner: {e}")
+            finished.append(p)
+            return p
+
+    try:
+        return list(await asyncio.gather(*(one(k) for k in keys)))
+    except asyncio.CancelledError:
+        # Sessions whose rollout got this far are closed as infrastructure failures (not
+        # scored), so the pool holds no dangling sessions.
+        await asyncio.shield(asyncio.gather(*(
+            close_session(p.session, "env_failure", "interrupted") for p in finished)))
+        raise
+
+
+class GroupRunner:
+    """Environments loaded once, one gateway link, one scratch folder; `run_group` on demand."""
+
+    def __init__(self, run_id: str, envs: dict[str, LoadedEnv], setups: dict[str, RolloutSetup],
+                 results: ResultsFolder | None, scratch: Path) -> None:
+        self.run_id, self.envs, self.setups = run_id, envs, setups
+        self.results, self.scratch = results, scratch
+
+    @classmethod
+    async def open(cls, refs: list[str], *, gateway: str, admin_key: str, agent: Agent,
+                   run_id: str, out: Path | None = None, max_turns: int | None = None,
+                   time_limit_s: float | None = None, sandbox: str | None = None
+                   ) -> GroupRunner:
+        """Load `refs` (environment names, paths or registry refs) and connect to `gateway`.
+        Raises the loader's errors (with their fix) for a bad environment."""
+        from envhub.envs.runner.run import _sweep_stale_scratch, sandbox_kind
+
+        config = RunConfig(envs=[EnvChoice(ref=r) for r in refs], gateway=gateway,
+                           admin_key=admin_key, sandbox=sandbox)
+
+        def load() -> tuple[dict[str, LoadedEnv], dict[str, str]]:
+            loaded = {}
+            for ref in refs:
+                le = load_env(ref)
+                check_tools(le, le.env.load_tasks())
+                loaded[ref] = le
+            return loaded, {ref: sandbox_kind(config, le) for ref, le in loaded.items()}
+
+        envs, kinds = await asyncio.to_thread(load)
+        results = None
+        if out is not None:
+            results = ResultsFolder(out)
+            (out / "rollouts").mkdir(parents=True, exist_ok=True)
+        _sweep_stale_scratch()
+        scratch = Path(tempfile.mkdtemp(prefix=f"envhub-{run_id}-"))
+        from envhub.envs.runner.run import OWNER_FILE
+
+        (scratch / OWNER_FILE).write_text(owner_label())
+        link = GatewayLink.connect(gateway, admin_key)
+        overrides = {k: v for k, v in (("max_turns", max_turns),
+                                       ("time_limit_s", time_limit_s)) if v is not None}
+        setups = {ref: RolloutSetup(run_id, agent, agent.name, link, kinds[ref], scratch,
+                                    "default", overrides) for ref in refs}
+        return cls(run_id, envs, setups, results, scratch)
+
+    def tasks(self, ref: str) -> list[Task]:
+        return self.envs[ref].env.load_tasks()
+
+    async def run_group(self, ref: str, task: Task, k: int, group_id: str,
+                        agent: Agent | None = None, sem: asyncio.Semaphore | None = None
+                        ) -> list[RolloutRecord]:
+        """k samples of `task`, scored together and closed; `agent` overrides the runner's
+        (e.g. a greedy one for evaluation); `sem` bounds rollouts in flight across calls.
+        Records are written to OUT/rollouts when the runner has an `out` folder."""
+        loaded, rs = self.envs[ref], self.setups[ref]
+        if agent is not None:
+            rs = dataclasses.replace(rs, agent=agent, agent_name=agent.name)
+        # The group id names the file too: the same task runs again in later groups.
+        keys = [RolloutKey(loaded.name, task.id, i) for i in range(k)]
+        pendings = await rollout_group(keys, group_id, loaded, task, rs, sem)
+        try:
+            records = await finalize_group(pendings, loaded, rs.agent_name, [])
+        except asyncio.CancelledError:
+            # Interrupted while scoring: the group is not whole, so none of it counts.
+            await asyncio.shield(asyncio.gather(*(
+                close_session(p.session, "env_failure", "interrupted") for p in pendings)))
+            raise
+        if self.results is not None:
+            tag = group_id.removeprefix(f"{self.run_id}:")
+            for key, rec in zip(keys, records, strict=True):
+                self.results.write(RolloutKey(key.env, tag, key.sample), rec)
+        return records
+
+    async def aclose(self) -> None:
+        from envhub.envs.runner.run import _reap
+
+        kinds = {rs.sandbox_kind for rs in self.setups.values()} - {NONE}
+        await _reap(self.run_id, kinds)
+        shutil.rmtree(self.scratch, ignore_errors=True)
