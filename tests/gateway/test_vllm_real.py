@@ -178,6 +178,7 @@ def test_ten_tool_turns_token_exact_with_a_weight_update(gateway: str, vllm: VLL
             assert r.status_code == 200 and r.json()["weight_version"] == 1, r.text
         answer = oa.chat.completions.create(
             model="tiny64", messages=messages, tools=TOOLS, tool_choice="required",
+            parallel_tool_calls=False,
             max_tokens=120, temperature=1.0, seed=turn)
         message = answer.choices[0].message
         assert message.tool_calls, f"turn {turn}: no tool call in {message}"
@@ -193,6 +194,11 @@ def test_ten_tool_turns_token_exact_with_a_weight_update(gateway: str, vllm: VLL
     received = vllm.prompts()[first_request:]
     ours = full_prompts(turns)
     assert [p for p in received if p in ours] == ours, "vLLM received other prompt ids"
+    # and the first prompt is what vLLM's own chat rendering makes of the same request
+    rendered = httpx.post(vllm.url + "/tokenize", timeout=60, json={
+        "model": "tiny64", "messages": messages[:2], "tools": TOOLS,
+        "add_generation_prompt": True, "add_special_tokens": False})
+    assert rendered.json()["tokens"] == ours[0], rendered.text
     # versions: 0 before the update, 1 after; vLLM itself reports the new version
     assert [t["weight_version"] for t in turns] == [0] * 5 + [1] * 5
     assert httpx.get(vllm.url + "/weight_info").json() == {"weight_version": "1"}
