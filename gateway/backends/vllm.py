@@ -142,25 +142,10 @@ class VLLMBackend:
         status, data = await self._call("GET", "/health", None)
         if status != 200:
             raise BackendUnavailable(f"{self.instance} /health answered {status}")
-        version = data.get("weight_version") if isinstance(data, dict) else None
-        if version is None:  # real vLLM: an empty 200; the version is on /weight_info
-            version = await self.engine_version()
+        version = data.get("weight_version", self.weight_version) if isinstance(data, dict) \
+            else self.weight_version
         return {"backend": self.name, "instance": self.instance, "status": "ok",
-                "weight_version": self.weight_version if version is None else version}
-
-    async def engine_version(self) -> int | None:
-        """The version label vLLM reports (`GET /weight_info`, dev mode): "default" for the
-        weights it started with (version 0, so a restarted instance is seen to lag behind
-        the fleet and is sent its weights again); None when it does not say."""
-        status, data = await self._call("GET", "/weight_info", None)
-        raw = data.get("weight_version") if status == 200 and isinstance(data, dict) else None
-        if raw == "default":
-            return 0
-        if isinstance(raw, int) and not isinstance(raw, bool):
-            return raw
-        if isinstance(raw, str) and raw.strip().lstrip("-").isdigit():
-            return int(raw)
-        return None
+                "weight_version": version}
 
     async def aclose(self) -> None:
         await self._transport.aclose()

@@ -164,13 +164,3 @@ def test_engine_serves_vllms_rl_routes(zero: EngineProcess, tmp_path: Path) -> N
                     ).status_code == 200
 
     run(scenario())
-
-    async def versions() -> tuple[int | None, int | None]:
-        backend, other = VLLMBackend(zero.url), VLLMBackend(zero.url + "/not-an-engine")
-        try:
-            return await backend.engine_version(), await other.engine_version()
-        finally:
-            await backend.aclose()
-            await other.aclose()
-
-    assert run(versions()) == (4, None)  # vLLM's /weight_info label; none without the route
