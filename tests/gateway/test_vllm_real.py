@@ -114,7 +114,10 @@ def gateway(vllm: VLLM, models: tuple[Path, Path], tmp_path_factory: pytest.Temp
     db = tmp_path_factory.mktemp("gw") / "pool.db"
     port = free_port()
     proc = start_gateway(f"sqlite:///{db}", port, backend="vllm", extra=[
-        "--upstream", f"vllm={vllm.url}", "--model", str(models[0]), "--admin-key", ADMIN])
+        "--upstream", f"vllm={vllm.url}", "--model", str(models[0]), "--admin-key", ADMIN,
+        # vLLM's API server answers /health late while its engine core is busy on a loaded
+        # 2-core machine: a 2 s probe would take the only instance out of rotation
+        "--heartbeat-timeout", "15"])
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
