@@ -4,20 +4,19 @@
                         gateway's pause_wait, then 429 + Retry-After); running calls finish.
                         With drain, answers once nothing is in flight (or the timeout hit).
     POST /admin/weights {"path": "...", "version": 5}   pause, drain, every instance loads
-                        the weights (`POST /update_weights_from_disk {model_path,
-                        weight_version}` on envhub engine and SGLang), the version becomes 5
-                        (default: current + 1), resume (unless paused before).
+                        the weights, the version becomes 5 (default: current + 1), resume
+                        (unless paused before). A vLLM instance (vLLM >= 0.32 started with
+                        VLLM_SERVER_DEV_MODE=1; envhub engine serves the same routes) gets
+                        `/pause?mode=wait`, `/collective_rpc` reload_weights from the folder,
+                        `/update_weight_version`, `/resume`; SGLang gets
+                        `/update_weights_from_disk {model_path, weight_version}`.
                         Without `path` (only `version`): record the version of weights
                         pushed out of band, e.g. vLLM's NCCL weight transfer.
     POST /admin/resume
     GET  /admin/fleet   per-instance state: in rotation, version, load, failures, tokens/s.
 
-Real vLLM has no documented HTTP endpoint that loads weights from a path (its dev-mode RLHF
-endpoints, VLLM_SERVER_DEV_MODE=1, move weights from a trainer over NCCL/IPC): `/admin/weights`
-with a path fails on a vLLM instance (it leaves rotation). For vLLM fleets: `/admin/pause`
-with drain, push the weights with vLLM's own API, `/admin/weights {"version": N}`, resume.
-With the `local` backend, `/admin/weights` swaps the embedded engine's weights; pause/resume
-need a fleet.
+An instance that fails to load leaves rotation. With the `local` backend, `/admin/weights`
+swaps the embedded engine's weights; pause/resume need a fleet.
 Every route needs the admin key when the gateway has one.
 """
 

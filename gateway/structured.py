@@ -50,7 +50,11 @@ class Constraint:
     request: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def vllm(self) -> dict[str, Any]:
-        """vLLM's `structured_outputs` request field (vLLM >= 0.10.2)."""
+        """vLLM's `structured_outputs` request field (vLLM >= 0.10.2; checked on 0.32). vLLM's
+        auto backend hands the Lark grammar (llguidance's dialect) to its guidance backend
+        once xgrammar refuses it. JSON whitespace is vLLM's server setting, not a request
+        field: run it with `--structured-outputs-config '{"backend": "guidance",
+        "disable_any_whitespace": true}'`, or a weak model may spend max_tokens on blanks."""
         if self.grammar is not None:
             return {"grammar": self.grammar}
         return {"json": self.json_schema}

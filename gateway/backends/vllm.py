@@ -28,8 +28,9 @@ TOKEN_ID_PREFIX = "token_id:"  # vLLM's return_tokens_as_token_ids labels
 
 class VLLMBackend:
     """HTTP client of one vLLM-shaped engine. `weight_version` is taken from each response's
-    `weight_version` field when the engine sends one (envhub engine does; vLLM does not, then
-    the value set here — by whoever pushed the weights — is stamped)."""
+    `weight_version` field when the engine sends one (envhub engine does; vLLM 0.32's
+    /v1/completions does not, then the value set here — by `load_weights`, or by whoever
+    pushed the weights — is stamped)."""
 
     name = "vllm"
     remote: ClassVar[bool] = True
@@ -112,15 +113,30 @@ class VLLMBackend:
                                      f"shape ({exc!r}); is it a vLLM-compatible server?") from exc
 
     async def load_weights(self, path: str, version: int | None = None) -> int:
-        """SGLang-style `/update_weights_from_disk` (envhub engine and SGLang serve it)."""
-        body: dict[str, Any] = {"model_path": path}
-        if version is not None:
-            body["weight_version"] = version
-        status, data = await self._call("POST", "/update_weights_from_disk", body)
+        """vLLM's own RL routes (vLLM >= 0.32 with VLLM_SERVER_DEV_MODE=1; envhub engine
+        serves the same): `/pause?mode=wait` (running requests finish, new ones queue),
+        `/collective_rpc` reload_weights from the folder, `/update_weight_version`, and
+        `/resume` in every case, so a failed load never leaves the engine paused."""
+        target = version if version is not None else self.weight_version + 1
+        await self._rl("POST", "/pause?mode=wait", None)
+        try:
+            await self._rl("POST", "/collective_rpc", {
+                "method": "reload_weights", "kwargs": {"weights_path": path}})
+            await self._rl("POST", "/update_weight_version", {"new_version": str(target)})
+        finally:
+            await self._rl("POST", "/resume", None)
+        self.weight_version = target
+        return target
+
+    async def _rl(self, method: str, path: str, body: dict[str, Any] | None) -> Any:
+        status, data = await self._call(method, path, body)
+        if status == 404:
+            raise BackendUnavailable(
+                f"engine {self.instance} has no {path.split('?')[0]} route: start vLLM with "
+                "VLLM_SERVER_DEV_MODE=1 (its RL endpoints) to load weights through the gateway")
         if status != 200:
             raise _error(status, data, self.instance)
-        self.weight_version = int(data.get("weight_version", version or self.weight_version + 1))
-        return self.weight_version
+        return data
 
     async def health(self) -> dict[str, Any]:
         status, data = await self._call("GET", "/health", None)

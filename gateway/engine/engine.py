@@ -105,6 +105,11 @@ class Engine:
         check_weights(tensors, self.model)
         return await asyncio.wrap_future(self._scheduler.swap(WeightSwap(tensors, version)))
 
+    async def set_weight_version(self, version: int) -> None:
+        """Relabel the weights loaded now (vLLM's /update_weight_version); rows already
+        running keep the version they were admitted with."""
+        self._scheduler.version = version
+
     def stats(self) -> dict[str, Any]:
         s = self._scheduler.stats
         return {"decode_steps": s.decode_steps, "prefills": s.prefills,

@@ -4,7 +4,9 @@ Routes: `POST /v1/completions` (prompt = token ids or lists of them; `return_tok
 `token_ids` and `prompt_token_ids` on each choice, as vLLM does), `GET /v1/models`,
 `GET /health`, `POST /update_weights_from_disk` and `GET /get_weight_version` /
 `GET /model_info` (SGLang's names and shapes), `GET /stats` (batching counters) and
-`GET /debug/requests?limit=N` (the prompt ids received, newest last). Every completion carries
+`GET /debug/requests?limit=N` (the prompt ids received, newest last), and vLLM's RL routes
+(`/pause`, `/resume`, `/collective_rpc` reload_weights, `/update_weight_version`,
+`/weight_info`: gateway/engine/rl_routes.py). Every completion carries
 the top-level extra field `weight_version`. Errors use OpenAI's shape; bad input is a 4xx.
 """
 
@@ -25,6 +27,8 @@ from envhub.gateway.backends.base import GenerateRequest
 from envhub.gateway.engine.admission import check_request
 from envhub.gateway.engine.api import CompletionRequest, UpdateWeightsRequest, error_body
 from envhub.gateway.engine.result import EngineResult
+from envhub.gateway.engine.rl_routes import PauseGate
+from envhub.gateway.engine.rl_routes import router as rl_router
 from envhub.gateway.errors import BadRequest, GatewayError
 
 
@@ -42,6 +46,8 @@ class ServedEngine(Protocol):
                        ) -> EngineResult: ...
 
     async def load_weights(self, path: str, version: int | None = None) -> int: ...
+
+    async def set_weight_version(self, version: int) -> None: ...
 
     def stats(self) -> dict[str, Any]: ...
 
@@ -70,6 +76,8 @@ def create_app(engine: ServedEngine, *, log_size: int = 1000) -> FastAPI:
     app = FastAPI(title="envhub engine", docs_url=None, redoc_url=None)
     received = ReceivedLog(log_size)
     app.state.engine, app.state.received = engine, received
+    app.state.pause_gate = gate = PauseGate()
+    app.include_router(rl_router)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> Response:
@@ -108,10 +116,11 @@ def create_app(engine: ServedEngine, *, log_size: int = 1000) -> FastAPI:
                                             body.session_id or ""))
         for job in jobs:  # all or nothing: reject before any work starts
             check_request(job, engine.vocab_size, engine.max_model_len)
-        for i, ids in enumerate(prompts):
-            received.add(request_id, i, ids, body.session_id)
-        results = await asyncio.gather(
-            *(engine.generate(job, ignore_eos=body.ignore_eos) for job in jobs))
+        async with gate.admit():  # held here while paused (vLLM's /pause)
+            for i, ids in enumerate(prompts):
+                received.add(request_id, i, ids, body.session_id)
+            results = await asyncio.gather(
+                *(engine.generate(job, ignore_eos=body.ignore_eos) for job in jobs))
         return _json(_completion_body(engine, body, request_id, jobs, results))
 
     @app.get("/v1/models")

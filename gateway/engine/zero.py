@@ -77,6 +77,9 @@ class ZeroEngine:
         self._version = version if version is not None else self._version + 1
         return self._version
 
+    async def set_weight_version(self, version: int) -> None:
+        self._version = version
+
     def stats(self) -> dict[str, Any]:
         return {"finished": self._requests, "generated_tokens": self._tokens,
                 "weight_version": self._version, "running": 0, "waiting": 0,

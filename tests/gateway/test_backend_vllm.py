@@ -130,3 +130,37 @@ def test_matches_the_in_process_engine_and_updates_weights(tmp_path: Path) -> No
     assert got.completion_ids == expected.completion_ids
     assert max(abs(a - b) for a, b in zip(got.logprobs, expected.logprobs, strict=True)) < 1e-3
     assert version == 9 and after.weight_version == 9
+
+
+def test_engine_serves_vllms_rl_routes(zero: EngineProcess, tmp_path: Path) -> None:
+    """envhub engine answers vLLM 0.32's RL routes as vLLM does (paths, bodies, answers); a
+    paused engine holds new completions until /resume."""
+    import httpx
+
+    async def scenario() -> None:
+        async with httpx.AsyncClient(base_url=zero.url, timeout=30) as http:
+            body = {"prompt": PROMPT, "max_tokens": 2, "logprobs": 0, "return_token_ids": True}
+            assert (await http.post("/pause?mode=wait")).json() == {"status": "paused"}
+            assert (await http.get("/is_paused")).json() == {"is_paused": True}
+            held = asyncio.ensure_future(http.post("/v1/completions", json=body))
+            await asyncio.sleep(0.5)
+            assert not held.done()  # waiting at the gate
+            assert (await http.post("/resume")).json() == {"status": "resumed"}
+            assert (await held).status_code == 200
+            bad = await http.post("/pause?mode=abort")
+            assert bad.status_code == 400 and "mode=wait" in bad.json()["error"]["message"]
+            rpc = await http.post("/collective_rpc", json={"method": "sleep"})
+            assert rpc.status_code == 400 and "reload_weights" in rpc.json()["error"]["message"]
+            ok = await http.post("/collective_rpc", json={
+                "method": "reload_weights", "kwargs": {"weights_path": str(tmp_path)}})
+            assert ok.json() == {"results": [None]}
+            assert (await http.get("/weight_info")).json() == {"weight_version": "4"}
+            v = await http.post("/update_weight_version", json={"new_version": "7"})
+            assert v.json() == {"success": True, "new_version": "7"}
+            assert (await http.get("/weight_info")).json() == {"weight_version": "7"}
+            bad_v = await http.post("/update_weight_version", json={"new_version": "v8"})
+            assert bad_v.status_code == 400
+            assert (await http.post("/update_weight_version", json={"new_version": "4"})
+                    ).status_code == 200
+
+    run(scenario())
