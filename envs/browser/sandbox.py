@@ -1,0 +1,88 @@
+"""Sandboxes that can run Chromium: the spec to open for a sandbox kind, and where the browser
+runtime is as seen from inside.
+
+* local (bubblewrap): the host's Debian Chromium (the host's /usr is seen read-only) and the
+  Node.js + `playwright-core` runtime staged in /var/tmp (runtime.py), also seen read-only.
+* docker: an image built here, never pulled: the envhub base recipe with Debian's `chromium`
+  and the fonts the host renders with (debootstrap, cached by recipe hash), and on top of it
+  the staged runtime copied to /opt/envhub-browser (cached by content hash). The first build
+  takes minutes; `envhub image build-browser` makes it ahead of a run.
+
+Other kinds (e2b, plain processes) cannot run the browser here: BrowserUnavailable says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from envhub.envs.browser.chromium import BrowserUnavailable, chromium_path
+from envhub.envs.browser.runtime import staged_runtime
+from envhub.envs.manifest import SandboxSpec
+
+KINDS = ("docker", "local")  # sandbox kinds a browser runs in
+IMAGE_RUNTIME_DIR = "/opt/envhub-browser"
+IMAGE_CHROMIUM = "/usr/bin/chromium"
+# Debian's Chromium and the fonts of a Debian host with it (the same faces, so a slide measures
+# the same in a docker sandbox as in a local one).
+# Playwright's Node.js links libatomic (and libstdc++, which Chromium's libraries bring).
+BROWSER_PACKAGES = ("chromium", "fonts-liberation", "fonts-dejavu-core", "fonts-dejavu-extra",
+                    "libatomic1")
+
+
+@dataclass(frozen=True)
+class BrowserPaths:
+    """Where `node`, `playwright-core` and Chromium are inside a sandbox of `kind`."""
+
+    kind: str
+    node: str
+    core: str
+    chromium: str
+
+    def env(self) -> dict[str, str]:
+        """The variables the in-sandbox scripts (driver.js, render.js) read."""
+        return {"PLAYWRIGHT_CORE": self.core, "ENVHUB_CHROMIUM": self.chromium}
+
+
+def browser_image() -> Any:
+    """Build (or find) the docker image with Chromium and the runtime; an `ImageBuild`.
+    Blocking. Raises BrowserUnavailable (no Playwright) or ImageBuildError (build failed)."""
+    from envhub.envs.images import build_env_image, default_recipe, ensure_base_image
+    from envhub.envs.images.recipe import DEFAULT_PACKAGES
+
+    runtime = staged_runtime()
+    base = ensure_base_image(default_recipe(DEFAULT_PACKAGES + BROWSER_PACKAGES))
+    return build_env_image(folder=runtime, base_tag=base.tag, dest=IMAGE_RUNTIME_DIR)
+
+
+def paths_in(kind: str) -> BrowserPaths:
+    """The runtime's paths inside a sandbox of `kind` (local: staged on first use)."""
+    if kind == "docker":
+        return BrowserPaths(kind, f"{IMAGE_RUNTIME_DIR}/node", f"{IMAGE_RUNTIME_DIR}/playwright-core",
+                            IMAGE_CHROMIUM)
+    if kind == "local":
+        runtime = staged_runtime()
+        return BrowserPaths(kind, str(runtime / "node"), str(runtime / "playwright-core"),
+                            chromium_path())
+    raise BrowserUnavailable(f"a browser runs only in {' or '.join(KINDS)} sandboxes here, not "
+                             f"{kind!r}: run with --sandbox local or --sandbox docker")
+
+
+async def browser_spec(spec: SandboxSpec, kind: str) -> SandboxSpec:
+    """`spec` for a sandbox of `kind` that can run the browser: for docker, with the browser
+    image (built on first use, in a worker thread); for local, checked and unchanged."""
+    paths_in(kind)  # the checks: kind, Chromium and the runtime on this machine
+    if kind != "docker":
+        return spec
+    build = await asyncio.to_thread(browser_image)
+    return spec.model_copy(update={"image": build.tag, "dockerfile": None})
+
+
+def resolved_kind(kind: str) -> str:
+    """`auto` as the runner resolves it (docker when its engine answers, else local)."""
+    if kind == "auto":
+        from envhub.envs.sandbox import best_available
+
+        return best_available()
+    return kind
