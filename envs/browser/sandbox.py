@@ -56,6 +56,26 @@ def browser_image() -> Any:
     return build_env_image(folder=runtime, base_tag=base.tag, dest=IMAGE_RUNTIME_DIR)
 
 
+_built: dict[str, str] = {}  # staged runtime folder -> browser image tag, in this process
+
+
+def browser_image_tag() -> str:
+    """`browser_image()`'s tag, remembered once built or found: hashing the 150 MB build
+    context again for every rollout would cost more than the rollout's browser."""
+    from envhub.envs.sandbox.engine import docker_client, import_docker
+
+    key = str(staged_runtime())
+    tag = _built.get(key)
+    if tag is not None:
+        try:
+            docker_client().images.get(tag)
+            return tag
+        except import_docker().errors.ImageNotFound:  # removed since: build it again
+            pass
+    tag = _built[key] = browser_image().tag
+    return tag
+
+
 def paths_in(kind: str) -> BrowserPaths:
     """The runtime's paths inside a sandbox of `kind` (local: staged on first use)."""
     if kind == "docker":
@@ -75,8 +95,8 @@ async def browser_spec(spec: SandboxSpec, kind: str) -> SandboxSpec:
     paths_in(kind)  # the checks: kind, Chromium and the runtime on this machine
     if kind != "docker":
         return spec
-    build = await asyncio.to_thread(browser_image)
-    return spec.model_copy(update={"image": build.tag, "dockerfile": None})
+    tag = await asyncio.to_thread(browser_image_tag)
+    return spec.model_copy(update={"image": tag, "dockerfile": None})
 
 
 def resolved_kind(kind: str) -> str:
