@@ -25,10 +25,11 @@ KINDS = ("docker", "local")  # sandbox kinds a browser runs in
 IMAGE_RUNTIME_DIR = "/opt/envhub-browser"
 IMAGE_CHROMIUM = "/usr/bin/chromium"
 # Debian's Chromium and the fonts of a Debian host with it (the same faces, so a slide measures
-# the same in a docker sandbox as in a local one).
-# Playwright's Node.js links libatomic (and libstdc++, which Chromium's libraries bring).
+# the same in a docker sandbox as in a local one). debootstrap cannot pick a provider for a
+# virtual package: dbus-x11 is the `dbus-session-bus` that dconf (via GTK) needs. Playwright's
+# Node.js links libatomic (and libstdc++, which Chromium's libraries bring).
 BROWSER_PACKAGES = ("chromium", "fonts-liberation", "fonts-dejavu-core", "fonts-dejavu-extra",
-                    "libatomic1")
+                    "dbus-x11", "libatomic1")
 
 
 @dataclass(frozen=True)
@@ -79,8 +80,8 @@ def browser_image_tag() -> str:
 def paths_in(kind: str) -> BrowserPaths:
     """The runtime's paths inside a sandbox of `kind` (local: staged on first use)."""
     if kind == "docker":
-        return BrowserPaths(kind, f"{IMAGE_RUNTIME_DIR}/node", f"{IMAGE_RUNTIME_DIR}/playwright-core",
-                            IMAGE_CHROMIUM)
+        return BrowserPaths(kind, f"{IMAGE_RUNTIME_DIR}/node",
+                            f"{IMAGE_RUNTIME_DIR}/playwright-core", IMAGE_CHROMIUM)
     if kind == "local":
         runtime = staged_runtime()
         return BrowserPaths(kind, str(runtime / "node"), str(runtime / "playwright-core"),

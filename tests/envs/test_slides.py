@@ -19,8 +19,8 @@ from envhub.envs.builtin.slides.layout import CHECKS, score_deck
 from envhub.envs.builtin.slides.render import render_deck
 from envhub.envs.environment import EnvFailure, RunContext, Task, Verdict
 from envhub.envs.loader import load_env
-from envhub.envs.sandbox.kinds import PLAIN, check_supported
 from envhub.envs.sandbox.errors import SandboxUnavailable
+from envhub.envs.sandbox.kinds import PLAIN, check_supported
 from tests.envs.browser_boxes import KINDS, Boxes, require_kind
 
 pytestmark = pytest.mark.browser

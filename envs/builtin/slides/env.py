@@ -20,10 +20,9 @@ from envhub.envs.browser.chromium import BrowserUnavailable
 from envhub.envs.browser.sandbox import browser_spec, resolved_kind
 from envhub.envs.builtin.slides.layout import CHECKS, Brief, LayoutReport, score_deck
 from envhub.envs.builtin.slides.render import MAX_SLIDE_BYTES, render_deck
-from envhub.envs.manifest import SandboxSpec
 from envhub.envs.environment import EnvFailure, RunContext, Task, ToolResult, Verdict
 from envhub.envs.loader import task_rows
-from envhub.envs.manifest import Manifest
+from envhub.envs.manifest import Manifest, SandboxSpec
 from envhub.envs.sandbox.base import Sandbox
 from envhub.envs.sandbox.errors import SandboxError, SandboxFileError
 from envhub.envs.tools.arguments import json_object
