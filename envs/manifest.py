@@ -43,6 +43,10 @@ class SandboxSpec(BaseModel):
     network: bool = Field(False, description="sandboxes have no network unless this is true")
     exec_timeout_s: float = Field(120.0, gt=0)
     setup_timeout_s: float = Field(600.0, gt=0)
+    host_paths: list[str] | None = Field(
+        None, description="local (bubblewrap) sandboxes only: the host paths they see, "
+        "read-only (e.g. ['/usr', '/etc/fonts']; top-level links such as /bin -> usr/bin "
+        "come along); None: the whole host but /root, /home, /run, /tmp and envhub's files")
 
     supported_kinds: list[str] | None = Field(
         None, description="sandbox kinds the environment works in (None: any); 'plain' is the "
@@ -55,6 +59,14 @@ class SandboxSpec(BaseModel):
         from envhub.envs.sandbox.kinds import check_kind  # the sandbox package imports us
 
         return check_kind(v, manifest=True)
+
+    @field_validator("host_paths")
+    @classmethod
+    def _host_paths(cls, v: list[str] | None) -> list[str] | None:
+        bad = [p for p in v or [] if not p.startswith("/") or ".." in p.split("/")]
+        if bad:
+            raise ValueError(f"host paths must be absolute, without '..': {bad}")
+        return v
 
     @field_validator("supported_kinds")
     @classmethod

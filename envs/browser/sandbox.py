@@ -1,8 +1,10 @@
 """Sandboxes that can run Chromium: the spec to open for a sandbox kind, and where the browser
 runtime is as seen from inside.
 
-* local (bubblewrap): the host's Debian Chromium (the host's /usr is seen read-only) and the
-  Node.js + `playwright-core` runtime staged in /var/tmp (runtime.py), also seen read-only.
+* local (bubblewrap): the host's Debian Chromium and the Node.js + `playwright-core` runtime
+  staged in /var/tmp (runtime.py), and nothing else of the host: the sandbox sees only
+  HOST_PATHS and the runtime, read-only (no /etc beyond fonts and the loader's cache, no
+  /var, /srv, /opt or other checkouts), so even a compromised renderer finds little to read.
 * docker: an image built here, never pulled: the envhub base recipe with Debian's `chromium`
   and the fonts the host renders with (debootstrap, cached by recipe hash), and on top of it
   the staged runtime copied to /opt/envhub-browser (cached by content hash). The first build
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from envhub.envs.browser.chromium import BrowserUnavailable, chromium_path
@@ -22,6 +25,9 @@ from envhub.envs.browser.runtime import staged_runtime
 from envhub.envs.manifest import SandboxSpec
 
 KINDS = ("docker", "local")  # sandbox kinds a browser runs in
+# What a local sandbox sees of the host for Chromium and Node.js: programs and libraries, the
+# loader's cache (multiarch library folders), fonts, and Debian's chromium wrapper's settings.
+HOST_PATHS = ["/usr", "/etc/ld.so.cache", "/etc/fonts", "/etc/chromium.d", "/etc/chromium"]
 IMAGE_RUNTIME_DIR = "/opt/envhub-browser"
 IMAGE_CHROMIUM = "/usr/bin/chromium"
 # Debian's Chromium and the fonts of a Debian host with it (the same faces, so a slide measures
@@ -92,10 +98,14 @@ def paths_in(kind: str) -> BrowserPaths:
 
 async def browser_spec(spec: SandboxSpec, kind: str) -> SandboxSpec:
     """`spec` for a sandbox of `kind` that can run the browser: for docker, with the browser
-    image (built on first use, in a worker thread); for local, checked and unchanged."""
-    paths_in(kind)  # the checks: kind, Chromium and the runtime on this machine
-    if kind != "docker":
-        return spec
+    image (built on first use, in a worker thread); for local, seeing only what the browser
+    needs of the host (HOST_PATHS and the runtime)."""
+    paths = paths_in(kind)  # the checks: kind, Chromium and the runtime on this machine
+    if kind == "local":
+        runtime = str(Path(paths.node).parent)
+        chromium = str(Path(paths.chromium).resolve().parent)  # $ENVHUB_CHROMIUM: anywhere
+        view = [*(spec.host_paths or []), *HOST_PATHS, runtime, chromium]
+        return spec.model_copy(update={"host_paths": list(dict.fromkeys(view))})
     tag = await asyncio.to_thread(browser_image_tag)
     return spec.model_copy(update={"image": tag, "dockerfile": None})
 

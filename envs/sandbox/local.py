@@ -2,7 +2,7 @@
 
 Isolation per call: no network (`--unshare-net`, unless the spec allows it), a read-only
 view of the host (each top-level directory bound read-only; /run, /root and /home hidden so
-sockets and secrets are out of reach), a private writable workdir bound at /workspace, a
+sockets and secrets are out of reach; or only the spec's `host_paths`), a private writable workdir bound at /workspace, a
 tmpfs /tmp, a new pid namespace (when the call ends or times out, every process it started
 dies with it, setsid or not), `--die-with-parent`, a new session (no terminal injection), all
 capabilities dropped, /proc/sys read-only, and rlimits (data size, file size, no core dumps).
@@ -64,9 +64,10 @@ def bwrap_path() -> str | None:
     return shutil.which("bwrap")
 
 
-def _host_binds(mount: str) -> list[str]:
+def _host_binds(mount: str, only: list[str] | None = None) -> list[str]:
     """bwrap arguments binding the host read-only, top-level entry by entry, onto a tmpfs root
-    (a tmpfs root lets bwrap create the workdir `mount` without touching the host)."""
+    (a tmpfs root lets bwrap create the workdir `mount` without touching the host); with
+    `only`, just those paths (and the top-level links, /bin -> usr/bin and the like)."""
     args = ["--tmpfs", "/"]
     top = mount.strip("/").split("/")[0]
     for entry in sorted(Path("/").iterdir()):
@@ -74,8 +75,10 @@ def _host_binds(mount: str) -> list[str]:
             continue
         if entry.is_symlink():
             args += ["--symlink", os.readlink(entry), str(entry)]
-        elif entry.is_dir():
+        elif entry.is_dir() and only is None:
             args += ["--ro-bind", str(entry), str(entry)]
+    for path in only or []:
+        args += ["--ro-bind-try", path, path]
     return args
 
 
@@ -202,7 +205,8 @@ class LocalSandbox:
                       f"--fsize={FILE_SIZE_LIMIT}", "--core=0", "--"]
         if self.bwrap is None:
             return limits + shell
-        argv = [self.bwrap, *_host_binds(self.mount), "--dev", "/dev", "--proc", "/proc"]
+        argv = [self.bwrap, *_host_binds(self.mount, self.spec.host_paths), "--dev", "/dev",
+                "--proc", "/proc"]
         for path in PROC_READ_ONLY:
             argv += ["--ro-bind-try", path, path]
         for path in MASKED_EMPTY:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from envhub.envs.browser.sandbox import paths_in
 from envhub.envs.builtin.slides.env import SLIDES_DIR, brief_of, slide_path
 from envhub.envs.builtin.slides.layout import CHECKS, score_deck
 from envhub.envs.builtin.slides.render import render_deck
@@ -268,13 +269,32 @@ def test_a_slide_reaches_neither_host_files_nor_the_network(kind, tmp_path):
   background:url({url}/bg.svg)"></div>""")
         try:
             verdict = grade_in(kind, task, [sneaky], tmp_path)
+            fetch = (f"require('http').get('{url}/probe', (r) => r.pipe(process.stdout))"
+                     ".on('error', (e) => console.log(e.code))")
+            seen = asyncio.run(sandbox_sees(
+                kind, f'cat {host}/secret.txt; {paths_in(kind).node} -e "{fetch}"',
+                tmp_path))
         finally:
             server.shutdown()
+    # the sandbox Chromium runs in sees neither the host's files nor its loopback
+    assert "HOST-SECRET" not in seen and "SERVED" not in seen, seen
+    assert "No such file" in seen and ("ECONNREFUSED" in seen or "ENETUNREACH" in seen), seen
     assert Recorder.hits == []  # nothing requested
     # nothing shown: a 400px image at x=1000 would stick out of the 1080px slide, the style
     # sheet would shrink the text below the minimum font size
     assert verdict.resolved and verdict.info["checks"] == dict.fromkeys(CHECKS, 1.0), verdict.info
     assert "HOST-SECRET" not in str(verdict.info) and "SERVED" not in str(verdict.info)
+
+
+async def sandbox_sees(kind: str, command: str, tmp_path: Path) -> str:
+    """What `command` prints in a sandbox of the kind slides renders in."""
+    boxes = Boxes(LOADED, kind, tmp_path)
+    try:
+        sandbox = await boxes.open(await ENV.spec(boxes.ctx))
+        result = await sandbox.exec(command, timeout=60)
+        return result.stdout + result.stderr
+    finally:
+        await boxes.close()
 
 
 def test_refused_where_no_sandbox_can_run_the_browser(tmp_path):
