@@ -2,10 +2,11 @@
 
 Isolation per call: no network (`--unshare-net`, unless the spec allows it), a read-only
 view of the host (each top-level directory bound read-only; /run, /root and /home hidden so
-sockets and secrets are out of reach; or only the spec's `host_paths`), a private writable workdir bound at /workspace, a
-tmpfs /tmp, a new pid namespace (when the call ends or times out, every process it started
-dies with it, setsid or not), `--die-with-parent`, a new session (no terminal injection), all
-capabilities dropped, /proc/sys read-only, and rlimits (data size, file size, no core dumps).
+sockets and secrets are out of reach; or only the spec's `host_paths`), a private writable
+workdir bound at /workspace, a tmpfs /tmp, a new pid namespace (when the call ends or times
+out, every process it started dies with it, setsid or not), `--die-with-parent`, a new
+session (no terminal injection), all capabilities dropped, /proc/sys read-only, and rlimits
+(data size, file size, no core dumps).
 
 Background processes do not outlive a call here: the pid namespace ends with the command
 (and the call's pids cgroup is emptied with SIGKILL), so `end_processes` has nothing to do.
