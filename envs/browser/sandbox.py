@@ -2,9 +2,10 @@
 runtime is as seen from inside.
 
 * local (bubblewrap): the host's Debian Chromium and the Node.js + `playwright-core` runtime
-  staged in /var/tmp (runtime.py), and nothing else of the host: the sandbox sees only
-  HOST_PATHS and the runtime, read-only (no /etc beyond fonts and the loader's cache, no
-  /var, /srv, /opt or other checkouts), so even a compromised renderer finds little to read.
+  staged in /var/tmp (runtime.py). A local sandbox sees only an allow-list of the host
+  (envs/sandbox/host_view.py: /usr, the loader's cache, identity files); the spec adds,
+  read-only, what the browser needs beyond it: the runtime, fonts' configuration and Debian's
+  chromium wrapper settings (HOST_PATHS).
 * docker: an image built here, never pulled: the envhub base recipe with Debian's `chromium`
   and the fonts the host renders with (debootstrap, cached by recipe hash), and on top of it
   the staged runtime copied to /opt/envhub-browser (cached by content hash). The first build
@@ -16,6 +17,7 @@ Other kinds (e2b, plain processes) cannot run the browser here: BrowserUnavailab
 from __future__ import annotations
 
 import asyncio
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,9 +27,10 @@ from envhub.envs.browser.runtime import staged_runtime
 from envhub.envs.manifest import SandboxSpec
 
 KINDS = ("docker", "local")  # sandbox kinds a browser runs in
-# What a local sandbox sees of the host for Chromium and Node.js: programs and libraries, the
-# loader's cache (multiarch library folders), fonts, and Debian's chromium wrapper's settings.
-HOST_PATHS = ["/usr", "/etc/ld.so.cache", "/etc/fonts", "/etc/chromium.d", "/etc/chromium"]
+# Host paths a local sandbox needs for Chromium beyond the default view (host_view.py): fonts'
+# configuration, and the settings Debian's /usr/bin/chromium wrapper script reads.
+HOST_PATHS = ["/etc/fonts", "/etc/chromium.d", "/etc/chromium"]
+SYSTEM_ROOT = "/usr/"  # in every local sandbox's view already
 IMAGE_RUNTIME_DIR = "/opt/envhub-browser"
 IMAGE_CHROMIUM = "/usr/bin/chromium"
 # Debian's Chromium and the fonts of a Debian host with it (the same faces, so a slide measures
@@ -98,14 +101,16 @@ def paths_in(kind: str) -> BrowserPaths:
 
 async def browser_spec(spec: SandboxSpec, kind: str) -> SandboxSpec:
     """`spec` for a sandbox of `kind` that can run the browser: for docker, with the browser
-    image (built on first use, in a worker thread); for local, seeing only what the browser
-    needs of the host (HOST_PATHS and the runtime)."""
+    image (built on first use, in a worker thread); for local, also seeing the runtime and
+    HOST_PATHS (the rest of the host stays out of sight)."""
     paths = paths_in(kind)  # the checks: kind, Chromium and the runtime on this machine
     if kind == "local":
         runtime = str(Path(paths.node).parent)
         chromium = str(Path(paths.chromium).resolve().parent)  # $ENVHUB_CHROMIUM: anywhere
-        view = [*(spec.host_paths or []), *HOST_PATHS, runtime, chromium]
-        return spec.model_copy(update={"host_paths": list(dict.fromkeys(view))})
+        wanted = [*HOST_PATHS, runtime, chromium]
+        extra = [p for p in wanted if os.path.lexists(p) and not p.startswith(SYSTEM_ROOT)]
+        view = list(dict.fromkeys([*spec.host_paths, *extra]))
+        return spec.model_copy(update={"host_paths": view})
     tag = await asyncio.to_thread(browser_image_tag)
     return spec.model_copy(update={"image": tag, "dockerfile": None})
 
