@@ -1,7 +1,8 @@
-"""Chromium launched by path (Debian's `chromium` package; no browser download) with Playwright.
+"""Chromium launched by path (Debian's `chromium` package; no browser download) by Playwright's
+Node.js driver inside sandboxes (sandbox.py); nothing here starts a browser on the host.
 
-Playwright is the `browser` extra and is imported lazily, so environments that do not render
-anything never pay for it; a missing extra or browser is a `BrowserUnavailable` naming the fix.
+Playwright is the `browser` extra (its bundled Node.js and `playwright-core` are what sandboxes
+run); a missing extra or browser is a `BrowserUnavailable` naming the fix.
 """
 
 from __future__ import annotations
@@ -9,12 +10,13 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import Any
 
 CHROMIUM_ENV = "ENVHUB_CHROMIUM"  # a Chromium executable other than the one on PATH
 CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 # No first-run UI, no GPU (headless servers), no crash reporter, no background networking:
-# nothing the browser does should depend on the machine it runs on.
+# nothing the browser does should depend on the machine it runs on. --no-sandbox: Chromium's
+# own sandbox needs privileges that the envhub sandbox around it (bubblewrap with every
+# capability dropped, or a docker container) does not give; that sandbox is the boundary.
 LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                "--disable-background-networking", "--disable-breakpad", "--no-first-run",
                "--disable-extensions", "--mute-audio", "--hide-scrollbars"]
@@ -40,15 +42,6 @@ def chromium_path() -> str:
                              f"or point {CHROMIUM_ENV} at a Chromium executable)")
 
 
-def async_playwright() -> Any:
-    """`playwright.async_api.async_playwright`, or BrowserUnavailable with the pip command."""
-    try:
-        from playwright.async_api import async_playwright as start
-    except ImportError:
-        raise BrowserUnavailable(MISSING_EXTRA) from None
-    return start
-
-
 def playwright_core() -> Path:
     """The `playwright-core` Node package bundled with Playwright for Python: what a driver
     script inside a sandbox `require`s (same version as the host's Playwright)."""
@@ -61,15 +54,3 @@ def playwright_core() -> Path:
         raise BrowserUnavailable(f"{package}: Playwright's driver package is missing; "
                                  "reinstall it: pip install --force-reinstall playwright")
     return package
-
-
-async def launch(playwright: Any) -> Any:
-    """A headless Chromium (by path, never downloaded) from a started Playwright."""
-    try:
-        return await playwright.chromium.launch(executable_path=chromium_path(),
-                                                args=LAUNCH_ARGS, headless=True)
-    except BrowserUnavailable:
-        raise
-    except Exception as e:  # playwright's Error: the browser would not start
-        raise BrowserUnavailable(f"Chromium ({chromium_path()}) did not start: "
-                                 f"{str(e).splitlines()[0]}") from None

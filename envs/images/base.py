@@ -142,10 +142,23 @@ def _build(recipe: BaseRecipe) -> None:
                 f"debootstrap failed (exit {proc.returncode}); check the mirror {recipe.mirror} "
                 f"is reachable and the packages exist in {recipe.suite}. Log tail:\n{tail}"
             )
+        _check_configured(rootfs, recipe)
         _slim(rootfs)
         _import(rootfs, recipe)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _check_configured(rootfs: Path, recipe: BaseRecipe) -> None:
+    """debootstrap exits 0 with packages left unconfigured when one needs a virtual package
+    (it cannot choose a provider); such a rootfs must not become a cached image."""
+    audit = subprocess.run(["dpkg", f"--root={rootfs}", "--audit"], capture_output=True,
+                           text=True, check=False)
+    if audit.returncode != 0 or audit.stdout.strip():
+        raise ImageBuildError(
+            f"debootstrap left packages of {recipe.tag} unconfigured; a dependency is probably "
+            "a virtual package: add a package that provides it to the recipe. dpkg --audit:\n"
+            f"{(audit.stdout + audit.stderr)[-3000:]}")
 
 
 def _slim(rootfs: Path) -> None:

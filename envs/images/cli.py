@@ -66,6 +66,21 @@ def build_cmd(
         _fail(str(e))
 
 
+@image_app.command("build-browser")
+def build_browser_cmd() -> None:
+    """Build the image that browser environments (slides, webtask) run in with docker: the
+    base recipe plus Debian's chromium and fonts, and Playwright's Node.js on top; prints its
+    tag. Cached; runs otherwise build it on first use."""
+    from envhub.envs.browser.chromium import BrowserUnavailable
+    from envhub.envs.browser.sandbox import browser_image
+    from envhub.envs.sandbox import SandboxError
+
+    try:
+        _report(browser_image())
+    except (SandboxError, BrowserUnavailable) as e:
+        _fail(str(e))
+
+
 def register(app: typer.Typer) -> None:
     """Add `envhub image ...` to the top-level app."""
     app.add_typer(image_app, name="image")

@@ -6,7 +6,7 @@ Two inputs are accepted:
   build arg `ENVHUB_BASE` (`ARG ENVHUB_BASE` then `FROM ${ENVHUB_BASE}`), the placeholder
   `{{envhub_base}}`, or `envhub/base` (an alias of the current base tag); any other image
   must already be in the local engine, since nothing is pulled.
-* a folder of files, copied to /workspace of the base image.
+* a folder of files, copied to /workspace of the base image (or to another folder, `dest`).
 
 The tag is `envhub/env:<hash12>` of the base image id and the exact build context, so an
 unchanged environment is a cache hit without running `docker build` at all.
@@ -97,11 +97,13 @@ def build_env_image(
     dockerfile: str | Path | None = None,
     folder: str | Path | None = None,
     base_tag: str | None = None,
+    dest: str = "/workspace",
 ) -> ImageBuild:
     """Build (or find cached) an environment image from a Dockerfile or a folder to copy in.
 
-    Exactly one of `dockerfile` / `folder` is required. `base_tag` defaults to the base image
-    of this host's recipe (built on first use). Blocking; wrap in asyncio.to_thread.
+    Exactly one of `dockerfile` / `folder` is required; a folder is copied to `dest` (an
+    absolute path in the image). `base_tag` defaults to the base image of this host's recipe
+    (built on first use). Blocking; wrap in asyncio.to_thread.
     """
     if (dockerfile is None) == (folder is None):
         raise ImageBuildError("pass exactly one of `dockerfile` (a path) or `folder`")
@@ -125,7 +127,9 @@ def build_env_image(
         src = Path(folder)  # type: ignore[arg-type]
         if not src.is_dir():
             raise ImageBuildError(f"folder {src} does not exist")
-        text = f"FROM {base_tag}\nCOPY files/ /workspace/\nWORKDIR /workspace\n"
+        if not dest.startswith("/") or any(c.isspace() for c in dest):
+            raise ImageBuildError(f"dest {dest!r} must be an absolute path without spaces")
+        text = f"FROM {base_tag}\nCOPY files/ {dest.rstrip('/')}/\nWORKDIR /workspace\n"
         context = _context_tar(src, text, prefix="files/")
     missing = _missing_from_images(text, base_tag)
     if missing:

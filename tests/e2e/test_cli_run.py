@@ -108,12 +108,15 @@ def path_without(tmp_path: Path, program: str) -> str:
 
 
 @pytest.mark.parametrize("env,fix", [("swe-task", "apt-get install bubblewrap"),
-                                     ("terminal-task", "--sandbox docker")])
+                                     ("terminal-task", "--sandbox docker"),
+                                     ("slides", "apt-get install bubblewrap"),
+                                     ("webtask", "apt-get install bubblewrap")])
 def test_environments_needing_a_real_sandbox_refuse_the_plain_fallback_up_front(
         tmp_path, env, fix):
     """Without bubblewrap, `local` would be plain processes in a host folder: swe-task (fixed
-    paths under /workspace) and terminal-task (Dockerfiles) refuse it before any rollout, with
-    the fix, instead of ending every rollout as env_failure."""
+    paths under /workspace), terminal-task (Dockerfiles) and the browser environments (the
+    agent's HTML is rendered only inside a sandbox) refuse it before any rollout, with the fix,
+    instead of ending every rollout as env_failure."""
     plain = {**os.environ, "PATH": path_without(tmp_path, "bwrap")}
     ran = subprocess.run([sys.executable, "-m", "envhub", "run", env, "--sandbox", "local",
                           "-n", "1"], cwd=tmp_path, env=plain, text=True, capture_output=True,

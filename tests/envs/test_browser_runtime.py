@@ -11,32 +11,43 @@ import pytest
 
 from envhub.envs.browser.chromium import CHROMIUM_ENV, BrowserUnavailable, playwright_core
 from envhub.envs.browser.runtime import RUNTIME_ENV, staged_runtime
-from envhub.envs.environment import EnvFailure, RunContext
+from envhub.envs.environment import EnvFailure
 from envhub.envs.loader import load_env
-from envhub.envs.runner.memory_sandbox import MemorySandbox
+from tests.envs.browser_boxes import Boxes, require_kind
 from tests.support import require_browser
 
 
+@pytest.mark.bwrap
 def test_without_chromium_slides_grading_is_an_env_failure(tmp_path, monkeypatch):
-    require_browser()
-    monkeypatch.setenv(CHROMIUM_ENV, str(tmp_path / "no-such-chromium"))
-    env = load_env("slides").env
+    require_kind("local")
+    loaded = load_env("slides")
+    env = loaded.env
     task = env.load_tasks()[0]
 
-    async def box(spec):
-        return MemorySandbox()
-    ctx = RunContext(run_id="t", sandbox_kind="none", open_sandbox=box, scratch=tmp_path)
-
     async def main():
-        sandbox = await env.setup(task, ctx)
-        await env.solve(task, sandbox, ctx)
-        return await env.verify(task, sandbox, ctx)
+        boxes = Boxes(loaded, "local", tmp_path)
+        try:
+            sandbox = await env.setup(task, boxes.ctx)
+            await env.solve(task, sandbox, boxes.ctx)
+            monkeypatch.setenv(CHROMIUM_ENV, str(tmp_path / "no-such-chromium"))
+            verdict = await env.verify(task, sandbox, boxes.ctx)
+            # and a new rollout refuses to set up, before any sandbox is opened
+            opened = len(boxes.opened)
+            with pytest.raises(EnvFailure, match=CHROMIUM_ENV):
+                await env.setup(task, boxes.ctx)
+            assert len(boxes.opened) == opened
+            return verdict
+        finally:
+            await boxes.close()
     verdict = asyncio.run(main())
     assert verdict.env_failure and CHROMIUM_ENV in verdict.env_failure
-    # and webtask refuses to set up, before any sandbox is opened
-    web = load_env("webtask").env
+    # webtask too
+    monkeypatch.setenv(CHROMIUM_ENV, str(tmp_path / "no-such-chromium"))
+    web = load_env("webtask")
+    boxes = Boxes(web, "local", tmp_path)
     with pytest.raises(EnvFailure, match=CHROMIUM_ENV):
-        asyncio.run(web.setup(web.load_tasks()[0], ctx))
+        asyncio.run(web.env.setup(web.env.load_tasks()[0], boxes.ctx))
+    assert boxes.opened == []
 
 
 def test_a_runtime_folder_others_can_write_is_refused(tmp_path, monkeypatch):

@@ -25,6 +25,28 @@ def test_recipe_tag_is_a_content_hash() -> None:
     assert a.tag.startswith("envhub/base:") and len(a.tag.split(":")[1]) == 12
 
 
+def test_a_rootfs_with_unconfigured_packages_is_refused(tmp_path: Path) -> None:
+    """debootstrap exits 0 when a package needs a virtual package it cannot provide, leaving it
+    unpacked but unconfigured: the build stops there (real dpkg on a rootfs's database)."""
+    from envhub.envs.images.base import _check_configured
+    from tests.support import require_tool
+
+    require_tool("dpkg")
+    dpkg = tmp_path / "var" / "lib" / "dpkg"
+    (dpkg / "updates").mkdir(parents=True)
+    (dpkg / "info").mkdir()
+    for name in ("chromium.list", "chromium.md5sums"):
+        (dpkg / "info" / name).write_text("")
+    recipe = BaseRecipe(suite="bookworm", mirror="http://deb.debian.org/debian")
+    entry = ("Package: chromium\nStatus: install ok {}\nMaintainer: x\nArchitecture: amd64\n"
+             "Version: 1\nDescription: x\n\n")
+    (dpkg / "status").write_text(entry.format("installed"))
+    _check_configured(tmp_path, recipe)  # all configured: passes
+    (dpkg / "status").write_text(entry.format("unpacked"))
+    with pytest.raises(ImageBuildError, match="unconfigured.*virtual package(.|\n)*chromium"):
+        _check_configured(tmp_path, recipe)
+
+
 def test_host_mirror_and_suite_from_apt_sources(tmp_path: Path) -> None:
     apt = tmp_path / "apt"
     (apt / "sources.list.d").mkdir(parents=True)
@@ -125,3 +147,5 @@ def test_build_errors_are_clear(tmp_path: Path) -> None:
         build_env_image(dockerfile=tmp_path / "nope" / "Dockerfile", base_tag=base)
     with pytest.raises(ImageBuildError, match="exactly one"):
         build_env_image(base_tag=base)
+    with pytest.raises(ImageBuildError, match="absolute path"):
+        build_env_image(folder=tmp_path, base_tag=base, dest="opt/x")

@@ -1,63 +1,38 @@
-"""`webtask`: the app and Chromium run inside a local bubblewrap sandbox, driven through the
-browser tools; the oracle's tool calls solve every task, doing nothing solves none, and the
-tools refuse what they must (other origins, unknown elements, bad arguments)."""
+"""`webtask`: the app and Chromium run inside a sandbox (local bubblewrap, and docker with the
+browser image), driven through the browser tools; the oracle's tool calls solve every task in
+both, doing nothing solves none, and the tools refuse what they must (other origins, unknown
+elements, bad arguments)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
 
 import pytest
 
 from envhub.envs.builtin.webtask.env import STATE_FILE
-from envhub.envs.environment import RunContext
 from envhub.envs.loader import load_env
-from envhub.envs.manifest import SandboxSpec
-from envhub.envs.sandbox import Sandbox, open_sandbox
-from tests.support import require_browser, require_tool
+from tests.envs.browser_boxes import KINDS, Boxes, require_kind
 
-pytestmark = [pytest.mark.browser, pytest.mark.bwrap]
+pytestmark = pytest.mark.browser
 
 LOADED = load_env("webtask")
 ENV = LOADED.env
 TASKS = {t.id: t for t in ENV.load_tasks()}
 
 
-def requirements() -> None:
-    require_browser()
-    require_tool("bwrap")
-
-
-class Boxes:
-    """A RunContext opening local sandboxes, all closed at the end."""
-
-    def __init__(self, scratch: Path) -> None:
-        self.opened: list[Sandbox] = []
-        self.ctx = RunContext(run_id="test-webtask", sandbox_kind="local",
-                              open_sandbox=self.open, scratch=scratch)
-
-    async def open(self, spec: SandboxSpec) -> Sandbox:
-        box = await open_sandbox("local", spec, run_id="test-webtask",
-                                 package_root=LOADED.folder)
-        self.opened.append(box)
-        return box
-
-    async def close(self) -> None:
-        for box in self.opened:
-            await box.close()
-
-
 @pytest.mark.slow
-def test_oracle_solves_every_task_and_doing_nothing_solves_none(tmp_path):
-    requirements()
+@pytest.mark.parametrize("kind", KINDS)
+def test_oracle_solves_every_task_and_doing_nothing_solves_none(kind, tmp_path):
+    require_kind(kind)
 
     async def main() -> None:
-        boxes = Boxes(tmp_path)
+        boxes = Boxes(LOADED, kind, tmp_path)
         try:
             assert len(TASKS) >= 4
             for task in TASKS.values():
                 sandbox = await ENV.setup(task, boxes.ctx)
+                assert sandbox.kind == kind
                 untouched = await ENV.verify(task, sandbox, boxes.ctx)
                 assert not untouched.resolved and untouched.outcome == 0.0, task.id
                 await ENV.solve(task, sandbox, boxes.ctx)
@@ -69,12 +44,13 @@ def test_oracle_solves_every_task_and_doing_nothing_solves_none(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.bwrap
 def test_browser_tools_keep_the_page_between_calls_and_refuse_what_they_must(tmp_path):
-    requirements()
+    require_kind("local")
     task = TASKS["add-todo"]
 
     async def main() -> None:
-        boxes = Boxes(tmp_path)
+        boxes = Boxes(LOADED, "local", tmp_path)
         try:
             sandbox = await ENV.setup(task, boxes.ctx)
 

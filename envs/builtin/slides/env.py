@@ -1,10 +1,11 @@
 """`slides`: write an HTML slide deck for a brief; graded by rendering it in Chromium.
 
-The agent writes one HTML file per slide (`write_slide`), may ask for the grader's layout
-report while it works (`check_slides`), and submits. No sandbox runs commands (`[sandbox]
-kind = "none"`: an in-process file store holds the slides); the verifier renders each slide
-in a real Chromium (render.py: JavaScript off, every request refused) and scores the layout
-checks of layout.py. The outcome is the mean of the check scores (resolved: all pass); each
+The agent writes one HTML file per slide (`write_slide`) into the rollout's sandbox, may ask
+for the grader's layout report while it works (`check_slides`: rendered in that sandbox), and
+submits. The agent's HTML is never rendered on the host: the verifier copies the deck into a
+fresh sandbox (local bubblewrap or docker, no network) and renders each slide there in a real
+Chromium (render.py: JavaScript off, every request refused), then scores the layout checks
+of layout.py on the host. The outcome is the mean of the check scores (resolved: all pass); each
 failed check is also a process signal `layout_<check>` worth 1 - score, weighted by the
 manifest's `process.layout_<check>`.
 """
@@ -16,13 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from envhub.envs.browser.chromium import BrowserUnavailable
+from envhub.envs.browser.sandbox import browser_spec, resolved_kind
 from envhub.envs.builtin.slides.layout import CHECKS, Brief, LayoutReport, score_deck
-from envhub.envs.builtin.slides.render import MAX_SLIDE_BYTES, SlideRenderer
+from envhub.envs.builtin.slides.render import MAX_SLIDE_BYTES, render_deck
 from envhub.envs.environment import EnvFailure, RunContext, Task, ToolResult, Verdict
 from envhub.envs.loader import task_rows
-from envhub.envs.manifest import Manifest
+from envhub.envs.manifest import Manifest, SandboxSpec
 from envhub.envs.sandbox.base import Sandbox
-from envhub.envs.sandbox.errors import SandboxFileError
+from envhub.envs.sandbox.errors import SandboxError, SandboxFileError
 from envhub.envs.tools.arguments import json_object
 from envhub.sdk.types import Signal
 
@@ -82,7 +84,14 @@ class SlidesEnv:
         return tasks
 
     async def setup(self, task: Task, ctx: RunContext) -> Sandbox:
-        return await ctx.open_sandbox(self.manifest.sandbox)
+        return await ctx.open_sandbox(await self.spec(ctx))
+
+    async def spec(self, ctx: RunContext) -> SandboxSpec:
+        """The manifest's spec for a sandbox that runs Chromium (docker: the browser image)."""
+        try:
+            return await browser_spec(self.manifest.sandbox, resolved_kind(ctx.sandbox_kind))
+        except BrowserUnavailable as e:
+            raise EnvFailure(str(e)) from None
 
     def tools(self, task: Task) -> list[str]:
         return list(self.manifest.tools)
@@ -118,25 +127,27 @@ class SlidesEnv:
         for path in files:
             await sandbox.write_file(f"{SLIDES_DIR}/{path.name}", path.read_bytes())
 
-    async def report(self, task: Task, sandbox: Sandbox) -> LayoutReport:
+    async def report(self, task: Task, sandbox: Sandbox,
+                     render_in: Sandbox | None = None) -> LayoutReport:
+        """The layout report of the deck in `sandbox`, rendered in `render_in` (default: the
+        same sandbox)."""
         brief = brief_of(task.data)
         htmls = await read_deck(sandbox)
-        try:
-            async with SlideRenderer() as renderer:
-                measured = [await renderer.measure(html, brief.width, brief.height)
-                            for html in htmls]
-        except BrowserUnavailable as e:
-            raise EnvFailure(str(e)) from None
-        except Exception as e:
-            if not type(e).__module__.startswith("playwright"):
-                raise
-            raise EnvFailure(f"Chromium failed while rendering: {e}") from None
-        return score_deck(measured, brief)
+        if not htmls:  # nothing to render: every check fails without starting a browser
+            return score_deck([], brief)
+        deck = await render_deck(render_in or sandbox, htmls, brief.width, brief.height)
+        return score_deck(deck.slides, brief)
 
     async def verify(self, task: Task, sandbox: Sandbox, ctx: RunContext) -> Verdict:
+        """Graded in a fresh sandbox holding only the deck: whatever rendering the agent's
+        slides did during the rollout (check_slides) cannot touch the grader's browser."""
         try:
-            report = await self.report(task, sandbox)
-        except EnvFailure as e:
+            fresh = await ctx.open_sandbox(await self.spec(ctx))
+            try:
+                report = await self.report(task, sandbox, render_in=fresh)
+            finally:
+                await fresh.close()
+        except (EnvFailure, SandboxError) as e:
             return Verdict(0.0, False, env_failure=str(e))
         signals = [Signal(name=f"layout_{check}", value=1.0 - report.scores[check],
                           info={"details": report.details[check]})

@@ -1,21 +1,31 @@
-"""Render slides in a real Chromium and measure their layout (`measure.js`).
+"""Render slides in a real Chromium inside a sandbox and measure their layout (`measure.js`).
 
-One `SlideRenderer` is one browser; each slide gets a fresh context sized to the slide, with
-JavaScript off and every request refused (a slide is static HTML and CSS; data: URLs still
-work), so an agent's HTML can neither run code nor reach anything while it is graded.
+The agent's HTML is hostile input, so it is never rendered by a host process: `render_deck`
+writes the deck into a sandbox (local bubblewrap or docker, no network; see
+envs/browser/sandbox.py) and runs `render.js` there with the sandbox's Node.js and Chromium.
+One browser renders the whole deck (its start-up is most of the cost); each slide gets a
+fresh context sized to the slide, with JavaScript off and every request aborted (a slide is
+static HTML and CSS; data: URLs still work), so a slide can neither run code nor reach
+anything, and the browser itself sits in a sandbox that holds only the deck.
 """
 
 from __future__ import annotations
 
-import asyncio
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from envhub.envs.browser.chromium import async_playwright, launch
+from envhub.envs.browser.chromium import LAUNCH_ARGS, BrowserUnavailable
+from envhub.envs.browser.sandbox import paths_in
+from envhub.envs.environment import EnvFailure
+from envhub.envs.sandbox.base import Sandbox
+from envhub.envs.sandbox.errors import SandboxFileError
 
-MEASURE_JS = (Path(__file__).parent / "measure.js").read_text()
-RENDER_TIMEOUT_MS = 15_000
+HERE = Path(__file__).parent
+RENDER_DIR = ".render"  # in the sandbox's workdir: render.js, measure.js, job.json, slides
+RENDER_TIMEOUT_MS = 15_000  # one slide
+LAUNCH_TIMEOUT_S = 60.0  # Node and Chromium starting, on a loaded machine
 MAX_SLIDE_BYTES = 256 << 10
 
 
@@ -28,50 +38,50 @@ class Measurement:
     overlaps: list[dict[str, Any]] = field(default_factory=list)
     overflow: list[str] = field(default_factory=list)
     error: str | None = None  # the slide could not be rendered (too big, not HTML, timeout)
+    render_ms: float = 0.0  # in the warm browser: fresh context, load, measure
 
 
-class SlideRenderer:
-    """`async with SlideRenderer() as r: await r.measure(html, 1280, 720)`; the browser starts
-    on entry (cold) and is reused for every slide measured inside the block (warm)."""
+@dataclass
+class DeckRender:
+    slides: list[Measurement]
+    launch_ms: float  # starting Chromium in the sandbox (once per deck)
 
-    def __init__(self) -> None:
-        self._pw: Any = None
-        self._browser: Any = None
 
-    async def __aenter__(self) -> SlideRenderer:
-        self._pw = await async_playwright()().start()
-        try:
-            self._browser = await launch(self._pw)
-        except BaseException:
-            await self._pw.stop()
-            raise
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        try:
-            if self._browser is not None:
-                await self._browser.close()
-        finally:
-            await self._pw.stop()
-
-    async def measure(self, html: str, width: int, height: int) -> Measurement:
-        if len(html.encode()) > MAX_SLIDE_BYTES:
-            return Measurement(error=f"slide is larger than {MAX_SLIDE_BYTES >> 10} KiB")
-        context = await self._browser.new_context(
-            viewport={"width": width, "height": height}, java_script_enabled=False,
-            offline=True, device_scale_factor=1)
-        try:
-            await context.route("**/*", lambda route: route.abort())
-            page = await context.new_page()
-            page.set_default_timeout(RENDER_TIMEOUT_MS)
-            await page.set_content(html, wait_until="load")
-            data = await page.evaluate(MEASURE_JS, [width, height])
-            return Measurement(**data)
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # playwright's TimeoutError / Error: the slide's own fault
-            if not self._browser.is_connected():
-                raise  # the browser died: infrastructure, not the slide
-            return Measurement(error=f"could not render: {str(e).splitlines()[0][:200]}")
-        finally:
-            await context.close()
+async def render_deck(sandbox: Sandbox, htmls: list[str], width: int, height: int
+                      ) -> DeckRender:
+    """Measure every slide of `htmls` at width x height in one browser inside `sandbox`.
+    A slide's own fault is its Measurement's error; EnvFailure when the browser cannot run."""
+    try:
+        paths = paths_in(str(getattr(sandbox, "kind", "")))
+    except BrowserUnavailable as e:
+        raise EnvFailure(str(e)) from None
+    files: list[str | None] = []
+    for number, html in enumerate(htmls, 1):
+        data = html.encode()
+        if len(data) > MAX_SLIDE_BYTES:
+            files.append(None)
+            continue
+        files.append(f"slide{number}.html")
+        await sandbox.write_file(f"{RENDER_DIR}/slide{number}.html", data)
+    job = {"slides": files, "width": width, "height": height, "args": LAUNCH_ARGS,
+           "timeout_ms": RENDER_TIMEOUT_MS}
+    await sandbox.write_file(f"{RENDER_DIR}/job.json", json.dumps(job).encode())
+    for name in ("render.js", "measure.js"):
+        await sandbox.write_file(f"{RENDER_DIR}/{name}", (HERE / name).read_bytes())
+    workdir = getattr(sandbox, "workdir", "/workspace")
+    result = await sandbox.exec(
+        f"{paths.node} {RENDER_DIR}/render.js {workdir}/{RENDER_DIR}", env=paths.env(),
+        timeout=LAUNCH_TIMEOUT_S + len(htmls) * (RENDER_TIMEOUT_MS / 1000 + 1))
+    too_big = Measurement(error=f"slide is larger than {MAX_SLIDE_BYTES >> 10} KiB")
+    try:
+        if result.exit_code != 0:
+            raise SandboxFileError("render.js failed")
+        answer = json.loads(await sandbox.read_file(f"{RENDER_DIR}/measurements.json"))
+        slides = [Measurement(**m) if m is not None else too_big for m in answer["slides"]]
+        if len(slides) != len(htmls):
+            raise ValueError("one measurement per slide")
+        return DeckRender(slides, float(answer["launch_ms"]))
+    except (SandboxFileError, ValueError, TypeError, KeyError):
+        raise EnvFailure(f"Chromium failed while rendering in the {paths.kind} sandbox (exit "
+                         f"{result.exit_code}{', timed out' if result.timed_out else ''}): "
+                         f"{result.stderr.strip()[-500:]}") from None

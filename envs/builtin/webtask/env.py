@@ -1,10 +1,11 @@
 """`webtask`: drive a small web app through browser tools; graded on the app's final state.
 
 The app (runtime/app.js: a to-do list and a settings form) and Chromium both run inside the
-rollout's sandbox, with no network: every tool call runs runtime/driver.js there (with the
-Node.js and `playwright-core` that ship with Playwright for Python, staged read-only by
-envs/browser/runtime.py), which starts
-the app and the browser, restores the previous page, acts, and saves the page again. The
+rollout's sandbox (local bubblewrap or docker; envs/browser/sandbox.py), with no network:
+every tool call runs runtime/driver.js there (with the Node.js and `playwright-core` that ship
+with Playwright for Python: staged read-only for local sandboxes, baked into the docker
+image), which starts the app and the browser, restores the previous page, acts, and saves
+the page again. The
 agent has only browser tools (no shell), so the app's state file changes only through the
 app. The verifier compares that file with the task's expected state.
 """
@@ -15,8 +16,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from envhub.envs.browser.chromium import BrowserUnavailable, chromium_path
-from envhub.envs.browser.runtime import staged_runtime
+from envhub.envs.browser.chromium import BrowserUnavailable
+from envhub.envs.browser.sandbox import BrowserPaths, browser_spec, paths_in, resolved_kind
 from envhub.envs.builtin.webtask.tools import SCHEMAS, request
 from envhub.envs.environment import EnvFailure, RunContext, Task, ToolResult, Verdict
 from envhub.envs.loader import task_rows
@@ -39,7 +40,6 @@ class WebTaskEnv:
     def __init__(self, folder: Path, manifest: Manifest) -> None:
         self.folder = Path(folder)
         self.manifest = manifest
-        self.runtime: Path | None = None
 
     def load_tasks(self) -> list[Task]:
         return [Task(id=str(row["id"]), instruction=INSTRUCTION.format(goal=row["goal"]),
@@ -52,8 +52,11 @@ class WebTaskEnv:
         return [SCHEMAS[name] for name in self.tools(task) if name in SCHEMAS]
 
     async def setup(self, task: Task, ctx: RunContext) -> Sandbox:
-        self._browser_runtime()
-        sandbox = await ctx.open_sandbox(self.manifest.sandbox)
+        try:  # Chromium and the runtime for this kind (for docker: its image, built once)
+            spec = await browser_spec(self.manifest.sandbox, resolved_kind(ctx.sandbox_kind))
+        except BrowserUnavailable as e:
+            raise EnvFailure(str(e)) from None
+        sandbox = await ctx.open_sandbox(spec)
         try:
             for name in ("driver.js", "app.js"):
                 await sandbox.upload(str(RUNTIME / name), f"{BROWSER_DIR}/{name}")
@@ -64,30 +67,18 @@ class WebTaskEnv:
             raise
         return sandbox
 
-    def _browser_runtime(self) -> Path:
-        """Node + playwright-core staged for sandboxes, and Chromium; EnvFailure with the fix
-        when either is missing."""
-        if self.runtime is None:
-            try:
-                chromium_path()
-                self.runtime = staged_runtime()
-            except BrowserUnavailable as e:
-                raise EnvFailure(str(e)) from None
-        return self.runtime
-
     async def browse(self, sandbox: Sandbox, req: dict[str, Any]) -> dict[str, Any]:
         """One driver run: the page after `req` ({url, title, snapshot, error})."""
         await sandbox.write_file(f"{BROWSER_DIR}/request.json", json.dumps(req).encode())
         workdir = getattr(sandbox, "workdir", "/workspace")
-        runtime = self._browser_runtime()
+        paths = browser_paths(sandbox)
         result = await sandbox.exec(
-            f"{runtime}/node {BROWSER_DIR}/driver.js {workdir}/{BROWSER_DIR}",
+            f"{paths.node} {BROWSER_DIR}/driver.js {workdir}/{BROWSER_DIR}",
             timeout=CALL_TIMEOUT_S,
-            env={"ENVHUB_CHROMIUM": chromium_path(), "WEBAPP_STATE": f"{workdir}/{STATE_FILE}",
-                 "PLAYWRIGHT_CORE": f"{runtime}/playwright-core"})
+            env={**paths.env(), "WEBAPP_STATE": f"{workdir}/{STATE_FILE}"})
         if result.exit_code == 127:
-            raise EnvFailure(f"the browser runtime ({runtime}) is not visible in the sandbox: "
-                             f"{result.stderr.strip()[-300:]}")
+            raise EnvFailure(f"the browser runtime ({paths.node}) is not visible in the "
+                             f"sandbox: {result.stderr.strip()[-300:]}")
         try:
             page = json.loads(result.stdout.strip().splitlines()[-1])
         except (IndexError, json.JSONDecodeError):
@@ -122,6 +113,14 @@ class WebTaskEnv:
         problems = check_state(state, task.data["expected"])
         return Verdict(0.0 if problems else 1.0, not problems,
                        {"problems": problems[:10], "todos": state.get("todos", [])[:50]})
+
+
+def browser_paths(sandbox: Sandbox) -> BrowserPaths:
+    """Where the runtime is inside `sandbox` (by its kind); EnvFailure with the fix."""
+    try:
+        return paths_in(str(getattr(sandbox, "kind", "")))
+    except BrowserUnavailable as e:
+        raise EnvFailure(str(e)) from None
 
 
 def check_state(state: dict[str, Any], expected: dict[str, Any]) -> list[str]:
