@@ -60,7 +60,13 @@ def train_command(
                                "(default: 3 x --groups)"),
     model: str = typer.Option(None, help="HF model folder (default: the bundled model)"),
     agent: str = typer.Option("tool", help="tool (the built-in agent) or a command line "
-                              "(any agent using OPENAI_BASE_URL / OPENAI_API_KEY)"),
+                              "(any agent using OPENAI_BASE_URL / OPENAI_API_KEY; it runs inside "
+                              "the rollout's sandbox)"),
+    agent_install: list[str] = typer.Option(None, "--agent-install", help="pip:REQ | "
+                                            "script:PATH: a command agent's programs, made "
+                                            "present in the sandbox (repeatable)"),
+    agent_on_host: bool = typer.Option(False, "--agent-on-host", help="run a command agent as "
+                                       "a host process: no containment"),
     max_turns: int = typer.Option(None, min=1, help="override the env's max_turns"),
     tasks: int = typer.Option(None, min=1, help="train on each env's first N training tasks "
                               "(default: all); each pass over them is in a fresh seeded order"),
@@ -126,6 +132,7 @@ def train_command(
         cfg = TrainLoopConfig(envs=choices, steps=steps, seed=seed, out=Path(out),
                               groups=groups, k=k, concurrency=concurrency, lr=lr, tau=tau,
                               sync=sync, window=window, buffer=buffer, model=model, agent=agent,
+                              agent_install=agent_install or [], agent_on_host=agent_on_host,
                               max_turns=max_turns, tasks=tasks, keep_weights=keep_weights,
                               sync_every=sync_every, reset_optimizer=reset_optimizer,
                               eval_every=eval_every, eval_tasks=eval_tasks,
@@ -140,7 +147,7 @@ def train_command(
     try:
         from envhub.envs.agents import make_agent
 
-        make_agent(agent)
+        make_agent(agent, agent_install or [], agent_on_host)
         load_training_envs(cfg)
     except Exception as e:  # unknown env or agent, bad manifest, bad split: the fix is in it
         _fail(str(e))

@@ -61,6 +61,10 @@ class TrainLoopConfig(BaseModel):
                                "trainer")
     model: str | None = Field(None, description="HF model folder (default: the bundled one)")
     agent: str = Field("tool", description="the agent: tool (built-in) or a command line")
+    agent_install: list[str] = Field(default_factory=list, description="how a command agent's "
+                                     "programs get into the sandbox: pip:REQ | script:PATH")
+    agent_on_host: bool = Field(False, description="run a command agent as a host process (no "
+                                "containment)")
     max_turns: int | None = Field(None, ge=1, description="override the env's max_turns")
     tasks: int | None = Field(None, ge=1, description="train on each env's first N training "
                               "tasks (None: all of them)")
@@ -175,7 +179,7 @@ def train(cfg: TrainLoopConfig, log: Callable[[str], Any] = print,
     rank0 = dp is None or dp.rank == 0
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
-    agent = make_agent(cfg.agent)
+    agent = make_agent(cfg.agent, cfg.agent_install, cfg.agent_on_host)
     envs = load_training_envs(cfg)
     if rank0:
         cfg.out.mkdir(parents=True, exist_ok=True)

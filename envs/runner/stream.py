@@ -93,6 +93,9 @@ class GroupRunner:
             return loaded, {ref: sandbox_kind(config, le) for ref, le in loaded.items()}
 
         envs, kinds = await asyncio.to_thread(load)
+        from envhub.envs.runner.run import _prepare_agent
+
+        agent_kinds = await _prepare_agent(agent, config, kinds)  # in-sandbox command agents
         results = None
         if out is not None:
             results = ResultsFolder(out)
@@ -106,7 +109,8 @@ class GroupRunner:
         overrides = {k: v for k, v in (("max_turns", max_turns),
                                        ("time_limit_s", time_limit_s)) if v is not None}
         setups = {ref: RolloutSetup(run_id, agent, agent.name, link, kinds[ref], scratch,
-                                    "default", overrides) for ref in refs}
+                                    "default", overrides, agent_kinds.get(ref))
+                  for ref in refs}
         return cls(run_id, envs, setups, results, scratch)
 
     def tasks(self, ref: str) -> list[Task]:

@@ -39,7 +39,8 @@ def config(out: Path, hold_mode: str, arg: str, **over: object):
                                                first_task(0), hold_mode, arg))
     return TrainLoopConfig.model_validate({
         "envs": ["arith"], "steps": 2, "seed": 0, "out": out, "groups": 1, "k": 2,
-        "concurrency": 4, "buffer": 2, "tasks": 2, "eval_every": 0, "agent": agent, **over})
+        "concurrency": 4, "buffer": 2, "tasks": 2, "eval_every": 0, "agent": agent,
+        "agent_on_host": True, **over})  # it waits on the test's files and engine
 
 
 def sessions_by_group(out: Path) -> dict[str, list]:
