@@ -242,7 +242,7 @@ def run_in_thread(config: GatewayConfig, backend: Backend | None = None) -> Gate
     app = create_app(config, backend)
     running = serve_in_thread(app, config.host, config.port, lifespan="on", graceful_timeout=5,
                               name="envhub-gateway", start_timeout=60)
-    app.state.gw.url = running.url  # read per request only, never at startup
+    app.state.gw.url = (config.public_url or running.url).rstrip("/")  # read per request
     return GatewayHandle(running.url, config.admin_key, app, running)
 
 
@@ -251,7 +251,7 @@ def serve(config: GatewayConfig) -> None:
     app = create_app(config)
     sock = bind(config.host, config.port)
     port = sock.getsockname()[1]
-    app.state.gw.url = f"http://{config.host}:{port}"
+    app.state.gw.url = (config.public_url or f"http://{config.host}:{port}").rstrip("/")
     print(f"envhub gateway on http://{config.host}:{port}  model={config.served_name()}  "
           f"backend={config.backend}  pool={config.db}", flush=True)
     uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on",
