@@ -17,7 +17,7 @@ from __future__ import annotations
 import secrets
 import time
 
-from sqlalchemy import update
+from sqlalchemy import bindparam, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
@@ -53,16 +53,20 @@ def op_claim(session_id: str, token: str, holder: str, *, new: bool = False) -> 
     return claim
 
 
+# An UPDATE, not a SELECT: it locks the row until commit, so a concurrent claim waits for
+# this write. Built once: one statement per recorded turn, on the gateway's hot path.
+_GUARD = (update(t.session_leases)
+          .where(t.session_leases.c.session_id == bindparam("b_sid"))
+          .where(t.session_leases.c.token == bindparam("b_token"))
+          .values(taken_at=t.session_leases.c.taken_at))
+
+
 def op_guard(session_id: str, token: str) -> WriteOp:
-    """Fail the transaction unless the session is still held under `token`. An UPDATE, not a
-    SELECT: it locks the row until commit, so a concurrent claim waits for this write."""
-    stmt = (update(t.session_leases)
-            .where(t.session_leases.c.session_id == session_id)
-            .where(t.session_leases.c.token == token)
-            .values(token=token))
+    """Fail the transaction unless the session is still held under `token`."""
+    params = {"b_sid": session_id, "b_token": token}
 
     def guard(conn: Connection) -> None:
-        if conn.execute(stmt).rowcount != 1:
+        if conn.execute(_GUARD, params).rowcount != 1:
             raise LeaseLost(session_id)
 
     return guard
