@@ -17,7 +17,7 @@ from __future__ import annotations
 import secrets
 import time
 
-from sqlalchemy import bindparam, update
+from sqlalchemy import update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
@@ -54,19 +54,20 @@ def op_claim(session_id: str, token: str, holder: str, *, new: bool = False) -> 
 
 
 # An UPDATE, not a SELECT: it locks the row until commit, so a concurrent claim waits for
-# this write. Built once: one statement per recorded turn, on the gateway's hot path.
-_GUARD = (update(t.session_leases)
-          .where(t.session_leases.c.session_id == bindparam("b_sid"))
-          .where(t.session_leases.c.token == bindparam("b_token"))
-          .values(taken_at=t.session_leases.c.taken_at))
+# this write. Sent as driver SQL: it runs once per recorded turn, on the gateway's hot path,
+# where SQLAlchemy's statement machinery cost more than SQLite's own work.
+_GUARD = "UPDATE session_leases SET taken_at = taken_at WHERE session_id = {0} AND token = {0}"
+_GUARD_SQL = {"qmark": _GUARD.format("?")}  # sqlite3
+_GUARD_PG = _GUARD.format("%s")  # psycopg (paramstyle format/pyformat)
 
 
 def op_guard(session_id: str, token: str) -> WriteOp:
     """Fail the transaction unless the session is still held under `token`."""
-    params = {"b_sid": session_id, "b_token": token}
+    params = (session_id, token)
 
     def guard(conn: Connection) -> None:
-        if conn.execute(_GUARD, params).rowcount != 1:
+        sql = _GUARD_SQL.get(conn.dialect.paramstyle, _GUARD_PG)
+        if conn.exec_driver_sql(sql, params).rowcount != 1:
             raise LeaseLost(session_id)
 
     return guard
