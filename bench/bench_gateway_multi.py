@@ -93,9 +93,9 @@ def main() -> None:
         m = med[name]
         print(f"{name:<10} {m['rps']:>8.0f} {m['p50']:>8.2f} {m['p99']:>8.1f} "
               f"{sum(r['errors'] for r in rs):>7}")
-    print(f"nginx costs x{med['1 + nginx']['rps'] / med['1 direct']['rps']:.2f} of one "
-          f"process's calls/s; 2 processes behind it give "
-          f"x{med['2 + nginx']['rps'] / med['1 + nginx']['rps']:.2f} of 1")
+    rps = {name: m["rps"] for name, m in med.items()}
+    print(f"calls/s ratios: 1 + nginx / 1 direct x{rps['1 + nginx'] / rps['1 direct']:.2f}, "
+          f"2 + nginx / 1 + nginx x{rps['2 + nginx'] / rps['1 + nginx']:.2f}")
 
 
 if __name__ == "__main__":
