@@ -3,6 +3,8 @@
 Targets, all in front of the same `envhub engine --model zero` process:
   direct   — POST /v1/completions with token ids straight to the engine
   envhub   — POST /v1/chat/completions through `envhub gateway` (render + record in SQLite)
+  responses — POST /v1/responses through the same gateway, resending the conversation's items
+             each turn as the OpenAI Agents SDK does (+ storing the response object)
   litellm  — LiteLLM's proxy (if `litellm[proxy]` is installed), /v1/completions passthrough
 
 At concurrency 1: p50 latency and what each proxy adds over direct. At concurrency 64: req/s.
@@ -84,8 +86,25 @@ def main() -> None:
                 assert r.status == 200, await r.text()
                 msgs.append((await r.json())["choices"][0]["message"])
 
+        items: dict[int, list] = {}
+
+        async def responses(http, w, i):
+            # the same agent shape over the Responses API: output items echoed as input
+            conv = items.setdefault(w, [])
+            if len(conv) >= 20:
+                conv.clear()
+                sessions[-1 - w] = sessions.get(-1 - w, 0) + 1
+            conv.append({"role": "user", "content": f"step {len(conv)} of worker {w}"})
+            key = f"bench-r-{nonce}-{w}-{sessions.get(-1 - w, 0)}"
+            async with http.post(f"{gw_url}/v1/responses", headers={
+                    "authorization": f"Bearer {key}"}, json={
+                    "model": "default", "max_output_tokens": 8, "input": conv}) as r:
+                assert r.status == 200, await r.text()
+                conv.extend((await r.json())["output"])
+
         targets["direct"] = direct
         targets["envhub"] = gateway
+        targets["responses"] = responses
         if litellm_available():
             cfg = os.path.join(tmp, "litellm.yaml")
             with open(cfg, "w") as f:
@@ -130,11 +149,11 @@ def main() -> None:
             p.kill()
             p.wait()
     base = serial["direct"]["p50"]
-    print(f"{'target':<8} {'c=1 p50 ms':>11} {'added ms':>9} {'c=64 req/s':>11} "
+    print(f"{'target':<9} {'c=1 p50 ms':>11} {'added ms':>9} {'c=64 req/s':>11} "
           f"{'c=64 p99 ms':>12} {'errors':>7}")
     for name in targets:
         s, w = serial[name], wide[name]
-        print(f"{name:<8} {s['p50']:>11.2f} {s['p50'] - base:>9.2f} {w['rps']:>11.0f} "
+        print(f"{name:<9} {s['p50']:>11.2f} {s['p50'] - base:>9.2f} {w['rps']:>11.0f} "
               f"{w['p99']:>12.1f} {s['errors'] + w['errors']:>7}")
     g = serial["envhub"]["p50"] - base
     print(f"envhub adds {g:.2f} ms p50 at c=1 (target <= 1.5 ms)")

@@ -6,10 +6,12 @@ Each row runs in its own subprocess, so its peak memory is its own: `peak MB` is
 max RSS (`resource.getrusage(RUSAGE_SELF).ru_maxrss`) at the end, `step MB` how far the steps
 pushed it above the max RSS after loading the model and the groups (the activations,
 gradients and optimizer state of the step). tokens/s counts sequence tokens (what an unmerged
-batch processes) and packed tokens (what the model actually ran).
+batch processes) and packed tokens (what the model actually ran). `precision` bf16 is
+bfloat16 autocast with fp32 master weights (TrainerConfig.precision); on a CUDA machine the
+Trainer places the model on the GPU and `gpu MB` is torch's peak allocated GPU memory.
 
     .venv/bin/python bench/bench_trainer_throughput.py [--groups 4] [--steps 2] [--turns 10]
-                                                       [--model bundled|wide]
+                                                       [--model bundled|wide] [--only tree]
 
 Add a configuration by adding a `Row` to ROWS (TrainerConfig overrides, parameter dtype).
 """
@@ -53,6 +55,13 @@ ROWS = [
     Row("unmerged", {"prefix_merge": False}),
     Row("unmerged + ckpt", {"prefix_merge": False, "gradient_checkpointing": True}),
     Row("tree, dense mask", {"prefix_merge": True, "sparse_attention": False}),
+    # bf16 autocast (fp32 master weights) beside the fp32 rows above
+    Row("tree", {"prefix_merge": True, "precision": "bf16"}),
+    Row("tree + ckpt", {"prefix_merge": True, "gradient_checkpointing": True,
+                        "precision": "bf16"}),
+    Row("unmerged", {"prefix_merge": False, "precision": "bf16"}),
+    Row("unmerged + ckpt", {"prefix_merge": False, "gradient_checkpointing": True,
+                            "precision": "bf16"}),
 ]
 
 
@@ -91,14 +100,17 @@ def run_row(row: Row, kind: str, groups_file: str, steps: int) -> dict[str, floa
     cfg = {"max_tokens_per_forward": 8192, "optim": {"lr": 1e-6}, **row.config}
     trainer = Trainer(model, TrainerConfig.model_validate(cfg))
     trainer.step(groups[:1])  # warm-up (allocator, optimizer state)
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
     best, metrics = float("inf"), {}
     for _ in range(steps):
         t = time.perf_counter()
         metrics = trainer.step(groups)
         best = min(best, time.perf_counter() - t)
     peak = max_rss_mb()
+    gpu = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else 0.0
     return {"seq": metrics["tokens/naive"], "packed": metrics["tokens/packed"], "step_s": best,
-            "peak_mb": peak, "step_mb": peak - base_mb}
+            "peak_mb": peak, "step_mb": peak - base_mb, "gpu_mb": gpu}
 
 
 def sample_groups(model: Any, n: int, turns: int) -> list[Group]:
@@ -113,6 +125,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--turns", type=int, default=10)
     ap.add_argument("--model", choices=["bundled", "wide"], default="bundled")
+    ap.add_argument("--only", help="run only the rows whose name contains this")
     ap.add_argument("--row", help=argparse.SUPPRESS)  # child mode: a Row as JSON
     ap.add_argument("--groups-file", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -130,18 +143,21 @@ def main() -> None:
     with tempfile.NamedTemporaryFile(suffix=".pkl") as f:
         pickle.dump(groups, f)
         f.flush()
-        print(f"{'configuration':<18} {'dtype':>8} {'seq tok':>8} {'packed':>8} {'step s':>7} "
-              f"{'seq tok/s':>10} {'packed tok/s':>12} {'peak MB':>8} {'step MB':>8}")
+        print(f"{'configuration':<18} {'precision':>9} {'seq tok':>8} {'packed':>8} {'step s':>7} "
+              f"{'seq tok/s':>10} {'packed tok/s':>12} {'peak MB':>8} {'step MB':>8} {'gpu MB':>7}")
         for row in ROWS:
+            if args.only and args.only not in row.name:
+                continue
             out = subprocess.run([sys.executable, __file__, "--row", json.dumps(asdict(row)),
                                   "--groups-file", f.name, "--steps", str(args.steps),
                                   "--model", args.model],
                                  capture_output=True, text=True, check=True)
             r = json.loads(out.stdout.strip().splitlines()[-1])
-            print(f"{row.name:<18} {row.dtype:>8} {r['seq']:>8.0f} {r['packed']:>8.0f} "
+            precision = row.config.get("precision", "fp32")
+            print(f"{row.name:<18} {precision:>9} {r['seq']:>8.0f} {r['packed']:>8.0f} "
                   f"{r['step_s']:>7.2f} {r['seq'] / r['step_s']:>10.0f} "
                   f"{r['packed'] / r['step_s']:>12.0f} {r['peak_mb']:>8.0f} "
-                  f"{r['step_mb']:>8.0f}")
+                  f"{r['step_mb']:>8.0f} {r['gpu_mb']:>7.0f}")
 
 
 if __name__ == "__main__":

@@ -67,11 +67,27 @@ def train_command(
     chains: str = typer.Option("all", help="conversations of each session to train on: all, "
                                "or main (the one with the most turns; a CLI's side calls are "
                                "other chains)"),
+    precision: str = typer.Option("fp32", help="fp32 | bf16 (bfloat16 compute, fp32 master "
+                                  "weights)"),
+    lora_rank: int = typer.Option(None, min=1, help="train LoRA adapters (PEFT) of this rank "
+                                  "instead of all weights; the engine gets merged weights"),
+    lora_alpha: int = typer.Option(None, min=1, help="LoRA alpha (default: 2 x rank)"),
+    lora_targets: str = typer.Option(None, help="comma-separated module names to adapt "
+                                     "(default: every linear layer but the LM head)"),
+    nproc_per_node: int = typer.Option(1, min=1, help="trainer ranks on this machine: re-runs "
+                                       "this command under torchrun (FSDP2; rank 0 runs the "
+                                       "gateway and rollouts). Under your own torchrun, leave "
+                                       "it at 1"),
 ) -> None:
-    """Train on an environment: gateway + rollouts + trainer + weight sync, on CPU."""
+    """Train on an environment: gateway + rollouts + trainer + weight sync (GPU when present,
+    else CPU; several ranks with --nproc-per-node or under torchrun)."""
+    import os
+    import subprocess
+    import sys
     from pathlib import Path
 
     from envhub.train import TrainLoopConfig, train
+    from envhub.trainer.errors import TrainerError
 
     if chains not in ("all", "main"):
         typer.echo(f"error: --chains {chains!r}: use all or main", err=True)
@@ -80,12 +96,20 @@ def train_command(
         typer.echo(f"error: --model {model} is not a folder; pass a Hugging Face model folder",
                    err=True)
         raise typer.Exit(2)
+    if precision not in ("fp32", "bf16"):
+        typer.echo(f"error: --precision {precision}: use fp32 or bf16", err=True)
+        raise typer.Exit(2)
+    targets = [t.strip() for t in lora_targets.split(",") if t.strip()] if lora_targets else None
+    if (lora_alpha is not None or targets) and lora_rank is None:
+        typer.echo("error: --lora-alpha/--lora-targets need --lora-rank R", err=True)
+        raise typer.Exit(2)
     cfg = TrainLoopConfig(env=env, steps=steps, seed=seed, out=Path(out), groups=groups, k=k,
                           concurrency=concurrency, lr=lr, tau=tau, window=window or None,
                           model=model, max_turns=max_turns, tasks=tasks,
                           keep_weights=keep_weights, sync_every=sync_every,
                           reset_optimizer=reset_optimizer, std_norm=not no_std_norm,
-                          gradient_checkpointing=gradient_checkpointing,
+                          gradient_checkpointing=gradient_checkpointing, precision=precision,
+                          lora_rank=lora_rank, lora_alpha=lora_alpha, lora_targets=targets,
                           chains=chains)
     try:
         from envhub.envs.loader import load_env
@@ -94,7 +118,17 @@ def train_command(
     except Exception as e:  # unknown env, bad manifest: the loader's message says the fix
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from e
-    train(cfg, log=typer.echo)
+    if nproc_per_node > 1 and "WORLD_SIZE" not in os.environ:
+        from envhub.train import torchrun_argv
+
+        # the same command line again, each rank sees WORLD_SIZE and trains its shard
+        code = subprocess.call(torchrun_argv(nproc_per_node, sys.argv[1:]))
+        raise typer.Exit(code)
+    try:
+        train(cfg, log=typer.echo)
+    except TrainerError as e:  # e.g. LoRA targets the model does not have
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from e
 
 
 @app.command("export")

@@ -6,12 +6,18 @@
         → weights exported and pushed to the engine through POST /admin/weights (version+1)
 
 Per-step metrics, with the step's mean reward, are appended to `OUT/metrics.jsonl`.
+
+Under torchrun (WORLD_SIZE > 1; `envhub train --nproc-per-node N` re-launches itself that way)
+the trainer is FSDP2-sharded over the ranks: rank 0 runs the gateway, the rollouts and the
+metrics file and broadcasts each step's groups; every rank trains its shard; the weight push
+gathers the full state to rank 0, which writes and pushes it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import secrets
 import statistics
@@ -48,6 +54,13 @@ class TrainLoopConfig(BaseModel):
     chains: Literal["all", "main"] = Field("all", description="conversations of a session to "
                                            "train on: all, or the main one (side calls of CLIs "
                                            "are other chains)")
+    precision: str = Field("fp32", pattern="^(fp32|bf16)$", description="bf16: bfloat16 "
+                           "compute with fp32 master weights")
+    lora_rank: int | None = Field(None, ge=1, description="train LoRA adapters of this rank "
+                                  "(PEFT) instead of all weights; pushes merged weights")
+    lora_alpha: int | None = Field(None, ge=1, description="LoRA alpha (default 2 x rank)")
+    lora_targets: list[str] | None = Field(None, description="module names to adapt "
+                                           "(default: every linear layer but the LM head)")
     keep_weights: int = Field(2, ge=1, description="weight versions kept in OUT/weights (the "
                               "newest; older ones are deleted once a newer one is served)")
 
@@ -81,7 +94,6 @@ def _mean(xs: list[float]) -> float:
 
 def train(cfg: TrainLoopConfig, log: Any = print) -> list[dict[str, Any]]:
     """Run the loop; returns the per-step metrics (also written to OUT/metrics.jsonl)."""
-    import httpx
     import torch
     from huggingface_hub.utils import disable_progress_bars
     from transformers import AutoModelForCausalLM
@@ -95,19 +107,24 @@ def train(cfg: TrainLoopConfig, log: Any = print) -> list[dict[str, Any]]:
     from envhub.trainer.config import (
         AdvantageConfig,
         FilterConfig,
+        LoraSettings,
         OptimConfig,
         TrainerConfig,
     )
+    from envhub.trainer.distributed import DataParallel
     from envhub.trainer.source import HttpSource
     from envhub.trainer.trainer import Trainer
     from envhub.trainer.window import GroupWindow
 
     disable_progress_bars()
     hf_logging.disable_progress_bar()
+    dp = DataParallel.init() if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
+    rank0 = dp is None or dp.rank == 0
     torch.manual_seed(cfg.seed)
-    cfg.out.mkdir(parents=True, exist_ok=True)
     metrics_path = cfg.out / "metrics.jsonl"
-    metrics_path.write_text("")
+    if rank0:
+        cfg.out.mkdir(parents=True, exist_ok=True)
+        metrics_path.write_text("")
     admin = "envhub-admin-" + secrets.token_urlsafe(16)
     gw_config = GatewayConfig(port=0, db=f"sqlite:///{cfg.out / 'pool.db'}", admin_key=admin,
                               model=cfg.model)
@@ -115,38 +132,43 @@ def train(cfg: TrainLoopConfig, log: Any = print) -> list[dict[str, Any]]:
     schedule = task_schedule(all_tasks[:cfg.tasks], cfg.steps, cfg.groups, cfg.seed)
     model = AutoModelForCausalLM.from_pretrained(str(gw_config.model_path()),
                                                  dtype=torch.float32)
+    lora = None
+    if cfg.lora_rank is not None:
+        lora = LoraSettings(rank=cfg.lora_rank, alpha=cfg.lora_alpha or 2 * cfg.lora_rank,
+                            targets=cfg.lora_targets or "all-linear")
     trainer = Trainer(model, TrainerConfig(
         optim=OptimConfig(lr=cfg.lr, reset_optimizer_on_sync=cfg.reset_optimizer),
         advantages=AdvantageConfig(normalize_std=cfg.std_norm),
         filters=FilterConfig(tau=cfg.tau, group_size=cfg.k, drop_no_signal=True,
                              chains=cfg.chains),
-        gradient_checkpointing=cfg.gradient_checkpointing))
+        gradient_checkpointing=cfg.gradient_checkpointing,
+        precision=cfg.precision, lora=lora), data_parallel=dp)  # type: ignore[arg-type]
     history: list[dict[str, Any]] = []
-    gw = run_in_thread(gw_config)
-    source = HttpSource(gw.url, admin)
-    window = GroupWindow(source, cfg.window)
+    gw = run_in_thread(gw_config) if rank0 else None
+    source = HttpSource(gw.url, admin) if gw else None
+    window = GroupWindow(source, cfg.window) if source else None
     try:
         for step in range(cfg.steps):
             t0 = time.perf_counter()
-            ids = schedule[step]
-            outcome = asyncio.run(run(RunConfig(
-                envs=[EnvChoice(ref=cfg.env)], k=cfg.k, tasks=ids, n=cfg.groups,
-                gateway=gw.url, admin_key=admin, concurrency=cfg.concurrency,
-                max_turns=cfg.max_turns, out=cfg.out / "rollouts" / f"step-{step:04d}"),
-                progress=False))
+            outcome, groups = None, []
+            if gw is not None and window is not None:
+                outcome = asyncio.run(run(RunConfig(
+                    envs=[EnvChoice(ref=cfg.env)], k=cfg.k, tasks=schedule[step],
+                    n=cfg.groups, gateway=gw.url, admin_key=admin,
+                    concurrency=cfg.concurrency, max_turns=cfg.max_turns,
+                    out=cfg.out / "rollouts" / f"step-{step:04d}"), progress=False))
+                groups = window.take(len(window.ready()))
+            if dp is not None:
+                groups = _broadcast(groups)
             t_roll = time.perf_counter() - t0
-            groups = window.take(len(window.ready()))
             stats = trainer.step(groups)
             t_train = time.perf_counter() - t0 - t_roll
-
-            def push(path: str) -> None:
-                r = httpx.post(f"{gw.url}/admin/weights", json={"path": path},
-                               headers={"authorization": f"Bearer {admin}"}, timeout=600)
-                r.raise_for_status()
-
             if (step + 1) % cfg.sync_every == 0 or step == cfg.steps - 1:
-                trainer.sync(cfg.out / "weights", push=push)
-                prune_weights(cfg.out / "weights", cfg.keep_weights)
+                trainer.sync(cfg.out / "weights", push=_pusher(gw.url, admin) if gw else None)
+                if rank0:
+                    prune_weights(cfg.out / "weights", cfg.keep_weights)
+            if outcome is None:
+                continue
             done = [r for r in outcome.records if r.status == "done"]
             row = {
                 **{f"trainer/{k}": v for k, v in stats.items() if isinstance(v, (int, float))},
@@ -157,7 +179,7 @@ def train(cfg: TrainLoopConfig, log: Any = print) -> list[dict[str, Any]]:
                 "rollouts": len(outcome.records),
                 "env_failures": sum(r.status == "env_failure" for r in outcome.records),
                 "groups_trained": len(groups), "rollout_s": round(t_roll, 2),
-                "train_s": round(t_train, 2),
+                "train_s": round(t_train, 2), "ranks": dp.world if dp else 1,
             }
             history.append(row)
             with open(metrics_path, "a", encoding="utf-8") as f:
@@ -166,6 +188,41 @@ def train(cfg: TrainLoopConfig, log: Any = print) -> list[dict[str, Any]]:
                 f"{row['resolved_rate']:.2f}  groups {len(groups)}  "
                 f"rollout {t_roll:.1f}s  train {t_train:.1f}s  v{trainer.version}")
     finally:
-        source.close()
-        gw.close()
+        if source is not None:
+            source.close()
+        if gw is not None:
+            gw.close()
+        if dp is not None:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
     return history
+
+
+def _pusher(url: str, admin: str) -> Any:
+    import httpx
+
+    def push(path: str) -> None:
+        r = httpx.post(f"{url}/admin/weights", json={"path": path},
+                       headers={"authorization": f"Bearer {admin}"}, timeout=600)
+        r.raise_for_status()
+
+    return push
+
+
+def _broadcast(groups: list[Any]) -> list[Any]:
+    """Rank 0's groups on every rank (pickled through torch.distributed)."""
+    import torch.distributed as dist
+
+    box = [groups]
+    dist.broadcast_object_list(box, src=0)
+    return list(box[0])
+
+
+def torchrun_argv(nproc: int, argv: list[str]) -> list[str]:
+    """The command that re-runs `envhub ARGV` under torchrun with `nproc` ranks on this host
+    (single node, a free rendezvous port)."""
+    import sys
+
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            "--nproc-per-node", str(nproc), "-m", "envhub", *argv]

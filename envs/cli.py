@@ -130,9 +130,17 @@ def run_command(
         help="Environments: name, ./folder or owner/name@version; NAME=WEIGHT sets sampling "
              "ratios.")],
     agent: str = typer.Option("tool", "--agent", "-a", help="tool | tool:summarize | oracle | "
-                              "a command line ('python agent.py {task_file}'; placeholders "
+                              "a command line, run inside the rollout's sandbox "
+                              "('agent.py {task_file}' with --agent-install "
+                              "script:agent.py; placeholders "
                               "{instruction} {task_file} {task_id} {model}; OPENAI_BASE_URL/"
                               "OPENAI_API_KEY and ANTHROPIC_* point at its session)."),
+    agent_install: Annotated[list[str] | None, typer.Option(
+        "--agent-install", help="How a command agent is made present inside the sandbox: "
+        "pip:REQUIREMENT | script:PATH (repeatable); its programs are on PATH there.")] = None,
+    agent_on_host: bool = typer.Option(False, "--agent-on-host", help="Run a command agent as "
+                                       "a process on this machine instead of inside the "
+                                       "sandbox: NO containment (prints a warning)."),
     model: str | None = typer.Option(None, "--model", "-m", help="Model for the in-process "
                                      "gateway: HF folder, provider/name, or zero. Default: the "
                                      "bundled tiny model."),
@@ -171,6 +179,7 @@ def run_command(
     try:
         config = RunConfig(
             envs=[EnvChoice.parse(e) for e in envs], agent=agent, model=model,
+            agent_install=agent_install or [], agent_on_host=agent_on_host,
             sandbox=sandbox, n=n, k=k, concurrency=concurrency, tasks=task or [], out=out,
             resume=resume, gateway=gateway, admin_key=admin_key, max_turns=max_turns,
             time_limit_s=time_limit)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
 from pathlib import Path
@@ -41,6 +42,10 @@ class SandboxSpec(BaseModel):
     cpus: float = Field(1.0, gt=0, le=64)
     memory_mb: int = Field(2048, ge=64, le=1 << 20)
     network: bool = Field(False, description="sandboxes have no network unless this is true")
+    host_paths: list[str] = Field(
+        [], description="local sandboxes: absolute host paths bound read-only beyond the system "
+        "folders and the few /etc files they always see (e.g. a toolchain under /opt); nothing "
+        "else of the host is visible (envs/sandbox/host_view.py)")
     exec_timeout_s: float = Field(120.0, gt=0)
     setup_timeout_s: float = Field(600.0, gt=0)
 
@@ -55,6 +60,15 @@ class SandboxSpec(BaseModel):
         from envhub.envs.sandbox.kinds import check_kind  # the sandbox package imports us
 
         return check_kind(v, manifest=True)
+
+    @field_validator("host_paths")
+    @classmethod
+    def _host_paths(cls, v: list[str]) -> list[str]:
+        for path in v:
+            if not path.startswith("/") or os.path.normpath(path) in ("/", "/proc", "/dev"):
+                raise ValueError(f"{path!r}: give an absolute path of a host folder or file "
+                                 "(not / itself)")
+        return [os.path.normpath(p) for p in v]
 
     @field_validator("supported_kinds")
     @classmethod

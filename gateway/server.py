@@ -15,19 +15,21 @@ from typing import Any
 import orjson
 import uvicorn
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from envhub.gateway import admin_api, admin_fleet, anthropic_api, openai_api
+from envhub.gateway import admin_api, admin_fleet, anthropic_api, openai_api, responses_api
 from envhub.gateway.backends import backend_class, make_backend
 from envhub.gateway.backends.base import Backend
 from envhub.gateway.config import GatewayConfig
-from envhub.gateway.errors import GatewayError, Overloaded
+from envhub.gateway.errors import BadRequest, GatewayError, Overloaded
 from envhub.gateway.metrics import Metrics
 from envhub.gateway.model_names import ModelNames
 from envhub.gateway.pool.store import Store
 from envhub.gateway.render.chat_template import ChatRenderer
+from envhub.gateway.responses_log import ResponseLog
 from envhub.gateway.service import ChatService
 from envhub.gateway.sessions import Sessions
 from envhub.sdk.serve import ServerThread, bind, serve_in_thread
@@ -116,7 +118,8 @@ class _Edge:
         await send({"type": "http.response.body", "body": body})
 
 
-_ROUTERS = (openai_api.router, anthropic_api.router, admin_api.router, admin_fleet.router)
+_ROUTERS = (openai_api.router, responses_api.router, anthropic_api.router, admin_api.router,
+            admin_fleet.router)
 
 
 def _allowed(request: Request) -> str:
@@ -142,6 +145,7 @@ class GatewayState:
     metrics: Metrics
     model_names: set[str]
     models: ModelNames
+    responses: ResponseLog  # stored /v1/responses objects (previous_response_id, GET)
     url: str | None = None
 
     def public_url(self, request: Request) -> str:
@@ -163,7 +167,7 @@ def create_app(config: GatewayConfig, backend: Backend | None = None) -> FastAPI
         service=ChatService(renderer, backend, store, metrics, config.max_model_len,
                             text_backend=backend_class(config.backend).text_only),
         metrics=metrics, model_names={config.served_name(), "default"},
-        models=config.model_table())
+        models=config.model_table(), responses=ResponseLog(store))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -187,6 +191,17 @@ def create_app(config: GatewayConfig, backend: Backend | None = None) -> FastAPI
         return Response(_error_body(exc.message, exc.type, exc.param, exc.code),
                         status_code=exc.status_code, media_type="application/json",
                         headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> Response:
+        # bodies and query parameters declared as pydantic models: a 400 naming the field, in
+        # the API's own error shape (FastAPI's default is a 422 in a shape no client reads)
+        # the deepest error is the most specific (a union reports one per alternative)
+        first = max(exc.errors(), key=lambda e: len(e.get("loc", ())))
+        param = _field_path(first.get("loc", ()))
+        err = BadRequest(f"{param or 'request'}: {first.get('msg', 'invalid value')}",
+                         param=param or None)
+        return await _gateway_error(request, err)
 
     @app.exception_handler(openai_api.ClientGone)
     async def _client_gone(request: Request, exc: Exception) -> Response:
@@ -218,6 +233,22 @@ def create_app(config: GatewayConfig, backend: Backend | None = None) -> FastAPI
     app.add_middleware(_Edge, max_body=config.max_body_bytes,  # type: ignore[arg-type]
                        process=process)
     return app
+
+
+def _field_path(loc: Any) -> str:
+    """('body', 'input', 'list[...]', 0, 'call_id') → 'input[0].call_id': fields and indexes,
+    without the union-alternative labels pydantic puts in between ('str', 'list[...]',
+    'ToolChoiceFunction')."""
+    out = ""
+    for part in loc[1:] if loc and loc[0] in ("body", "query", "path") else loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif not ("[" in part or part[:1].isupper() or part in _TYPE_LABELS):
+            out += f".{part}" if out else part
+    return out
+
+
+_TYPE_LABELS = {"str", "int", "float", "bool", "dict", "list", "none"}
 
 
 @dataclass

@@ -1,20 +1,21 @@
-"""Checkpoints with resume (issue 7, item 6), all tensors in safetensors.
+"""Sharded checkpoints with torch.distributed.checkpoint (DCP) and exact resume (issue 13).
 
 Layout of a checkpoint folder:
-  model.safetensors (+ config.json for transformers models)   weights
-  optimizer.safetensors                                         AdamW moments, `state.{i}.{name}`
-  trainer_state.json                                            version, step, consumed groups,
-                                                                optimizer scalars, config
-A checkpoint is written into a sibling temp folder and renamed into place, so a crash never
-leaves a half-written checkpoint under the final name.
+  .metadata, __*_*.distcp          DCP: model + optimizer state (`get_state_dict`), each rank
+                                   writing its own shards (one process: the whole state)
+  rng-rank{R}.safetensors          rank R's torch RNG states (CPU, and CUDA when present)
+  trainer_state.json               version, step, consumed groups, config, world size
+
+DCP reshards on load, so a checkpoint can resume on another world size; the RNG streams
+then restart from rank 0's. The folder is written under a sibling temp name and renamed into
+place by rank 0 once every rank has finished, so a crash never leaves a half-written
+checkpoint under the final name.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,8 @@ from envhub.trainer.errors import TrainerError
 
 if TYPE_CHECKING:
     import torch
+
+    from envhub.trainer.distributed import DataParallel
 
 STATE_FILE = "trainer_state.json"
 
@@ -36,92 +39,91 @@ def save_model_weights(model: Any, folder: Path) -> None:
         save_model(model, str(folder / "model.safetensors"))
 
 
-def load_model_weights(model: Any, folder: Path) -> None:
-    from safetensors.torch import load_file
-
-    files = sorted(folder.glob("*.safetensors"))
-    files = [f for f in files if f.name != "optimizer.safetensors"]
-    if not files:
-        raise TrainerError(f"{folder} has no model *.safetensors; pass a folder written by "
-                           "Trainer.save_checkpoint")
-    state: dict[str, torch.Tensor] = {}
-    for f in files:
-        state.update(load_file(str(f)))
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    # Tied weights (lm_head = embed_tokens) are saved once; anything else missing is an error.
-    tied = set(getattr(model, "_tied_weights_keys", None) or [])
-    missing = [k for k in missing if k not in tied and not k.endswith("lm_head.weight")]
-    if missing or unexpected:
-        raise TrainerError(f"checkpoint {folder} does not match the model: missing "
-                           f"{missing[:5]}, unexpected {unexpected[:5]}; load it into the "
-                           "same architecture it was saved from")
-
-
-def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor],
-                                                                    dict[str, Any]]:
-    """Split optimizer state into tensors (safetensors) and JSON scalars."""
+def _rng_state() -> dict[str, torch.Tensor]:
     import torch
 
-    sd = optimizer.state_dict()
-    tensors: dict[str, torch.Tensor] = {}
-    scalars: dict[str, Any] = {"param_groups": sd["param_groups"], "state": {}}
-    for idx, st in sd["state"].items():
-        for name, value in st.items():
-            if isinstance(value, torch.Tensor):
-                tensors[f"state.{idx}.{name}"] = value.detach().cpu().contiguous()
-            else:
-                scalars["state"].setdefault(str(idx), {})[name] = value
-    return tensors, scalars
+    state = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
 
 
-def restore_optimizer(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor],
-                      scalars: dict[str, Any]) -> None:
-    state: dict[int, dict[str, Any]] = {}
-    for key, value in tensors.items():
-        _, idx, name = key.split(".", 2)
-        state.setdefault(int(idx), {})[name] = value
-    for idx, extra in scalars.get("state", {}).items():
-        state.setdefault(int(idx), {}).update(extra)
-    optimizer.load_state_dict({"state": state, "param_groups": scalars["param_groups"]})
+def _set_rng_state(state: dict[str, torch.Tensor]) -> None:
+    import torch
+
+    torch.set_rng_state(state["cpu"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
 
 
 def write_checkpoint(folder: str | Path, model: Any, optimizer: torch.optim.Optimizer,
-                     state: dict[str, Any]) -> Path:
-    """Atomically write a checkpoint folder (replacing an older one of the same name)."""
+                     state: dict[str, Any], dp: DataParallel | None = None) -> Path:
+    """Write a checkpoint folder (replacing an older one of the same name); collective under
+    data parallelism."""
+    import torch.distributed.checkpoint as dcp
     from safetensors.torch import save_file
+    from torch.distributed.checkpoint.state_dict import get_state_dict
 
+    rank = dp.rank if dp else 0
     final = Path(folder)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    tmp = final.with_name(f".{final.name}.tmp")
+    if rank == 0:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    if dp:
+        dp.barrier()
     try:
-        save_model_weights(model, tmp)
-        tensors, scalars = optimizer_tensors(optimizer)
-        save_file(tensors, str(tmp / "optimizer.safetensors"))
-        (tmp / STATE_FILE).write_text(json.dumps({**state, "optimizer": scalars}, indent=1))
-        if final.exists():
-            old = final.with_name(f".{final.name}.old-{os.getpid()}")
-            final.rename(old)
-            tmp.rename(final)
-            shutil.rmtree(old)
-        else:
-            tmp.rename(final)
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(tmp),
+                 no_dist=dp is None)
+        save_file(_rng_state(), str(tmp / f"rng-rank{rank}.safetensors"))
+        if rank == 0:
+            world = dp.world if dp else 1
+            (tmp / STATE_FILE).write_text(json.dumps({**state, "world_size": world}, indent=1))
+        if dp:
+            dp.barrier()
+        if rank == 0:
+            if final.exists():
+                old = final.with_name(f".{final.name}.old")
+                shutil.rmtree(old, ignore_errors=True)
+                final.rename(old)
+                tmp.rename(final)
+                shutil.rmtree(old)
+            else:
+                tmp.rename(final)
     finally:
-        if tmp.exists():
+        if rank == 0 and tmp.exists():
             shutil.rmtree(tmp)
+    if dp:
+        dp.barrier()
     return final
 
 
-def read_checkpoint(folder: str | Path, model: Any, optimizer: torch.optim.Optimizer
-                    ) -> dict[str, Any]:
-    """Load weights and optimizer state in place; return the trainer state dict."""
+def read_checkpoint(folder: str | Path, model: Any, optimizer: torch.optim.Optimizer,
+                    dp: DataParallel | None = None) -> dict[str, Any]:
+    """Load weights, optimizer state and this rank's RNG state in place; return the trainer
+    state dict. Collective under data parallelism."""
+    import torch.distributed.checkpoint as dcp
     from safetensors.torch import load_file
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     path = Path(folder)
-    if not (path / STATE_FILE).is_file():
-        raise TrainerError(f"{path} is not a trainer checkpoint (no {STATE_FILE}); pass a "
-                           "folder written by Trainer.save_checkpoint")
-    state = json.loads((path / STATE_FILE).read_text())
-    load_model_weights(model, path)
-    restore_optimizer(optimizer, load_file(str(path / "optimizer.safetensors")),
-                      state.pop("optimizer"))
+    if not (path / STATE_FILE).is_file() or not (path / ".metadata").is_file():
+        raise TrainerError(f"{path} is not a trainer checkpoint (no {STATE_FILE} or DCP "
+                           ".metadata); pass a folder written by Trainer.save_checkpoint")
+    state: dict[str, Any] = json.loads((path / STATE_FILE).read_text())
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    loaded: dict[str, Any] = {"model": model_sd, "optimizer": optim_sd}
+    try:
+        dcp.load(loaded, checkpoint_id=str(path), no_dist=dp is None)
+    except Exception as exc:  # DCP raises plain RuntimeErrors/KeyErrors on a mismatch
+        raise TrainerError(f"checkpoint {path} does not match this model/optimizer ({exc}); "
+                           "load it into the architecture (and LoRA setup) it was saved "
+                           "from") from exc
+    set_state_dict(model, optimizer, model_state_dict=loaded["model"],
+                   optim_state_dict=loaded["optimizer"])
+    rank = dp.rank if dp else 0
+    rng = path / f"rng-rank{rank}.safetensors"
+    _set_rng_state(load_file(str(rng if rng.is_file() else path / "rng-rank0.safetensors")))
     return state

@@ -69,6 +69,17 @@ class OptimConfig(BaseModel):
         default=False, description="Clear AdamW moments after each weight sync.")
 
 
+class LoraSettings(BaseModel):
+    """LoRA adapters through PEFT: only the adapters train; pushes send merged weights."""
+
+    rank: int = Field(default=16, ge=1, description="LoRA rank r.")
+    alpha: int = Field(default=32, ge=1, description="LoRA alpha (scale alpha / r).")
+    targets: list[str] | str = Field(
+        default="all-linear", description="Module names to adapt (PEFT's target_modules), or "
+        "'all-linear' (every linear layer but the LM head).")
+    dropout: float = Field(default=0.0, ge=0, lt=1)
+
+
 class TrainerConfig(BaseModel):
     filters: FilterConfig = Field(default_factory=FilterConfig)
     advantages: AdvantageConfig = Field(default_factory=AdvantageConfig)
@@ -87,5 +98,14 @@ class TrainerConfig(BaseModel):
         "instead of keeping them (transformers' activation checkpointing, non-reentrant): "
         "less memory for about one more forward of compute. Works with both tree-attention "
         "modes.")
+    precision: Literal["fp32", "bf16"] = Field(
+        default="fp32", description="bf16: mixed precision with fp32 master weights (FSDP2's "
+        "MixedPrecisionPolicy under torchrun, torch.autocast in one process; gradients are "
+        "reduced and the optimizer steps in fp32). fp32: compute in the parameters' dtype.")
+    device: str | None = Field(
+        default=None, description="Where the model trains; None: this rank's CUDA device when "
+        "CUDA is present, else the CPU.")
+    lora: LoraSettings | None = Field(
+        default=None, description="Train LoRA adapters (PEFT) instead of all weights.")
     prefix_merge: bool = Field(default=True, description="Pack shared prefixes as one tree "
                                "(off: one branch per sequence, for comparison).")

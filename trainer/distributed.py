@@ -1,42 +1,67 @@
-"""Data parallelism with torch.distributed (issue 7, item 6).
+"""Data parallelism: FSDP2 (`fully_shard`) under torchrun (issue 13).
 
 Every rank builds the same `Batch` (filters and advantages are cheap and deterministic), then
-trains on its shard of the groups. The loss is divided by the *global* number of loss tokens
-and gradients are summed across ranks, so W ranks produce exactly the update one process
-would make on the whole batch. Backends: gloo on CPU (tests), NCCL on GPUs. With
-`fsdp=True` (GPUs) the model is sharded with FSDP2 `fully_shard`, which averages gradients
-over ranks; the trainer then scales its loss by the world size to keep sum semantics.
+trains on its shard of the groups. The model is sharded with FSDP2: one unit per decoder
+layer plus the causal LM as root (embeddings, final norm and LM head, tied or not). FSDP2
+all-gathers parameters around each unit's forward/backward and reduce-scatters *averaged*
+gradients; the trainer divides its loss by the *global* number of loss tokens and scales it
+by the world size, so W ranks make exactly the update one process makes on the whole batch.
+
+Launch with torchrun (it sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT):
+`DataParallel.init()` joins the process group (NCCL on GPUs, one device per local rank; gloo
+on CPU). Only metrics are reduced here (`sum_floats`, `min_max`, float64); gradients,
+sharded checkpoints (checkpoint.py, DCP) and the full-state gather for the weight push
+(weights.py) are FSDP2's and DCP's.
 """
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
 
+# The method FSDP2 treats as a forward of the root (see `shard_model`, forward.py).
+TREE_FORWARD = "envhub_tree_forward"
+
+
+def default_device(local_rank: int | None = None) -> torch.device:
+    """CUDA device `local_rank` (LOCAL_RANK from torchrun, else 0) when CUDA is present, CPU
+    otherwise."""
+    import torch
+
+    if torch.cuda.is_available():
+        if local_rank is None:
+            local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
 
 class DataParallel:
-    """Rank/world info and the few collectives the trainer needs."""
+    """Rank/world info, the device of this rank and the metric collectives."""
 
-    def __init__(self, fsdp: bool = False) -> None:
+    def __init__(self) -> None:
         import torch.distributed as dist
 
         if not dist.is_available() or not dist.is_initialized():
-            raise RuntimeError("torch.distributed is not initialised: call "
-                               "DataParallel.init(backend) (or torchrun + init) first")
+            raise RuntimeError("torch.distributed is not initialised: launch with torchrun and "
+                               "call DataParallel.init() (or dist.init_process_group) first")
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
-        self.fsdp = fsdp
+        self.device = default_device() if dist.get_backend() == "nccl" else _cpu()
 
     @staticmethod
     def init(backend: str | None = None, **kwargs: Any) -> DataParallel:
-        """Initialise the default process group from the env (torchrun) or kwargs."""
+        """Join the default process group from torchrun's environment (or `kwargs`): NCCL
+        with this rank's GPU when CUDA is present, gloo on CPU."""
         import torch
         import torch.distributed as dist
 
         if not dist.is_initialized():
             backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+            if backend == "nccl":
+                torch.cuda.set_device(default_device())
             dist.init_process_group(backend=backend, **kwargs)
         return DataParallel()
 
@@ -58,7 +83,7 @@ class DataParallel:
         import torch
         import torch.distributed as dist
 
-        t = torch.tensor(values, dtype=torch.float64, device=self._device())
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return t.tolist()
 
@@ -66,49 +91,56 @@ class DataParallel:
         import torch
         import torch.distributed as dist
 
-        t = torch.tensor([-lo, hi], dtype=torch.float64, device=self._device())
+        t = torch.tensor([-lo, hi], dtype=torch.float64, device=self.device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return -float(t[0]), float(t[1])
 
-    def sum_gradients(self, params: list[torch.nn.Parameter]) -> None:
-        """All-reduce (sum) gradients through one flat buffer; a missing grad counts as 0."""
-        import torch
+    def barrier(self) -> None:
         import torch.distributed as dist
 
-        if self.fsdp:
-            return  # FSDP already reduced them during backward
-        grads: list[torch.Tensor] = []
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            grads.append(p.grad)
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-        offset = 0
-        for g in grads:
-            n = g.numel()
-            g.copy_(flat[offset:offset + n].view_as(g))
-            offset += n
+        dist.barrier()
 
     def loss_scale(self) -> float:
-        """Factor on the loss so that reduced gradients are sums over ranks."""
-        return float(self.world) if self.fsdp else 1.0
-
-    def _device(self) -> torch.device:
-        import torch
-        import torch.distributed as dist
-
-        if dist.get_backend() == "nccl":
-            return torch.device("cuda", torch.cuda.current_device())
-        return torch.device("cpu")
+        """Factor on the loss: FSDP2 averages gradients over ranks, the trainer wants sums."""
+        return float(self.world)
 
 
-def wrap_fsdp(model: Any) -> Any:
-    """Shard a transformers model with FSDP2 (one unit per decoder layer, then the root)."""
-    from torch.distributed.fsdp import fully_shard
+def _cpu() -> torch.device:
+    import torch
 
-    layers = getattr(getattr(model, "model", model), "layers", [])
-    for layer in layers:
-        fully_shard(layer)
-    fully_shard(model)
+    return torch.device("cpu")
+
+
+def causal_lm(model: Any) -> Any:
+    """The transformers causal LM inside `model` (a PEFT model's base model, else itself)."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
+
+
+def shard_model(model: Any, param_dtype: torch.dtype | None = None) -> Any:
+    """Shard a transformers causal LM (or a PEFT model around one) with FSDP2, in place.
+
+    One unit per decoder layer, then the causal LM itself as root, so the embeddings, final
+    norm and a tied LM head share one unit. `param_dtype` (e.g. bfloat16) is FSDP2's
+    mixed precision: compute in it, parameters (master weights) and gradient reduction in
+    fp32. The tree forward (forward.py) calls the decoder and the LM head separately; it is
+    registered as a forward method of the root, so FSDP2's root hooks gather and reshard
+    around it like around `forward`.
+    """
+    import torch
+    from torch.distributed.fsdp import (
+        MixedPrecisionPolicy,
+        fully_shard,
+        register_fsdp_forward_method,
+    )
+
+    from envhub.trainer.forward import bind_tree_forward
+
+    lm = causal_lm(model)
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    for layer in getattr(getattr(lm, "model", lm), "layers", []):
+        fully_shard(layer, mp_policy=mp)
+    fully_shard(lm, mp_policy=mp)
+    bind_tree_forward(lm)
+    register_fsdp_forward_method(lm, TREE_FORWARD)
     return model

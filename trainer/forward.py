@@ -6,11 +6,18 @@ as-is, so it reaches every layer's attention function, `tree_attention` (tree_at
 which applies the tree with that layer's own window and soft-cap. Only the nodes that
 predict a loss token go through the LM head (`logits_to_keep` with an index tensor), which
 keeps the [nodes, vocab] logits small.
+
+The decoder + chunked LM head run as one method of the causal LM (`bind_tree_forward`), so
+under FSDP2 it is registered as a root forward (distributed.py) and the root's parameters
+(embeddings, final norm, LM head) are gathered around it. A PEFT model is run through its
+causal LM (the LoRA layers are injected there).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
+from types import MethodType
 from typing import TYPE_CHECKING, Any
 
 from envhub.trainer.prefix_tree import PackedTree
@@ -57,7 +64,8 @@ HEAD_CHUNK_ELEMENTS = 1 << 27
 
 def tree_logprobs(model: Any, tree: PackedTree, loss_masks: list[list[int]] | None = None,
                   *, with_entropy: bool = True, chunked_head: bool | None = None,
-                  sparse_attention: bool | None = None) -> TokenLogprobs:
+                  sparse_attention: bool | None = None,
+                  compute_dtype: torch.dtype | None = None) -> TokenLogprobs:
     """Run `model` once on the tree; return log-probabilities of the target tokens.
 
     `chunked_head` (default: when the model allows it) applies the LM head in checkpointed
@@ -66,15 +74,19 @@ def tree_logprobs(model: Any, tree: PackedTree, loss_masks: list[list[int]] | No
     layer's dense [N, N] tree mask to the model's own eager/SDPA kernel. Either way the
     model's attention is routed through `tree_attention` for good (`use_tree_attention`:
     refuses models whose attention the tree cannot keep exact), so a backward with gradient
-    checkpointing recomputes the same attention.
+    checkpointing recomputes the same attention. `compute_dtype` is the dtype the layers
+    compute in when it differs from the parameters' (FSDP2 mixed precision): the tree
+    placeholder is made in it, so FSDP2's input cast leaves it alone.
     """
     import torch
 
+    from envhub.trainer.distributed import TREE_FORWARD, causal_lm
     from envhub.trainer.tree_attention import tree_mask, use_tree_attention
 
+    model = causal_lm(model)
     use_tree_attention(model)
     param = next(model.parameters())
-    device, dtype = param.device, param.dtype
+    device, dtype = param.device, compute_dtype or param.dtype
     seq_index, token_index, pred_nodes, targets = select_targets(tree, loss_masks)
     mask = tree_mask(tree.subtree_end.to(device), tree.position_ids.to(device), dtype,
                      sparse=sparse_attention is not False)
@@ -85,9 +97,8 @@ def tree_logprobs(model: Any, tree: PackedTree, loss_masks: list[list[int]] | No
     if chunked_head is None:
         chunked_head = _plain_head(model)
     if chunked_head:
-        hidden = model.model(**inputs).last_hidden_state[0]  # [N, H]
-        logprobs, entropy = _chunked_head(model.lm_head, hidden[pred_nodes], targets,
-                                          with_entropy)
+        run = getattr(model, TREE_FORWARD, None) or partial(_decoder_and_head, model)
+        logprobs, entropy = run(inputs, pred_nodes, targets, with_entropy)
         return TokenLogprobs(logprobs, entropy, seq_index, token_index)
     # Any other causal LM: let it apply its own head (softcapping, scaling) on the kept rows.
     keep, inverse = torch.unique(pred_nodes, return_inverse=True)  # sorted unique nodes
@@ -101,6 +112,21 @@ def tree_logprobs(model: Any, tree: PackedTree, loss_masks: list[list[int]] | No
         with torch.no_grad():
             entropy = (-(logsm.exp() * logsm).sum(-1))[inverse]
     return TokenLogprobs(logprobs, entropy, seq_index, token_index)
+
+
+def bind_tree_forward(model: Any) -> None:
+    """Give the causal LM `model` the decoder + chunked head as a method (TREE_FORWARD), for
+    FSDP2's `register_fsdp_forward_method`."""
+    from envhub.trainer.distributed import TREE_FORWARD
+
+    setattr(model, TREE_FORWARD, MethodType(_decoder_and_head, model))
+
+
+def _decoder_and_head(model: Any, inputs: dict[str, Any], pred_nodes: torch.Tensor,
+                      targets: torch.Tensor, with_entropy: bool
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    hidden = model.model(**inputs).last_hidden_state[0]  # [N, H]
+    return _chunked_head(model.lm_head, hidden[pred_nodes], targets, with_entropy)
 
 
 def _plain_head(model: Any) -> bool:

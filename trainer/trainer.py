@@ -6,21 +6,29 @@
 `Trainer.step(groups)` is the whole pipeline; `Trainer.train_sequences(seqs)` is the part
 after advantages (used by benchmarks and by callers with their own batching). `sync(...)`
 exports the weights, calls `push(path)` and bumps the weight version; checkpoints resume the
-model, the optimizer, the version and the consumed groups of a `GroupWindow`.
+model, the optimizer, the RNG, the version and the consumed groups of a `GroupWindow`.
+
+Placement: the model moves to `config.device` (default: this rank's GPU when CUDA is present,
+else the CPU). With `data_parallel` (torchrun) it is sharded with FSDP2 (distributed.py);
+`config.lora` wraps it in PEFT adapters first; `config.precision = "bf16"` keeps fp32 master
+weights and computes in bfloat16 (FSDP2 MixedPrecisionPolicy, or torch.autocast in one
+process).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from envhub.trainer.batch import TrainSequence, build_batch
 from envhub.trainer.checkpoint import read_checkpoint, write_checkpoint
 from envhub.trainer.config import TrainerConfig
-from envhub.trainer.distributed import DataParallel
-from envhub.trainer.errors import require_torch
+from envhub.trainer.distributed import DataParallel, default_device, shard_model
+from envhub.trainer.errors import TrainerError, require_torch
 from envhub.trainer.forward import tree_logprobs
+from envhub.trainer.lora import MergeShell, apply_lora
 from envhub.trainer.loss import ADDITIVE, LossSums, is_masked_loss
 from envhub.trainer.prefix_tree import pack, plan_trees
 from envhub.trainer.source import Group
@@ -39,28 +47,43 @@ class Trainer:
                  reference: Any = None, version: int = 0,
                  data_parallel: DataParallel | None = None, tokenizer: Any = None) -> None:
         require_torch()
-        self.model = model
+        import torch
+
         self.config = config or TrainerConfig()
         if self.config.loss.kl_coef > 0 and reference is None:
             raise ValueError("loss.kl_coef > 0 needs a reference model: pass reference=... "
                              "or set kl_coef to 0")
-        self.reference = reference
+        self.dp = data_parallel
+        cfg = self.config
+        self.device = torch.device(cfg.device) if cfg.device else (
+            self.dp.device if self.dp else default_device())
+        if cfg.precision == "bf16":
+            model = model.float()  # fp32 master weights; bf16 only in the compute
+        if cfg.lora is not None:
+            model = apply_lora(model, cfg.lora)
+        self.model = model.to(self.device)
+        self.reference = reference.to(self.device) if reference is not None else None
         self.version = version
         self.steps = 0
-        self.dp = data_parallel
         self.tokenizer = tokenizer
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = self._new_optimizer()
         self._prepare_models()
+        is_rank0 = self.dp is None or self.dp.rank == 0
+        self._merge = MergeShell(self.model) if cfg.lora is not None and is_rank0 else None
+        self._bf16 = cfg.precision == "bf16"
+        if self.dp is not None:
+            shard_model(self.model, torch.bfloat16 if self._bf16 else None)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = self._new_optimizer()
 
     def _prepare_models(self) -> None:
         """Tree attention on (refusing models it cannot keep exact) and, if configured,
         activation checkpointing; both stay on for the Trainer's life."""
+        from envhub.trainer.distributed import causal_lm
         from envhub.trainer.tree_attention import check_tree_forward
 
         for m in (self.model, self.reference):
             if m is not None:
-                check_tree_forward(m, self.config.sparse_attention)
+                check_tree_forward(causal_lm(m), self.config.sparse_attention)
         if self.config.gradient_checkpointing:
             self.model.activation_checkpointing_enable({"use_reentrant": False})
 
@@ -87,6 +110,22 @@ class Trainer:
         """
         import torch
 
+        metrics = self.compute_gradients(sequences)
+        if metrics["step/skipped"]:
+            return metrics
+        clip = self.config.optim.max_grad_norm
+        norm = torch.nn.utils.clip_grad_norm_(self.params, clip if clip else float("inf"))
+        if hasattr(norm, "full_tensor"):  # a DTensor under FSDP2
+            norm = norm.full_tensor()
+        self.optimizer.step()
+        self.steps += 1
+        metrics.update({"grad/norm": float(norm), "step": float(self.steps),
+                        "weights/version": float(self.version)})
+        return metrics
+
+    def compute_gradients(self, sequences: list[TrainSequence]) -> dict[str, float]:
+        """Zero the gradients and accumulate this step's into `.grad` (sharded under FSDP2:
+        each rank holds its shard of the summed gradient); returns the step's metrics."""
         local = self._local_shard(sequences)
         n_local = sum(s.n_loss_tokens for s in local)
         n_total = self.dp.sum_floats([float(n_local)])[0] if self.dp else float(n_local)
@@ -98,16 +137,6 @@ class Trainer:
         metrics = self._reduce_metrics(sums)
         metrics.update({"tokens/packed": packed, "tokens/naive": naive,
                         "step/skipped": float(n_total == 0)})
-        if n_total == 0:
-            return metrics
-        if self.dp:
-            self.dp.sum_gradients(self.params)
-        clip = self.config.optim.max_grad_norm
-        norm = torch.nn.utils.clip_grad_norm_(self.params, clip if clip else float("inf"))
-        self.optimizer.step()
-        self.steps += 1
-        metrics.update({"grad/norm": float(norm), "step": float(self.steps),
-                        "weights/version": float(self.version)})
         return metrics
 
     def _local_shard(self, sequences: list[TrainSequence]) -> list[TrainSequence]:
@@ -138,8 +167,7 @@ class Trainer:
             masks = [s.loss_mask for s in seqs]
             packed += tree.n_nodes
             naive += tree.n_sequence_tokens
-            sparse = cfg.sparse_attention
-            out = tree_logprobs(self.model, tree, masks, sparse_attention=sparse)
+            out = self._logprobs(self.model, tree, masks)
             device = out.logprobs.device
             flat = _flat_index(seqs, out.seq_index, out.token_index)
             rollout = torch.tensor([x for s in seqs for x in s.rollout_logprobs],
@@ -149,13 +177,36 @@ class Trainer:
             ref = None
             if self.reference is not None and cfg.loss.kl_coef > 0:
                 with torch.no_grad():
-                    ref = tree_logprobs(self.reference, tree, masks, with_entropy=False,
-                                        sparse_attention=sparse).logprobs
+                    ref = self._logprobs(self.reference, tree, masks, with_entropy=False
+                                         ).logprobs
             loss, s = is_masked_loss(out.logprobs, rollout, adv, n_total, cfg.loss,
                                      entropy=out.entropy, ref_logprobs=ref)
             (loss * scale).backward()
             sums.add(s)
+        if self.dp is not None and n_total > 0:
+            # FSDP2's collectives run in every forward/backward: a rank with fewer trees runs
+            # empty passes (a 2-token tree, loss x 0) until all ranks have run the same number.
+            _, most = self.dp.min_max(0.0, float(len(bins)))
+            for _ in range(int(most) - len(bins)):
+                out = self._logprobs(self.model, pack([[0, 0]]), [[0, 1]])
+                (out.logprobs.sum() * 0.0).backward()
         return sums, packed, naive
+
+    def _logprobs(self, model: Any, tree: Any, masks: list[list[int]],
+                  with_entropy: bool = True) -> Any:
+        """`tree_logprobs` in the configured precision (autocast in one process; FSDP2 casts
+        the parameters itself)."""
+        import torch
+
+        sharded = self.dp is not None and model is self.model
+        autocast = self._bf16 and not sharded
+        ctx = torch.autocast(self.device.type, dtype=torch.bfloat16) if autocast else (
+            nullcontext())
+        with ctx:
+            return tree_logprobs(model, tree, masks, with_entropy=with_entropy,
+                                 sparse_attention=self.config.sparse_attention,
+                                 compute_dtype=torch.bfloat16 if self._bf16 and sharded
+                                 else None)
 
     def _reduce_metrics(self, sums: LossSums) -> dict[str, float]:
         if self.dp:
@@ -170,18 +221,26 @@ class Trainer:
     def sync(self, root: str | Path, push: Callable[[str], None] | None = None) -> Path | None:
         """Export weights as version+1 under `root`, push them, bump the version.
 
-        Only rank 0 writes and pushes (the others wait at a barrier); returns the folder on
-        rank 0 and None elsewhere. Resets the optimizer when `reset_optimizer_on_sync`.
+        Collective under FSDP2: the full state is gathered to rank 0, which alone writes and
+        pushes; a failed push raises on every rank. Returns the folder on rank 0 and None
+        elsewhere. Resets the optimizer when `reset_optimizer_on_sync`.
         """
-        path = None
-        if self.dp is None or self.dp.rank == 0:
-            path = export_weights(self.model, root, self.version + 1, self.tokenizer)
-            if push is not None:
+        is_rank0 = self.dp is None or self.dp.rank == 0
+        path = export_weights(self.model, root, self.version + 1, self.tokenizer,
+                              is_rank0=is_rank0, merge=self._merge)
+        error: Exception | None = None
+        if path is not None and push is not None:
+            try:
                 push(str(path))
+            except Exception as exc:  # every rank must hear of it, not wait forever
+                error = exc
         if self.dp is not None:
-            import torch.distributed as dist
-
-            dist.barrier()
+            failed = self.dp.sum_floats([float(error is not None)])[0]
+            if failed and error is None:
+                raise TrainerError("the weight push on rank 0 failed (see rank 0's error); "
+                                   "the weight version was not bumped")
+        if error is not None:
+            raise error
         self.version += 1
         if self.config.optim.reset_optimizer_on_sync:
             self.optimizer.state.clear()
@@ -191,10 +250,10 @@ class Trainer:
         state = {"version": self.version, "steps": self.steps,
                  "config": self.config.model_dump(mode="json"),
                  "consumed_groups": sorted(window.consumed) if window else []}
-        return write_checkpoint(folder, self.model, self.optimizer, state)
+        return write_checkpoint(folder, self.model, self.optimizer, state, self.dp)
 
     def load_checkpoint(self, folder: str | Path, window: GroupWindow | None = None) -> None:
-        state = read_checkpoint(folder, self.model, self.optimizer)
+        state = read_checkpoint(folder, self.model, self.optimizer, self.dp)
         self.version = int(state["version"])
         self.steps = int(state["steps"])
         if window is not None:

@@ -11,21 +11,56 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from envhub.trainer.checkpoint import save_model_weights
 from envhub.trainer.errors import TrainerError
+from envhub.trainer.lora import MergeShell
+
+if TYPE_CHECKING:
+    import torch
 
 Push = Callable[[str], None]
 
 
-def export_weights(model: Any, root: str | Path, version: int, tokenizer: Any = None) -> Path:
-    """Write `root/v{version}` (an HF folder engines can load) and return its path."""
-    folder = Path(root) / f"v{version:06d}"
-    folder.mkdir(parents=True, exist_ok=True)
-    save_model_weights(model, folder)
+def full_state(model: Any) -> dict[str, torch.Tensor]:
+    """The whole model state on CPU: FSDP2 shards are gathered to rank 0 (every rank must
+    call this; ranks other than 0 get an empty dict)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_model_state_dict(model, options=options)  # type: ignore[return-value]
+
+
+def export_weights(model: Any, root: str | Path, version: int, tokenizer: Any = None, *,
+                   is_rank0: bool = True, merge: MergeShell | None = None) -> Path | None:
+    """Write `root/v{version}` (an HF folder engines can load) and return its path.
+
+    Collective under FSDP2 (the full state is gathered to rank 0, CPU-offloaded); only rank 0
+    writes and gets the path, the others get None. A LoRA model is written merged (`merge`).
+    """
+    if not hasattr(model, "save_pretrained"):  # a plain module: its own tensors, rank 0 only
+        if not is_rank0:
+            return None
+        folder = _version_folder(root, version)
+        save_model_weights(model, folder)
+        return folder
+    state = full_state(model)
+    if not is_rank0:
+        return None
+    folder = _version_folder(root, version)
+    if merge is not None:
+        merge.save_merged(state, folder)
+    else:
+        model.save_pretrained(folder, state_dict=state, safe_serialization=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)
+    return folder
+
+
+def _version_folder(root: str | Path, version: int) -> Path:
+    folder = Path(root) / f"v{version:06d}"
+    folder.mkdir(parents=True, exist_ok=True)
     return folder
 
 

@@ -1,5 +1,7 @@
-"""Any command-line agent, run on the host with its OpenAI and Anthropic endpoints pointing at
-its own gateway session (so every model call it makes is recorded in that session).
+"""A command-line agent run as a HOST process (`--agent-on-host` only: no containment, it has
+this machine's rights; the default runs command agents inside the sandbox, boxed.py), with its
+OpenAI and Anthropic endpoints pointing at its own gateway session (so every model call it
+makes is recorded in that session).
 
 Environment given to the command:
   OPENAI_BASE_URL=<gateway>/v1  OPENAI_API_KEY=<session key>
@@ -61,7 +63,7 @@ class CommandAgent:
         task_file.write_text(ctx.task.instruction, encoding="utf-8")
         values = {"{instruction}": ctx.task.instruction, "{task_file}": str(task_file),
                   "{task_id}": ctx.task.id, "{model}": ctx.model}
-        argv = [_substitute(a, values) for a in self.argv]
+        argv = [substitute(a, values) for a in self.argv]
         env = {**os.environ, **self._session_env(ctx, task_file)}
         out, err = _open_logs(workdir / ".envhub_stdout", workdir / ".envhub_stderr")
         with out, err:
@@ -98,7 +100,7 @@ def _open_logs(out_path: Path, err_path: Path) -> tuple[BinaryIO, BinaryIO]:
     return open(out_path, "wb"), open(err_path, "wb")
 
 
-def _substitute(arg: str, values: dict[str, str]) -> str:
+def substitute(arg: str, values: dict[str, str]) -> str:
     # Only the known placeholders: a JSON argument with other braces passes through untouched.
     for key in PLACEHOLDERS:
         arg = arg.replace(key, values[key])

@@ -33,6 +33,11 @@ class RunConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     envs: list[EnvChoice] = Field(..., min_length=1, description="environments and weights")
     agent: str = Field("tool", description="tool | tool:summarize | oracle | a command line")
+    agent_install: list[str] = Field(
+        default_factory=list, description="how a command agent is made present in the sandbox: "
+        "pip:REQUIREMENT | script:PATH (repeatable)")
+    agent_on_host: bool = Field(False, description="run a command agent as a host process "
+                                "(no containment; a loud warning)")
     model: str | None = Field(None, description="model for the in-process gateway "
                               "(None: the bundled tiny model; zero; provider/name)")
     sandbox: str | None = Field(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,17 +58,26 @@ class SandboxTracker:
     def __init__(self, run_id: str, kind: str, package_root: Path) -> None:
         self.run_id, self.kind, self.package_root = run_id, kind, package_root
         self.opened: list[Sandbox] = []
+        # An in-sandbox agent's hook: sandboxes opened before the agent phase get its layer and
+        # channel; cleared when the phase ends, so grading sandboxes never do.
+        self.agent_box: AgentBox | None = None
 
     async def open(self, spec: SandboxSpec) -> Sandbox:
         if spec.kind == "none" or self.kind == "none":
             box: Sandbox = MemorySandbox()
         else:
-            from envhub.envs.sandbox import open_sandbox
-
-            box = await open_sandbox(self.kind, spec, run_id=self.run_id,
-                                     package_root=self.package_root)
+            box = await self.open_kind(self.kind, spec)
         self.opened.append(box)
         return box
+
+    async def open_kind(self, kind: str, spec: SandboxSpec) -> Sandbox:
+        from envhub.envs.sandbox import open_sandbox
+
+        binds = None
+        if self.agent_box is not None:
+            spec, binds = await self.agent_box.adapt(kind, spec, self.package_root)
+        return await open_sandbox(kind, spec, run_id=self.run_id, package_root=self.package_root,
+                                  binds=binds)
 
     async def close_all(self) -> None:
         while self.opened:
@@ -77,6 +87,25 @@ class SandboxTracker:
             # closing must not mask the rollout's result; reap() at the end of the run follows
             except Exception as e:  # noqa: BLE001
                 log.warning("closing sandbox %s failed: %s", getattr(box, "id", "?"), e)
+
+
+class AgentBox:
+    """One rollout's in-sandbox agent: its channel (host end) and how its sandbox is adapted."""
+
+    def __init__(self, agent: Any, channel: Any) -> None:
+        self.agent, self.channel = agent, channel
+
+    async def adapt(self, kind: str, spec: SandboxSpec, root: Path
+                    ) -> tuple[SandboxSpec, dict[str, str]]:
+        image = None
+        if kind == "docker":
+            from envhub.envs.images import aimage_for_spec
+
+            image = await aimage_for_spec(spec.image, spec.dockerfile, root)
+        layered, binds = await self.agent.sandbox_options(kind, image, self.channel.folder)
+        if layered is not None:
+            spec = spec.model_copy(update={"image": layered, "dockerfile": None})
+        return spec, binds
 
 
 @dataclass
@@ -91,6 +120,7 @@ class RolloutSetup:
     scratch: Path
     model: str
     limits_override: dict[str, Any] = field(default_factory=dict)
+    agent_kind: str | None = None  # where an in-sandbox agent runs when the env has no sandbox
 
 
 async def execute(key: RolloutKey, group_id: str, loaded: LoadedEnv, task: Task,
@@ -106,7 +136,17 @@ async def execute(key: RolloutKey, group_id: str, loaded: LoadedEnv, task: Task,
     scratch.mkdir(parents=True, exist_ok=True)
     ctx = RunContext(run_id=rs.run_id, sandbox_kind=kind, open_sandbox=tracker.open,
                      scratch=scratch, options={"model": rs.model})
+    channel = None
     try:
+        if getattr(rs.agent, "in_sandbox", False):
+            from envhub.envs.agents.channel import SessionChannel
+
+            try:
+                channel = await SessionChannel(rs.scratch / f"ch-{secrets.token_hex(4)}",
+                                               rs.link.url, str(p.session.api_key)).start()
+            except (OSError, ValueError) as e:  # the host end cannot serve: infrastructure
+                return p.fail("env_failure", f"agent channel: {type(e).__name__}: {e}")
+            tracker.agent_box = AgentBox(rs.agent, channel)
         await _run_phases(p, loaded, task, rs, ctx, tracker)
     except asyncio.CancelledError:
         if p.session is not None:  # interrupted mid-rollout: not the agent's fault, not scored
@@ -114,6 +154,8 @@ async def execute(key: RolloutKey, group_id: str, loaded: LoadedEnv, task: Task,
         raise
     finally:
         await tracker.close_all()
+        if channel is not None:
+            await channel.close()
     return p
 
 
@@ -145,7 +187,15 @@ async def _run_phases(p: PendingRollout, loaded: LoadedEnv, task: Task, rs: Roll
     limits = loaded.manifest.agent.model_copy(update=rs.limits_override)
     actx = AgentContext(task=task, env=env, sandbox=sandbox, run=ctx, limits=limits,
                         session=p.session, gateway_url=rs.link.url, model=rs.model)
-    if not await _run_agent(p, rs.agent, actx, limits):
+    if tracker.agent_box is not None:
+        if not await _agent_sandbox(p, actx, tracker, rs):
+            return
+        actx.state["channel"] = tracker.agent_box.channel
+    agent_ok = await _run_agent(p, rs.agent, actx, limits)
+    tracker.agent_box = None  # sandboxes opened from now on (grading) get no agent channel
+    if actx.state.get("channel") is not None:
+        await actx.state["channel"].close()  # the agent's way out is gone before grading
+    if not agent_ok:
         return
     if not await _end_agent_processes(p, tracker.opened):
         return
@@ -164,6 +214,22 @@ async def _run_phases(p: PendingRollout, loaded: LoadedEnv, task: Task, rs: Roll
         p.fail("env_failure", f"grading: {verdict.env_failure}")
         return
     p.verdict = verdict
+
+
+async def _agent_sandbox(p: PendingRollout, actx: AgentContext, tracker: SandboxTracker,
+                         rs: RolloutSetup) -> bool:
+    """An environment without a sandbox (kind none) still gets one for an in-sandbox agent:
+    opened here from the default spec, closed with the rollout's others."""
+    if getattr(actx.sandbox, "kind", None) in ("docker", "local"):
+        return True
+    try:
+        box = await tracker.open_kind(rs.agent_kind or "auto", SandboxSpec())
+    except Exception as e:  # noqa: BLE001 - cannot host the agent: infrastructure
+        p.fail("env_failure", f"opening the agent's sandbox: {type(e).__name__}: {e}")
+        return False
+    tracker.opened.append(box)
+    actx.sandbox = box
+    return True
 
 
 async def _end_agent_processes(p: PendingRollout, boxes: list[Sandbox]) -> bool:

@@ -94,12 +94,13 @@ async def run(config: RunConfig, console: Any = None, progress: bool = True,
     """Execute a run; raises RunConfigError/EnvLoadError/ManifestError/AgentSpecError before
     anything starts when the options or packages are bad. `on_start(run_id, results folder)` is
     called once the folder exists, before the first rollout."""
-    agent = make_agent(config.agent)
+    agent = make_agent(config.agent, config.agent_install, config.agent_on_host)
     # In a thread: loading reads task files and may install a registry package, and a
     # registry install runs its own event loop.
     groups = await asyncio.to_thread(plan_groups, config)
     kinds = await asyncio.to_thread(
         lambda: {g.loaded.name: sandbox_kind(config, g.loaded) for g in groups})
+    agent_kinds = await _prepare_agent(agent, config, kinds)
     run_id = new_run_id()
     # Results are kept by default: a run's trajectories are the product, never a temp file.
     out = config.out or RUNS_DIR / run_id
@@ -123,7 +124,7 @@ async def run(config: RunConfig, console: Any = None, progress: bool = True,
         # Agents ask for "default": every envhub gateway serves its one model under that name
         # (besides its own name), whichever --model chose it.
         setups = {name: RolloutSetup(run_id, agent, config.agent, link, kind, scratch,
-                                     "default", overrides)
+                                     "default", overrides, agent_kinds.get(name))
                   for name, kind in kinds.items()}
         total = sum(g.k for g in groups)
         with RunProgress(total, console) if progress else _NoProgress() as bar:
@@ -134,7 +135,7 @@ async def run(config: RunConfig, console: Any = None, progress: bool = True,
     finally:
         if link is not None:
             await link.close()
-        await _reap(run_id, {k for k in kinds.values() if k != NONE})
+        await _reap(run_id, {k for k in (*kinds.values(), *agent_kinds.values()) if k != NONE})
         shutil.rmtree(scratch, ignore_errors=True)
     summary = {"run_id": run_id, "agent": config.agent, "started_at": started,
                "finished_at": time.time(), **summarize(records)}
@@ -181,6 +182,26 @@ async def _run_group(g: GroupPlan, run_id: str, rs: RolloutSetup, results: Resul
         results.write(key, rec)
         records.append(rec)
         bar.add(rec)
+
+
+async def _prepare_agent(agent: Any, config: RunConfig, kinds: dict[str, str]
+                         ) -> dict[str, str]:
+    """For an in-sandbox agent: the kind it runs in per environment (an environment without a
+    sandbox gets --sandbox, else the best available kind, for the agent alone), each checked
+    and its bundle built before anything starts (AgentSpecError, exit 2, otherwise)."""
+    if not getattr(agent, "in_sandbox", False):
+        return {}
+    chosen = {}
+    for name, kind in kinds.items():
+        if kind == NONE:
+            kind = config.sandbox or AUTO
+            kind = best_available() if kind == AUTO else kind
+        if effective_kind(kind) not in ("docker", "local"):
+            kind = effective_kind(kind)
+        chosen[name] = kind
+    for kind in set(chosen.values()):
+        await agent.prepare(kind)
+    return chosen
 
 
 def _sweep_stale_scratch() -> None:

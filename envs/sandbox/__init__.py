@@ -64,6 +64,7 @@ async def open_sandbox(
     labels: Mapping[str, str] | None = None,
     env: Mapping[str, str] | None = None,
     package_root: str | Path = ".",
+    binds: Mapping[str, str] | None = None,
 ) -> Sandbox:
     """Start a sandbox of `kind` for `spec` and seed its workdir with `workdir_files`
     (relative path -> content). `package_root` resolves the spec's `dockerfile`.
@@ -73,11 +74,18 @@ async def open_sandbox(
     e2b: the spec's `image` names the E2B template (default "base"); needs E2B_API_KEY.
     Raises SandboxUnavailable (with the fix) when the backend cannot run here; the sandbox
     is closed again if seeding the files fails, so nothing leaks.
+    `binds` (host path -> sandbox path, read-only) is for in-sandbox agents: docker and local
+    take it; other kinds refuse it.
     """
     cls = sandbox_class(best_available() if kind == AUTO else kind)
     run_id = run_id or f"adhoc-{uuid.uuid4().hex[:8]}"
+    extra = {"binds": dict(binds)} if binds else {}
+    if extra and getattr(cls, "kind", None) not in ("docker", "local"):
+        raise SandboxUnavailable(f"sandbox kind {kind!r} cannot bind host folders, so command "
+                                 "agents cannot run inside it; use docker or local, or "
+                                 "--agent-on-host")
     sandbox = await cls.open(spec or SandboxSpec(), run_id=run_id, labels=dict(labels or {}),
-                             env=dict(env or {}), package_root=package_root)
+                             env=dict(env or {}), package_root=package_root, **extra)
     try:
         for path, content in (workdir_files or {}).items():
             data = content.encode() if isinstance(content, str) else content

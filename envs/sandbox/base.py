@@ -66,7 +66,9 @@ class SandboxKind(Protocol):
     async def open(self, spec: SandboxSpec, *, run_id: str, labels: dict[str, str],
                    env: dict[str, str], package_root: str | Path) -> Sandbox:
         """A started sandbox for `spec` (its image built or found first where the kind has
-        images; `package_root` resolves a spec's `dockerfile`). Labels carry run and owner."""
+        images; `package_root` resolves a spec's `dockerfile`). Labels carry run and owner.
+        Kinds that can host command agents (docker, local) also take `binds`: host path ->
+        sandbox path, bound read-only (the agent's channel and programs)."""
         ...
 
     def reap(self, run_id: str | None = None, stale_only: bool = False) -> list[str]:

@@ -1,11 +1,13 @@
 """Docker sandbox: one container per task attempt, driven through the `docker` SDK.
 
 Nothing outlives the calls that started it: whenever the last running exec of a sandbox
-returns, every process in the container but its init and main process is killed (a
-fork-free sweep from inside; when even that cannot run, e.g. a fork bomb filled the pids
-limit, the container is killed and started again, which keeps its files). So a `setsid`,
-`nohup` or double-forked child of a finished tool call, or a loop left to rewrite the
-reward file during grading, is gone before the next call or phase starts.
+returns, every process in the container but its init and main process is killed: from the
+host, the container's cgroup frozen and those processes killed (cgroup.py; needs no pid inside
+and cannot be outrun, so a fork bomb that filled the pids limit ends too); without access to
+the cgroup, by a fork-free sweep from inside; when even that cannot run, the container is
+killed and started again, which keeps its files. So a `setsid`, `nohup` or double-forked child
+of a finished tool call, or a loop left to rewrite the reward file during grading, is gone
+before the next call or phase starts.
 
 Defaults are closed: no network (`network_mode="none"`) unless the spec allows it, CPU,
 memory and pids limits, no host mounts, an init process that reaps zombies. Every container
@@ -27,6 +29,7 @@ from typing import Any
 from envhub.envs.manifest import SandboxSpec
 from envhub.envs.sandbox.archive import extract_as, tar_path
 from envhub.envs.sandbox.base import ExecResult
+from envhub.envs.sandbox.cgroup import Freezer, carrying, find_freezer, kill_frozen, outside
 from envhub.envs.sandbox.engine import docker_client, docker_reachable, import_docker, in_thread
 from envhub.envs.sandbox.errors import SandboxClosed, SandboxError, SandboxFileError
 from envhub.envs.sandbox.reaper import (
@@ -78,13 +81,15 @@ class DockerSandbox:
 
     @classmethod
     async def open(cls, spec: SandboxSpec, *, run_id: str, labels: dict[str, str],
-                   env: dict[str, str], package_root: str | Path) -> DockerSandbox:
+                   env: dict[str, str], package_root: str | Path,
+                   binds: dict[str, str] | None = None) -> DockerSandbox:
         """The kinds table's entry point: the spec's image (its `dockerfile` built on the envhub
-        base, else its `image`, else the base itself, built on first use), then a container."""
+        base, else its `image`, else the base itself, built on first use), then a container.
+        `binds`: host path -> container path, bound read-only (an in-sandbox agent's channel)."""
         from envhub.envs.images import aimage_for_spec
 
         image = await aimage_for_spec(spec.image, spec.dockerfile, package_root)
-        return await cls.create(spec, image, run_id, labels, env)
+        return await cls.create(spec, image, run_id, labels, env, binds)
 
     @staticmethod
     def reap(run_id: str | None = None, stale_only: bool = False) -> list[str]:
@@ -94,15 +99,16 @@ class DockerSandbox:
     @classmethod
     async def create(cls, spec: SandboxSpec, image: str, run_id: str,
                      labels: dict[str, str] | None = None,
-                     env: dict[str, str] | None = None) -> DockerSandbox:
+                     env: dict[str, str] | None = None,
+                     binds: dict[str, str] | None = None) -> DockerSandbox:
         """Start a container from `image` (which must exist locally: nothing is pulled)."""
         install()  # here, in the caller's (usually the main) thread: signal handlers need it
-        return await in_thread(cls._create_blocking, spec, image, run_id, labels, env)
+        return await in_thread(cls._create_blocking, spec, image, run_id, labels, env, binds)
 
     @classmethod
     def _create_blocking(cls, spec: SandboxSpec, image: str, run_id: str,
-                         labels: dict[str, str] | None, env: dict[str, str] | None
-                         ) -> DockerSandbox:
+                         labels: dict[str, str] | None, env: dict[str, str] | None,
+                         binds: dict[str, str] | None = None) -> DockerSandbox:
         docker = import_docker()
         client = docker_client()
         try:
@@ -120,6 +126,7 @@ class DockerSandbox:
                 nano_cpus=int(spec.cpus * 1e9), mem_limit=f"{spec.memory_mb}m",
                 memswap_limit=f"{spec.memory_mb}m", pids_limit=PIDS_LIMIT,
                 working_dir=WORKDIR, security_opt=["no-new-privileges"],
+                volumes={h: {"bind": c, "mode": "ro"} for h, c in (binds or {}).items()},
             )
         except docker.errors.APIError as e:
             raise SandboxError(f"could not start a container from {image}: "
@@ -140,10 +147,18 @@ class DockerSandbox:
         return out.decode().split()
 
     def _kill_all_blocking(self) -> str:
-        """Kill every process but init and the main one; "swept" or "restarted" (when the
-        sweep could not run or finish, the container is killed and started again)."""
+        """Kill every process but init and the main one: "swept" (through the container's
+        cgroup from the host, else by a sweep from inside), or "restarted" (neither could
+        finish: the container is killed and started again)."""
         docker = import_docker()
-        try:
+        api = docker_client().api
+        # From the host first: it needs no process inside, which a fork bomb holding every pid
+        # of the limit forbids, and is not starved by the bomb sharing the container's CPU quota
+        # (an in-container sweep was seen to hang for minutes then).
+        freezer = self._freezer()
+        if freezer is not None and kill_frozen(freezer, outside({1, *map(int, self._keep)})):
+            return "swept"
+        try:  # no access to the cgroup (not root, a remote engine): from inside
             code, out, _ = self._run(["sh", "-c", SWEEP_ALL, "envhub-sweep-all", *self._keep],
                                      None, "/")
             if code == 0 and SWEEP_CLEAN in out.decode(errors="replace"):
@@ -152,13 +167,7 @@ class DockerSandbox:
             raise
         except SandboxError:  # cannot even start (no pid left) or the container stopped
             pass
-        api = docker_client().api
         try:
-            state = api.inspect_container(self.id)["State"]
-            if not state.get("Running"):  # killed from outside (OOM, engine): not ours to revive
-                raise SandboxError(f"container {self.id[:12]} is not running (exit "
-                                   f"{state.get('ExitCode')}, OOM killed: "
-                                   f"{state.get('OOMKilled')})")
             api.kill(self.id)
             api.wait(self.id, timeout=30)
             api.start(self.id)
@@ -169,6 +178,28 @@ class DockerSandbox:
                                f"processes: {e.explanation or e}") from None
         self._keep = self._main_pids()
         return "restarted"
+
+    def _freezer(self) -> Freezer | None:
+        """The container's cgroup freezer, when this process may use it (cgroup.py); raises
+        SandboxError when the container stopped (OOM, killed from outside: not ours to revive)."""
+        docker = import_docker()
+        try:
+            state = docker_client().api.inspect_container(self.id)["State"]
+        except docker.errors.NotFound:
+            raise SandboxClosed(f"container {self.id[:12]} is gone (removed or reaped)") from None
+        except docker.errors.APIError as e:
+            raise SandboxError(f"cannot inspect container {self.id[:12]}: "
+                               f"{e.explanation or e}") from None
+        if not state.get("Running"):
+            raise SandboxError(f"container {self.id[:12]} is not running (exit "
+                               f"{state.get('ExitCode')}, OOM killed: {state.get('OOMKilled')})")
+        return find_freezer(int(state.get("Pid") or 0), self.id)
+
+    def _sweep_call_blocking(self, exec_id: str) -> None:
+        """Kill every process of one call (they carry its EXEC_ID_VAR), others' left alone."""
+        freezer = self._freezer()
+        if freezer is None or not kill_frozen(freezer, carrying(f"{EXEC_ID_VAR}={exec_id}")):
+            self._run(sweep_argv(exec_id), None, "/")
 
     async def end_processes(self) -> str:
         """Kill every process started in the sandbox (running or detached); files are kept."""
@@ -228,13 +259,13 @@ class DockerSandbox:
             code, out, err = await asyncio.wait_for(call, timeout + BACKSTOP_S)
         except TimeoutError:
             # The wrapper's own timeout did not return (e.g. `timeout` missing in the image).
-            await in_thread(self._run, sweep_argv(exec_id), None, "/")
+            await in_thread(self._sweep_call_blocking, exec_id)
             return ExecResult(-1, "", f"killed after {timeout:g}s", timed_out=True)
         elapsed = time.monotonic() - start
         hit = timed_out(code, elapsed, timeout)
         stderr = err.decode(errors="replace")
         if hit:
-            await in_thread(self._run, sweep_argv(exec_id), None, "/")
+            await in_thread(self._sweep_call_blocking, exec_id)
             stderr += f"\nenvhub: killed after {elapsed:.1f}s (timeout)"
         return ExecResult(code, out.decode(errors="replace"), stderr, hit)
 

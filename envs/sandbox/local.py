@@ -1,11 +1,12 @@
 """Local sandbox: each exec runs under bubblewrap in fresh namespaces on this machine.
 
 Isolation per call: no network (`--unshare-net`, unless the spec allows it), a read-only
-view of the host (each top-level directory bound read-only; /run, /root and /home hidden so
-sockets and secrets are out of reach), a private writable workdir bound at /workspace, a
-tmpfs /tmp, a new pid namespace (when the call ends or times out, every process it started
-dies with it, setsid or not), `--die-with-parent`, a new session (no terminal injection), all
-capabilities dropped, /proc/sys read-only, and rlimits (data size, file size, no core dumps).
+allow-list of the host (system folders, a few /etc files, declared `host_paths`: see
+host_view.py; no /root, /home, /work, /var, /opt, /run...), a private writable workdir bound
+at /workspace, a tmpfs /tmp, a new pid namespace (when the call ends or times out, every
+process it started dies with it, setsid or not), `--die-with-parent`, a new session (no
+terminal injection), all capabilities dropped, /proc/sys read-only, and rlimits (data size,
+file size, no core dumps).
 
 Background processes do not outlive a call here: the pid namespace ends with the command
 (and the call's pids cgroup is emptied with SIGKILL), so `end_processes` has nothing to do.
@@ -32,14 +33,13 @@ from pathlib import Path
 from envhub.envs.manifest import SandboxSpec
 from envhub.envs.sandbox.base import ExecResult
 from envhub.envs.sandbox.errors import SandboxClosed, SandboxFileError
+from envhub.envs.sandbox.host_view import host_view_args
 from envhub.envs.sandbox.reaper import install, owner_alive, track, untrack
 from envhub.envs.sandbox.shell import MAX_STREAM_BYTES
 
 log = logging.getLogger(__name__)
 
 SANDBOX_WORKDIR = "/workspace"
-HIDDEN = {"proc", "dev", "tmp", "run", "root", "home", "lost+found", "old_root"}
-MASKED_EMPTY = ("/root", "/home")  # present but empty and read-only: writes there fail
 PROC_READ_ONLY = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus")
 BASE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             "LANG": "C.UTF-8", "TERM": "dumb", "HOME": SANDBOX_WORKDIR}
@@ -62,43 +62,6 @@ def _warn_unisolated() -> None:
 def bwrap_path() -> str | None:
     """bubblewrap's program, or None: then local sandboxes are plain processes (kinds.PLAIN)."""
     return shutil.which("bwrap")
-
-
-def _host_binds(mount: str) -> list[str]:
-    """bwrap arguments binding the host read-only, top-level entry by entry, onto a tmpfs root
-    (a tmpfs root lets bwrap create the workdir `mount` without touching the host)."""
-    args = ["--tmpfs", "/"]
-    top = mount.strip("/").split("/")[0]
-    for entry in sorted(Path("/").iterdir()):
-        if entry.name in HIDDEN or entry.name == top:
-            continue
-        if entry.is_symlink():
-            args += ["--symlink", os.readlink(entry), str(entry)]
-        elif entry.is_dir():
-            args += ["--ro-bind", str(entry), str(entry)]
-    return args
-
-
-def _private_paths() -> list[str]:
-    """Host folders an agent must not read: envhub's own source and data (built-in
-    environments hold gold patches and hidden tests), the whole checkout for an editable
-    install, and ENVHUB_HOME (installed packages, credentials)."""
-    import importlib
-
-    paths: set[Path] = set()
-    for name in ("envhub", "envhub.sdk", "envhub.gateway", "envhub.envs", "envhub.registry",
-                 "envhub.trainer"):
-        module = importlib.import_module(name)
-        folder = Path(module.__file__ or "").resolve().parent
-        paths.add(folder)
-        if (folder.parent / "pyproject.toml").is_file():
-            paths.add(folder.parent)  # an editable install: hide the checkout itself
-    paths.add(Path(os.environ.get("ENVHUB_HOME", Path.home() / ".envhub")).resolve())
-    # Under a hidden top-level folder (/root, /home, /tmp, ...) a path is out of sight already;
-    # bwrap could not even mkdir its mount point there (/root and /home are read-only tmpfs).
-    kept = sorted(p for p in paths if p.is_dir() and len(p.parts) > 1 and p.parts[1] not in HIDDEN)
-    # a folder inside another hidden one is hidden already (and bwrap could not mkdir it)
-    return [str(p) for p in kept if not any(q != p and q in p.parents for q in kept)]
 
 
 PIDS_LIMIT = 512  # processes (and threads) one call may have alive: a fork bomb stops here
@@ -162,14 +125,19 @@ class LocalSandbox:
         self.mount = mount
         self.workdir = mount if bwrap else str(host_dir)
         self.isolated = bwrap is not None
+        self.binds: dict[str, str] = {}  # host -> sandbox, read-only (`open(binds=...)`)
         self._closed = False
 
     @classmethod
     async def open(cls, spec: SandboxSpec, *, run_id: str, labels: dict[str, str],
-                   env: dict[str, str], package_root: str | Path) -> LocalSandbox:
+                   env: dict[str, str], package_root: str | Path,
+                   binds: dict[str, str] | None = None) -> LocalSandbox:
         """The kinds table's entry point (labels live in the workdir's name; `env` is given
-        per exec; no images)."""
-        return await cls.create(spec, run_id)
+        per exec; no images). `binds`: host path -> sandbox path, bound read-only into every
+        call (an in-sandbox agent's channel and programs; under /run, which is a tmpfs)."""
+        sandbox = await cls.create(spec, run_id)
+        sandbox.binds = dict(binds or {})
+        return sandbox
 
     @staticmethod
     def reap(run_id: str | None = None, stale_only: bool = False) -> list[str]:
@@ -188,6 +156,11 @@ class LocalSandbox:
                 from envhub.envs.sandbox.errors import SandboxUnavailable
                 raise SandboxUnavailable("bubblewrap is missing: apt-get install bubblewrap")
             _warn_unisolated()
+        missing = [p for p in spec.host_paths if not os.path.lexists(p)]
+        if missing:
+            from envhub.envs.sandbox.errors import SandboxError
+            raise SandboxError(f"[sandbox] host_paths {missing} do not exist on this machine: "
+                               "create them or remove them from the manifest")
         host_dir = Path(tempfile.mkdtemp(prefix=_prefix(run_id) + f"p{os.getpid()}-"))
         host_dir.chmod(0o755)
         sandbox = cls(spec, host_dir, bwrap, mount)
@@ -202,16 +175,12 @@ class LocalSandbox:
                       f"--fsize={FILE_SIZE_LIMIT}", "--core=0", "--"]
         if self.bwrap is None:
             return limits + shell
-        argv = [self.bwrap, *_host_binds(self.mount), "--dev", "/dev", "--proc", "/proc"]
+        argv = [self.bwrap, *host_view_args(self.spec.network, self.spec.host_paths)]
+        for host, inside in self.binds.items():  # under /run (a tmpfs), before / turns read-only
+            argv += ["--ro-bind", host, inside]
         for path in PROC_READ_ONLY:
             argv += ["--ro-bind-try", path, path]
-        for path in MASKED_EMPTY:
-            if not self.mount.startswith(path + "/"):
-                argv += ["--tmpfs", path, "--remount-ro", path]
-        for path in _private_paths():
-            argv += ["--tmpfs", path, "--remount-ro", path]
-        argv += ["--tmpfs", "/tmp", "--tmpfs", "/run",
-                 "--bind", str(self.host_dir), self.mount, "--chdir", cwd,
+        argv += ["--bind", str(self.host_dir), self.mount, "--remount-ro", "/", "--chdir", cwd,
                  "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
                  "--hostname", "sandbox", "--die-with-parent", "--new-session",
                  "--cap-drop", "ALL", "--clearenv"]

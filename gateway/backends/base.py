@@ -121,4 +121,4 @@ def refuse_constraint(request: GenerateRequest, engine: str) -> None:
         raise BadRequest(f"the {engine} engine cannot constrain its output: response_format "
                          "json and forced tool calls (tool_choice 'required' or a named "
                          "function, parallel_tool_calls false) need the local, vllm or sglang "
-                         "backend", param="response_format")
+                         "backend")

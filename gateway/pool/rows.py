@@ -49,3 +49,13 @@ def turn_info(session_id: str, seq: int, *, requested_model: str) -> WriteOp:
     """Facts about a turn kept beside it (schema.turn_info): the model name the client asked
     for (before the alias table mapped it to a served model)."""
     return op_event("turn_info", session_id, {"seq": seq, "requested_model": requested_model})
+
+
+def response_insert(response_id: str, session_id: str, *, previous_id: str | None,
+                    body: dict[str, Any], input_items: list[dict[str, Any]]) -> WriteOp:
+    """A stored Responses API object (schema.responses): its body and the input items after
+    its `previous_id` link."""
+    return op_insert("responses", {
+        "id": response_id, "session_id": session_id, "previous_id": previous_id,
+        "body": orjson.dumps(body).decode(), "input": orjson.dumps(input_items).decode(),
+        "deleted": False, "created_at": time.time()})

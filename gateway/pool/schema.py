@@ -78,6 +78,22 @@ signals = _events("signals", "ix_signals_session")  # Signal JSON
 # PostgreSQL) but never columns, and there is no migration step.
 turn_info = _events("turn_info", "ix_turn_info_session")
 
+# Responses API objects (/v1/responses with store: true), so that `previous_response_id` and
+# GET /v1/responses/{id} survive a gateway restart. Storage grows with unique items, not with
+# turns²: a response stores only the input items after its `previous_id` link (the explicit
+# previous_response_id, or the session's previous response when the client resent that
+# conversation whole); its conversation is the walk of links, input then output of each.
+responses = Table(
+    "responses", metadata,
+    Column("id", String(64), primary_key=True),
+    Column("session_id", String(128), nullable=False, index=True),
+    Column("previous_id", String(64)),  # the link whose conversation precedes `input`
+    Column("body", Text, nullable=False),  # the response object, JSON
+    Column("input", Text, nullable=False),  # input items after the link's conversation, JSON
+    Column("deleted", Boolean, nullable=False, default=False),  # kept for later links
+    Column("created_at", Float, nullable=False),
+)
+
 # Which gateway process may record turns of a session (gateway/pool/leases.py): several
 # gateway processes share one pool and each caches the histories it serves; `token` changes
 # whenever a process (re)loads a session, so a process whose cached history is stale finds

@@ -144,6 +144,17 @@ class Store:
         with self.engine.connect() as c:
             return [orjson.loads(r[0]) for r in c.execute(q)]
 
+    def response_row(self, response_id: str) -> dict | None:
+        with self.engine.connect() as c:
+            row = c.execute(select(t.responses).where(t.responses.c.id == response_id)).first()
+        return dict(row._mapping) if row else None
+
+    def latest_response_id(self, session_id: str) -> str | None:
+        q = (select(t.responses.c.id).where(t.responses.c.session_id == session_id)
+             .order_by(t.responses.c.created_at.desc()).limit(1))
+        with self.engine.connect() as c:
+            return c.execute(q).scalar()
+
     def counts(self) -> dict[str, int]:
         with self.engine.connect() as c:
             return {
@@ -195,6 +206,12 @@ def op_event(table_name: str, session_id: str, body: dict) -> WriteOp:
 def op_update_session(session_id: str, **values: Any) -> WriteOp:
     return lambda conn: conn.execute(
         update(t.sessions).where(t.sessions.c.id == session_id).values(**values))
+
+
+def op_delete_response(response_id: str) -> WriteOp:
+    """A tombstone: later responses that link to it still read its items."""
+    return lambda conn: conn.execute(
+        update(t.responses).where(t.responses.c.id == response_id).values(deleted=True))
 
 
 __all__ = ["IntegrityError", "Store", "op_event", "op_insert", "op_update_session"]

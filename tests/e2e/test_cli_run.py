@@ -68,9 +68,11 @@ def test_cli_agent_turns_are_recorded_in_its_session(tmp_path):
     gw, _ = start_gateway(tmp_path, ["Working on it."])
     try:
         agent = f"{sys.executable} {FIXTURES / 'openai_agent.py'}"
-        ran = envhub("run", "arith", "-n", "2", "--agent", agent, "--gateway", gw.url,
+        ran = envhub("run", "arith", "-n", "2", "--agent", agent, "--agent-on-host",
+                     "--gateway", gw.url,
                      "--admin-key", ADMIN_KEY, "--out", "out", cwd=tmp_path)
         assert ran.returncode == 0, ran.stderr
+        assert "WARNING: --agent-on-host" in ran.stderr and "no containment" in ran.stderr
         records = [json.loads(p.read_text()) for p in (tmp_path / "out" / "rollouts").iterdir()]
         assert len(records) == 2
         for record in records:
@@ -148,6 +150,9 @@ def test_the_plain_fallback_runs_environments_that_allow_it(tmp_path):
     (["run", "arith", "--sandbox", "vm"], "--sandbox"),
     (["run", "arith", "--resume"], "--out"),
     (["run", "arith", "--agent", "orcale"], "unknown agent"),
+    (["run", "arith", "--agent", "a b", "--agent-install", "npm:x"], "npm agents"),
+    (["run", "arith", "--agent", "oracle", "--agent-install", "pip:x"], "command-line agents"),
+    (["run", "arith", "--agent", "a b", "--sandbox", "e2b"], "--agent-on-host"),
     (["run", "arith", "--gateway", "localhost:1"], "URL"),
     (["run", "arith", "--gateway", "http://127.0.0.1:1"], "--admin-key"),
     (["run", "arith=0"], "weight"),
@@ -191,6 +196,7 @@ def test_interrupted_run_leaves_nothing_behind(tmp_path, sig):
     agent = f"{sys.executable} {FIXTURES / 'openai_agent.py'}"
     proc = subprocess.Popen(
         [sys.executable, "-m", "envhub", "run", "arith", "-n", "1", "--agent", agent,
+         "--agent-on-host",
          "--gateway", gw.url, "--admin-key", ADMIN_KEY, "-q"],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

@@ -55,7 +55,42 @@ def test_train_rejects_bad_input_with_exit_2(tmp_path):
     assert missing.returncode == 2 and "--model" in missing.stderr
     zero = envhub("train", "arith", "--steps", "0", cwd=tmp_path, timeout=120)
     assert zero.returncode == 2
+    fp16 = envhub("train", "arith", "--precision", "fp16", cwd=tmp_path, timeout=120)
+    assert fp16.returncode == 2 and "--precision" in fp16.stderr
+    alpha = envhub("train", "arith", "--lora-alpha", "8", cwd=tmp_path, timeout=120)
+    assert alpha.returncode == 2 and "--lora-rank" in alpha.stderr
     assert not (tmp_path / "a").exists() and not (tmp_path / "runs").exists()  # nothing written
+
+
+@pytest.mark.slow
+def test_train_on_two_ranks_with_lora_in_bf16_pushes_merged_weights(tmp_path):
+    """`--nproc-per-node 2` re-runs the command under torchrun: rank 0 runs the gateway and
+    the rollouts, both ranks train the FSDP2-sharded LoRA model, rank 0 pushes merged
+    weights (a full HF folder, no adapter files) that the engine serves from then on."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "run"
+    done = envhub("train", "arith", "--steps", "2", "--seed", "3", "--out", str(out),
+                  "--groups", "4", "--k", "4", "--tasks", "4", "--max-turns", "3",
+                  "--nproc-per-node", "2", "--lora-rank", "4", "--precision", "bf16",
+                  cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["ranks"], r["weight_version"]) for r in rows] == [(0, 2, 1),
+                                                                            (1, 2, 2)]
+    assert any(r["trainer/step/skipped"] == 0 and r["trainer/tokens/packed"] > 0
+               for r in rows), rows
+    folder = out / "weights" / "v000002"
+    assert not list(folder.glob("adapter_*"))
+    _, info = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32,
+                                                   output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    with StoreSource(f"sqlite:///{out / 'pool.db'}") as pool:
+        groups = pool.list_groups()
+        versions = [{t.weight_version for tr in pool.fetch([s.id for s in g.sessions])
+                     for t in tr.turns} for g in groups]
+    assert versions[4:] == [{1}] * 4, versions  # step 1 sampled the pushed version 1
 
 
 def test_task_schedule_passes_over_every_task_once_per_epoch():

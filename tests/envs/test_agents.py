@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from envhub.envs.agents import CommandAgent, ToolCallingAgent, make_agent
+from envhub.envs.agents import BoxedCommandAgent, CommandAgent, ToolCallingAgent, make_agent
 from envhub.envs.agents.base import AgentContext
 from envhub.envs.agents.context import ContextStrategy
 from envhub.envs.environment import RunContext
@@ -53,11 +53,20 @@ def test_summarize_strategy_replaces_old_exchanges_with_one_message():
 def test_agent_factory():
     assert isinstance(make_agent(None), ToolCallingAgent)
     assert make_agent("oracle").name == "oracle"
-    assert isinstance(make_agent(f"{sys.executable} {AGENT_SCRIPT}"), CommandAgent)
-    with pytest.raises(AgentSpecError, match="not a program on PATH"):
+    # a command line runs inside the sandbox unless asked otherwise
+    assert isinstance(make_agent(f"{sys.executable} {AGENT_SCRIPT}"), BoxedCommandAgent)
+    assert isinstance(make_agent(f"{sys.executable} {AGENT_SCRIPT}", on_host=True),
+                      CommandAgent)
+    with pytest.raises(AgentSpecError, match="unknown agent"):
         make_agent("orcale")
+    with pytest.raises(AgentSpecError, match="not a program on PATH"):
+        make_agent("orcale", on_host=True)
     with pytest.raises(AgentSpecError, match="quotes"):
         make_agent("python 'unclosed")
+    with pytest.raises(AgentSpecError, match="command-line agents"):
+        make_agent("oracle", on_host=True)
+    with pytest.raises(AgentSpecError, match="on this machine instead"):
+        make_agent("x y", installs=["pip:x"], on_host=True)
 
 
 async def _context(gw, tmp_path: Path, limits: AgentLimits, task_index: int = 0):

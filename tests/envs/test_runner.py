@@ -147,7 +147,8 @@ def test_command_agent_leaves_no_process_or_folder(gateway, tmp_path, monkeypatc
     monkeypatch.setenv("SPAWN_CHILD", "1")
     monkeypatch.setenv("CHILD_PID_FILE", str(pid_file))
     agent = f"{sys.executable} {FIXTURES / 'openai_agent.py'}"
-    result = asyncio.run(run(config(gateway, "arith", agent=agent, n=1), progress=False))
+    result = asyncio.run(run(config(gateway, "arith", agent=agent, agent_on_host=True, n=1),
+                             progress=False))
     (record,) = result.records
     assert record.status == "done" and record.stopped == "exited"
     assert len(trajectory(gateway, record.session_id)["turns"]) == 2
@@ -216,7 +217,8 @@ def test_scratch_of_a_killed_run_is_swept_by_the_next_run(gateway):
 def test_agent_failure_is_agent_error_and_not_scored(gateway, monkeypatch):
     monkeypatch.setenv("EXIT", "3")
     agent = f"{sys.executable} {FIXTURES / 'openai_agent.py'}"
-    result = asyncio.run(run(config(gateway, "arith", agent=agent, n=1), progress=False))
+    result = asyncio.run(run(config(gateway, "arith", agent=agent, agent_on_host=True, n=1),
+                             progress=False))
     (record,) = result.records
     assert record.status == "agent_error" and "exited with code 3" in (record.reason or "")
     t = trajectory(gateway, record.session_id)

@@ -180,3 +180,22 @@ def test_anthropic_tool_choice_any_and_tool_force_calls(gw: GatewayHandle) -> No
                                        "disable_parallel_tool_use": True})
     uses = [b for b in r.content if b.type == "tool_use"]
     assert [u.name for u in uses] == ["weather"] and set(uses[0].input) == {"city"}
+
+
+def test_responses_api_structured_output_and_forced_call(gw: GatewayHandle) -> None:
+    """The Responses route honours text.format json_schema and a named tool_choice too."""
+    c = client(gw, "so-responses")
+    r = c.responses.create(model="m", input="How long is the table?", max_output_tokens=40,
+                           text={"format": {"type": "json_schema", "name": "answer",
+                                            "schema": ANSWER, "strict": True}})
+    assert r.status == "completed" and set(json.loads(r.output_text)) == {"answer", "unit"}
+    assert r.text.format.type == "json_schema"
+    tools = [{"type": "function", "name": fn["function"]["name"],
+              "description": fn["function"]["description"],
+              "parameters": fn["function"]["parameters"]} for fn in (CALC_TOOL, WEATHER)]
+    r = c.responses.create(model="m", input="Hello!", max_output_tokens=64, tools=tools,
+                           tool_choice={"type": "function", "name": "weather"},
+                           parallel_tool_calls=False)
+    calls = [item for item in r.output if item.type == "function_call"]
+    assert [call.name for call in calls] == ["weather"]
+    assert set(json.loads(calls[0].arguments)) == {"city"}

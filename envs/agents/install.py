@@ -1,0 +1,164 @@
+"""How a command-line agent is made present inside a sandbox: a bundle folder built on the host
+(`lib/` importable packages, `bin/` programs), cached by what it holds and the Python it targets,
+then baked into an image layer (docker) or bound read-only (local). Nothing is fetched at run time.
+
+Specs (`--agent-install`, repeatable):
+  pip:REQUIREMENT  a PyPI requirement, installed for the sandbox's Python (`pip install --target`,
+                   wheels only when that Python differs from the host's); its console scripts
+                   become programs in `bin/` that run with the sandbox's `python3`
+  script:PATH      a host file copied into `bin/` (executable; run it with its own shebang or
+                   `python3 NAME`)
+  npm:PACKAGE      reserved (Node agents such as Codex CLI or Claude Code): refused for now
+"""
+
+from __future__ import annotations
+
+import configparser
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from envhub.envs.errors import AgentSpecError
+
+KINDS = ("pip", "script", "npm")
+FORWARDER = Path(__file__).with_name("forwarder.py")
+# A console script as a program: the bundle's lib/ first on sys.path (not PYTHONPATH, which the
+# agent's own tool commands would inherit and which could shadow the task's packages).
+_ENTRY = """#!/bin/sh
+here=$(cd "$(dirname "$0")/.." && pwd)
+exec python3 -c 'import sys; sys.path.insert(0, sys.argv.pop(1)); sys.argv[0] = "{name}"
+from {module} import {attr}
+sys.exit({call}())' "$here/lib" "$@"
+"""
+
+
+@dataclass(frozen=True)
+class AgentInstall:
+    kind: str
+    value: str
+
+    @classmethod
+    def parse(cls, text: str) -> AgentInstall:
+        kind, sep, value = text.partition(":")
+        if not sep or kind not in KINDS or not value.strip():
+            raise AgentSpecError(f"--agent-install {text!r}: use pip:REQUIREMENT (e.g. "
+                                 "pip:mini-swe-agent==2.4.6) or script:PATH")
+        if kind == "npm":
+            raise AgentSpecError(f"--agent-install {text!r}: npm agents are not supported yet; "
+                                 "install them in the image, or use --agent-on-host")
+        if kind == "script" and not Path(value).is_file():
+            raise AgentSpecError(f"--agent-install {text!r}: {value} is not a file")
+        return cls(kind, value.strip())
+
+    def fingerprint(self) -> str:
+        if self.kind == "script":
+            return f"script:{Path(self.value).name}:" + hashlib.sha256(
+                Path(self.value).read_bytes()).hexdigest()
+        return f"{self.kind}:{self.value}"
+
+
+def cache_root() -> Path:
+    home = Path(os.environ.get("ENVHUB_HOME", Path.home() / ".envhub"))
+    return Path(os.environ.get("ENVHUB_AGENT_CACHE", home / "agents"))
+
+
+def build_bundle(installs: list[AgentInstall], python: str) -> Path:
+    """The bundle for `installs` targeting Python `python` ("3.11"), built once and cached.
+    Blocking (runs pip); AgentSpecError with pip's reason when a package cannot be had."""
+    key = hashlib.sha256(json.dumps([python, platform.machine()]
+                                    + [i.fingerprint() for i in installs]).encode()).hexdigest()
+    final = cache_root() / key[:24]
+    if (final / "ok").is_file():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=".build-", dir=final.parent))
+    try:
+        (work / "bin").mkdir()
+        (work / "lib").mkdir()
+        shutil.copy(FORWARDER, work / "forwarder.py")
+        requirements = [i.value for i in installs if i.kind == "pip"]
+        if requirements:
+            # hard links to the packages' own cache: a new script next to them costs no pip run
+            shutil.copytree(_pip_lib(requirements, python), work / "lib", dirs_exist_ok=True,
+                            copy_function=_link_or_copy)
+            _write_entry_points(work)
+        for i in installs:
+            if i.kind == "script":
+                target = work / "bin" / Path(i.value).name
+                shutil.copy(i.value, target)
+                target.chmod(0o755)
+        (work / "ok").write_text(json.dumps({"python": python,
+                                             "installs": [i.fingerprint() for i in installs]}))
+        os.chmod(work, 0o755)
+        try:
+            work.rename(final)
+        except OSError:  # built concurrently by another run: keep theirs
+            shutil.rmtree(work, ignore_errors=True)
+    finally:
+        if work.exists():
+            shutil.rmtree(work, ignore_errors=True)
+    return final
+
+
+def _pip_lib(requirements: list[str], python: str) -> Path:
+    """`requirements` installed for `python` (`pip install --target`), cached by both."""
+    key = hashlib.sha256(json.dumps([python, platform.machine(), sorted(requirements)]
+                                    ).encode()).hexdigest()
+    final = cache_root() / f"pip-{key[:24]}"
+    if (final / ".envhub-ok").is_file():
+        return final
+    work = Path(tempfile.mkdtemp(prefix=".pip-", dir=cache_root()))
+    try:
+        _pip_install(requirements, work, python)
+        (work / ".envhub-ok").write_text("\n".join(requirements))
+        try:
+            work.rename(final)
+        except OSError:  # installed concurrently by another run: keep theirs
+            pass
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return final
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _pip_install(requirements: list[str], target: Path, python: str) -> None:
+    argv = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+            "--no-compile", "--target", str(target)]
+    if python != f"{sys.version_info[0]}.{sys.version_info[1]}":
+        machine = platform.machine()
+        argv += ["--only-binary=:all:", "--python-version", python, "--implementation", "cp"]
+        for tag in ("manylinux2014", "manylinux_2_28", "manylinux_2_34", "linux"):
+            argv += ["--platform", f"{tag}_{machine}"]
+    ran = subprocess.run(argv + requirements, capture_output=True, text=True, check=False)
+    if ran.returncode != 0:
+        raise AgentSpecError(f"cannot install {' '.join(requirements)} for the sandbox's Python "
+                             f"{python}: {ran.stderr.strip()[-800:]}")
+
+
+def _write_entry_points(bundle: Path) -> None:
+    for points in (bundle / "lib").glob("*.dist-info/entry_points.txt"):
+        parser = configparser.ConfigParser(interpolation=None)
+        parser.optionxform = str  # type: ignore[assignment,method-assign]
+        parser.read(points)
+        if not parser.has_section("console_scripts"):
+            continue
+        for name, target in parser.items("console_scripts"):
+            module, _, attr = target.partition(":")
+            attr = attr.split("[")[0].strip()
+            path = bundle / "bin" / name
+            path.write_text(_ENTRY.format(name=name, module=module.strip(),
+                                          attr=attr.split(".")[0], call=attr))
+            path.chmod(0o755)

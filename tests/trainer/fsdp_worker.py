@@ -1,0 +1,115 @@
+"""Runs under `torchrun --nproc-per-node 2` for test_fsdp.py (and in one process for the
+reference): trainer scenarios whose loss, full gradients and parameters are saved.
+
+    python -m torch.distributed.run --standalone --nproc-per-node 2 \\
+        tests/trainer/fsdp_worker.py WORK {equivalence,resume}
+
+WORK holds groups.json (written by the test); rank 0 writes WORK/<scenario>.pt.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from envhub.sdk.types import Trajectory
+from envhub.trainer.batch import build_batch
+from envhub.trainer.config import LoraSettings, OptimConfig, TrainerConfig
+from envhub.trainer.distributed import DataParallel
+from envhub.trainer.source import Group
+from envhub.trainer.trainer import Trainer
+from envhub.trainer.weights import full_state
+from tests.trainer.models import tiny_model
+
+SCENARIOS: dict[str, dict[str, Any]] = {
+    "plain": {},
+    "checkpointing": {"gradient_checkpointing": True},
+    "lora": {"lora": LoraSettings(rank=4, alpha=8)},
+    "bf16": {"precision": "bf16"},
+}
+
+
+def config(scenario: str) -> TrainerConfig:
+    # adam_eps 1e-4: AdamW's first step is smooth in g (see test_trainer._config)
+    return TrainerConfig(optim=OptimConfig(lr=1e-2, adam_eps=1e-4), **SCENARIOS[scenario])
+
+
+def load_groups(work: Path) -> list[Group]:
+    data = json.loads((work / "groups.json").read_text())
+    return [Group(gid, [Trajectory.model_validate(t) for t in ts]) for gid, ts in data.items()]
+
+
+def full_grads(trainer: Trainer) -> dict[str, torch.Tensor]:
+    """Every trainable parameter's whole gradient (FSDP2 shards gathered)."""
+    out = {}
+    for name, p in trainer.model.named_parameters():
+        if p.grad is not None:
+            g = p.grad
+            out[name] = (g.full_tensor() if hasattr(g, "full_tensor") else g).detach().cpu()
+    return out
+
+
+def run_scenario(scenario: str, groups: list[Group], dp: DataParallel | None
+                 ) -> dict[str, Any]:
+    """One full step on `groups`, then the next step's loss and gradients (not applied)."""
+    torch.manual_seed(0)  # LoRA's adapter init draws from the RNG
+    trainer = Trainer(tiny_model("qwen2"), config(scenario), data_parallel=dp)
+    first = trainer.step(groups)
+    second = trainer.compute_gradients(build_batch(groups, trainer.config,
+                                                   trainer.version).sequences)
+    grads = full_grads(trainer)
+    params = full_state(trainer.model)
+    dtypes = sorted({str(p.dtype) for p in trainer.model.parameters()})
+    return {"first": first, "second": second, "grads": grads, "params": params,
+            "dtypes": dtypes, "trainable": sorted(grads)}
+
+
+def resume_first_half(work: Path, dp: DataParallel) -> None:
+    groups = load_groups(work)
+    trainer = Trainer(tiny_model("qwen2"), config("plain"), data_parallel=dp)
+    trainer.step(groups[:2])
+    trainer.save_checkpoint(work / "ckpt")
+    _finish(trainer, groups, work / "continued.pt", dp)
+
+
+def resume_second_half(work: Path, dp: DataParallel) -> None:
+    groups = load_groups(work)
+    trainer = Trainer(tiny_model("qwen2", seed=7), config("plain"), data_parallel=dp)
+    trainer.load_checkpoint(work / "ckpt")
+    _finish(trainer, groups, work / "resumed.pt", dp)
+
+
+def _finish(trainer: Trainer, groups: list[Group], out: Path, dp: DataParallel) -> None:
+    metrics = trainer.step(groups[1:])
+    params = full_state(trainer.model)
+    if dp.rank == 0:
+        torch.save({"metrics": metrics, "params": params, "steps": trainer.steps,
+                    "rng": torch.get_rng_state()}, out)
+
+
+def main(work: Path, mode: str) -> None:
+    torch.set_num_threads(1)
+    dp = DataParallel.init()
+    try:
+        if mode == "equivalence":
+            groups = load_groups(work)
+            for scenario in SCENARIOS:
+                result = run_scenario(scenario, groups, dp)
+                if dp.rank == 0:
+                    torch.save(result, work / f"{scenario}.pt")
+            resume_first_half(work, dp)
+        elif mode == "resume":
+            resume_second_half(work, dp)
+        else:
+            raise SystemExit(f"unknown mode {mode!r}")
+        dp.barrier()  # leave together: a rank tearing gloo down early aborts its peer
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), sys.argv[2])

@@ -1,0 +1,96 @@
+"""FSDP2 on 2 gloo ranks launched by real torchrun == one process (loss, full gradients,
+parameters), with and without gradient checkpointing, with LoRA, in bf16 mixed precision;
+a DCP checkpoint written on 2 ranks resumes on 2 ranks (a fresh torchrun) exactly."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from envhub.trainer.synthetic import RolloutShape, sample_group
+from tests.trainer.fsdp_worker import load_groups, run_scenario
+from tests.trainer.models import tiny_model
+
+pytestmark = pytest.mark.slow  # two torchrun launches of 2 processes on a shared box
+
+REPO = Path(__file__).resolve().parents[2]
+WORKER = Path(__file__).with_name("fsdp_worker.py")
+
+
+def _torchrun(work: Path, mode: str) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+           "2", str(WORKER), str(work), mode]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> Path:
+    work = tmp_path_factory.mktemp("fsdp")
+    sampler = tiny_model("qwen2", seed=1)
+    shape = RolloutShape(sessions=4, turns=2, prompt_len=16, cm_every=2, keep_prompt=8)
+    groups = {f"g{i}": [t.model_dump(mode="json")
+                        for t in sample_group(sampler, f"g{i}", shape, seed=i)]
+              for i in range(3)}  # 3 groups over 2 ranks: uneven shards on purpose
+    (work / "groups.json").write_text(json.dumps(groups))
+    _torchrun(work, "equivalence")
+    return work
+
+
+def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert sorted(a) == sorted(b)
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
+@pytest.mark.parametrize("scenario", ["plain", "checkpointing", "lora"])
+def test_fsdp_on_two_ranks_equals_one_process(work, scenario) -> None:
+    torch.set_num_threads(1)
+    fsdp = torch.load(work / f"{scenario}.pt", weights_only=False)
+    single = run_scenario(scenario, load_groups(work), None)
+    for step in ("first", "second"):
+        for key in ("loss/pg", "loss/tokens", "tokens/packed", "is/masked_fraction"):
+            assert fsdp[step][key] == pytest.approx(single[step][key], abs=1e-5), (step, key)
+    assert fsdp["first"]["grad/norm"] == pytest.approx(single["first"]["grad/norm"], rel=1e-5)
+    assert fsdp["trainable"] == single["trainable"]
+    # the second step's gradients are non-trivial (the first step moved every parameter)
+    assert max(g.abs().max().item() for g in single["grads"].values()) > 1e-3
+    assert _max_diff(fsdp["grads"], single["grads"]) < 1e-5
+    assert _max_diff(fsdp["params"], single["params"]) < 1e-5
+    if scenario == "lora":  # only the adapters train
+        assert fsdp["trainable"] and all("lora_" in n for n in fsdp["trainable"])
+
+
+def test_bf16_mixed_precision_keeps_fp32_masters_and_tracks_fp32(work) -> None:
+    bf16 = torch.load(work / "bf16.pt", weights_only=False)
+    fp32 = torch.load(work / "plain.pt", weights_only=False)
+    single = run_scenario("bf16", load_groups(work), None)  # torch.autocast in one process
+    for run in (bf16, single):
+        assert run["dtypes"] == ["torch.float32"]  # master weights stay fp32
+        assert all(v.dtype == torch.float32 for v in run["params"].values())
+        for step in ("first", "second"):
+            assert torch.isfinite(torch.tensor(run[step]["loss/pg"]))
+            assert run[step]["loss/pg"] == pytest.approx(fp32[step]["loss/pg"], abs=2e-2)
+        assert _max_diff(run["params"], fp32["params"]) < 5e-2  # loose: bf16 compute
+    # and bf16 is really used: not bit-equal to the fp32 run
+    assert _max_diff(bf16["grads"], fp32["grads"]) > 0
+
+
+def test_dcp_checkpoint_on_two_ranks_resumes_exactly(work) -> None:
+    ckpt = work / "ckpt"
+    assert (ckpt / ".metadata").is_file() and len(list(ckpt.glob("*.distcp"))) == 2
+    assert not list(work.glob(".ckpt.*"))  # no temp folder left behind
+    _torchrun(work, "resume")  # a fresh torchrun, a different initialisation, then load
+    a = torch.load(work / "continued.pt", weights_only=False)
+    b = torch.load(work / "resumed.pt", weights_only=False)
+    assert b["steps"] == a["steps"] == 2
+    assert b["metrics"]["loss/pg"] == a["metrics"]["loss/pg"]
+    assert b["metrics"]["grad/norm"] == a["metrics"]["grad/norm"]
+    assert _max_diff(a["params"], b["params"]) == 0
+    assert torch.equal(a["rng"], b["rng"])
