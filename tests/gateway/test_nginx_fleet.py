@@ -10,6 +10,7 @@ import os
 import signal
 from collections import defaultdict
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -117,6 +118,12 @@ def test_sessions_stick_to_one_process_and_every_turn_is_recorded_once(fleet):
         model="default", messages=convs[k], max_tokens=6)
     assert raw.headers["x-envhub-gateway"] in homes[k]
     assert raw.parse().model_extra["envhub"]["seqs"] == [4]
+    # Anthropic clients send the key as x-api-key: hashed the same way
+    claude = anthropic.Anthropic(base_url=proxy.url, api_key=keys[k], max_retries=0)
+    raw = claude.messages.with_raw_response.create(
+        model="default", max_tokens=6, messages=[{"role": "user", "content": "aside"}])
+    assert raw.headers["x-envhub-gateway"] in homes[k]
+    assert raw.parse().content
 
 
 def test_a_stream_through_the_proxy_arrives_as_chunks(fleet):
