@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from envhub.gateway.errors import BadRequest, Forbidden, Unauthorized
 from envhub.gateway.openai_api import json_response, read_json
+from envhub.gateway.pool.leases import op_revoke
 from envhub.gateway.pool.store import op_event, op_update_session
 from envhub.gateway.pool.trajectory import build_trajectory, session_info
 from envhub.gateway.sessions import LiveSession
@@ -176,6 +177,7 @@ async def close(request: Request, session_id: str) -> Response:
     live = await _session_for(request, session_id)
     spec = _parse(CloseSession, await read_json(request))
     await request.app.state.gw.store.write(op_update_session(
-        live.id, status=spec.status.value, reason=spec.reason, closed_at=time.time()))
+        live.id, status=spec.status.value, reason=spec.reason, closed_at=time.time()),
+        op_revoke(live.id))  # another gateway process serving it re-reads the status
     live.status = spec.status.value
     return json_response({"session_id": live.id, "status": spec.status.value})

@@ -41,6 +41,11 @@ class GatewayConfig(BaseModel):
                                               "unknown keys get 401 and a session key reaches "
                                               "only its own session; required to listen on a "
                                               "non-loopback address")
+    public_url: str | None = Field(
+        None, pattern=r"^https?://[^\s/]+(/\S*)?$",
+        description="URL agents reach this gateway at, returned by POST /sessions; behind a "
+                    "proxy (deploy/nginx) the proxy's, e.g. http://gateways.internal:8400. "
+                    "Default: this process's own address")
     max_body_bytes: int = Field(64 << 20, ge=1024, description="request body limit")
     default_max_tokens: int = Field(256, ge=1, description="completion budget when a request "
                                                           "sets none")

@@ -94,6 +94,7 @@ class History:
     latest: TurnState | None = None
     declared: CMAction | None = None  # declared by the agent, applies to the next request
     tips: dict[int, TurnState] = field(default_factory=dict)  # chain -> its latest turn
+    lease: str | None = None  # the pool lease it was loaded under (gateway/pool/leases.py)
     # the previous request's hashes and rolling hashes: agents resend the same prefix, so the
     # rolling hashes of that prefix are reused instead of recomputed (cost ∝ new messages)
     _last: tuple[list[bytes], list[bytes]] = (([], []))

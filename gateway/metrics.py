@@ -18,6 +18,8 @@ class Metrics:
         self.cm_actions = Counter("envhub_cm_actions", "context-management actions", ["kind"],
                                   registry=r)
         self.backend_errors = Counter("envhub_backend_errors", "failed engine calls", registry=r)
+        self.lease_lost = Counter("envhub_lease_lost", "calls re-run because another gateway "
+                                  "process on the pool had taken the session", registry=r)
         self.render_ms = Histogram("envhub_render_ms", "plan + render time per call (ms)",
                                    buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 25, 50, 100),
                                    registry=r)

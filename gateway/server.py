@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -47,11 +50,14 @@ def _error_body(message: str, type_: str, param: str | None = None,
 
 
 class _Edge:
-    """ASGI middleware: session key from headers or `/s/{key}/...`, and the body size limit."""
+    """ASGI middleware: session key from headers or `/s/{key}/...`, the body size limit, and
+    an `x-envhub-gateway` header naming this process on every answer (behind a proxy that
+    spreads sessions over several gateways, it says which one served a call)."""
 
-    def __init__(self, app: Any, max_body: int):
+    def __init__(self, app: Any, max_body: int, process: str):
         self.app = app
         self.max_body = max_body
+        self.process = (b"x-envhub-gateway", process.encode())
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -93,6 +99,7 @@ class _Edge:
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
+                message["headers"] = [*message.get("headers", ()), self.process]
             await send(message)
 
         try:
@@ -153,7 +160,8 @@ def create_app(config: GatewayConfig, backend: Backend | None = None) -> FastAPI
         backend = make_backend(config)
     store = Store(config.db)
     metrics = Metrics()
-    sessions = Sessions(store, config.admin_key)
+    process = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    sessions = Sessions(store, config.admin_key, holder=process)
     state = GatewayState(
         config=config, renderer=renderer, backend=backend, store=store, sessions=sessions,
         service=ChatService(renderer, backend, store, metrics, config.max_model_len,
@@ -222,7 +230,8 @@ def create_app(config: GatewayConfig, backend: Backend | None = None) -> FastAPI
                                     "server_error"), status_code=500,
                         media_type="application/json")
 
-    app.add_middleware(_Edge, max_body=config.max_body_bytes)  # type: ignore[arg-type]
+    app.add_middleware(_Edge, max_body=config.max_body_bytes,  # type: ignore[arg-type]
+                       process=process)
     return app
 
 
@@ -264,7 +273,7 @@ def run_in_thread(config: GatewayConfig, backend: Backend | None = None) -> Gate
     app = create_app(config, backend)
     running = serve_in_thread(app, config.host, config.port, lifespan="on", graceful_timeout=5,
                               name="envhub-gateway", start_timeout=60)
-    app.state.gw.url = running.url  # read per request only, never at startup
+    app.state.gw.url = (config.public_url or running.url).rstrip("/")  # read per request
     return GatewayHandle(running.url, config.admin_key, app, running)
 
 
@@ -273,7 +282,7 @@ def serve(config: GatewayConfig) -> None:
     app = create_app(config)
     sock = bind(config.host, config.port)
     port = sock.getsockname()[1]
-    app.state.gw.url = f"http://{config.host}:{port}"
+    app.state.gw.url = (config.public_url or f"http://{config.host}:{port}").rstrip("/")
     print(f"envhub gateway on http://{config.host}:{port}  model={config.served_name()}  "
           f"backend={config.backend}  pool={config.db}", flush=True)
     uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on",

@@ -22,12 +22,13 @@ from envhub.gateway.errors import BackendUnavailable, BadRequest, Conflict, Gate
 from envhub.gateway.history import History, Plan, TurnState
 from envhub.gateway.metrics import Metrics
 from envhub.gateway.pool import schema as t
+from envhub.gateway.pool.leases import LeaseLost, op_guard
 from envhub.gateway.pool.rows import turn_info, turn_insert
 from envhub.gateway.pool.store import Store, WriteOp, op_event
 from envhub.gateway.render.chat_template import ChatRenderer
 from envhub.gateway.render.messages import message_hash, tools_hash
 from envhub.gateway.render.toolcalls import ParsedCompletion
-from envhub.gateway.sessions import LiveSession
+from envhub.gateway.sessions import LiveSession, forget_history
 from envhub.sdk.types import CMAction, Signal, ToolCall
 
 _ids = random.Random(int.from_bytes(os.urandom(16), "big"))
@@ -39,6 +40,7 @@ def response_id() -> str:
     return f"{_ids.getrandbits(96):024x}"
 
 
+_LEASE_ATTEMPTS = 3  # a session taken by another process this often in one call: give up
 Message = dict[str, Any]  # a JSON chat message (raw from the request, or normalised)
 HistoryLoader = Callable[[LiveSession], Awaitable[History]]  # Sessions.history
 
@@ -99,11 +101,29 @@ class ChatService:
         self.max_model_len = max_model_len
         self.text_backend = text_backend  # hosted models take messages, not ids
 
+    async def _leased(self, live: LiveSession, history_loader: HistoryLoader,
+                      attempt: Callable[[History], Awaitable[ChatAnswer]]) -> ChatAnswer:
+        """Run `attempt` on the session's history; when another gateway process took the session
+        meanwhile (pool/leases.py) nothing was recorded: reload the history and run it again."""
+        for _ in range(_LEASE_ATTEMPTS):
+            if live.status != "open":
+                raise Conflict(f"session {live.id!r} is {live.status}; open a new session")
+            history = await history_loader(live)
+            try:
+                return await attempt(history)
+            except LeaseLost:
+                self.metrics.lease_lost.inc()
+                await forget_history(self.store, live, history)
+        raise BackendUnavailable(f"session {live.id!r} kept moving between gateway processes "
+                                 "sharing this pool; retry (a proxy in front should hash the "
+                                 "session key to one process)")
+
     async def chat(self, live: LiveSession, history_loader: HistoryLoader,
                    call: ChatCall) -> ChatAnswer:
-        if live.status != "open":
-            raise Conflict(f"session {live.id!r} is {live.status}; open a new session")
-        history = await history_loader(live)
+        return await self._leased(live, history_loader,
+                                  lambda history: self._chat(live, history, call))
+
+    async def _chat(self, live: LiveSession, history: History, call: ChatCall) -> ChatAnswer:
         t0 = time.perf_counter()
         async with live.lock:
             hashes, message = call.prepared(live)
@@ -172,9 +192,12 @@ class ChatService:
                        requested_model: str | None = None) -> ChatAnswer:
         """A raw token/text completion: extends the latest turn when its ids prefix the prompt,
         else starts a new segment (no chat messages, so no context-action classification)."""
-        if live.status != "open":
-            raise Conflict(f"session {live.id!r} is {live.status}; open a new session")
-        history = await history_loader(live)
+        return await self._leased(live, history_loader, lambda history: self._complete(
+            live, history, prompt, params, n, requested_model))
+
+    async def _complete(self, live: LiveSession, history: History, prompt: list[int],
+                        params: SamplingParams, n: int,
+                        requested_model: str | None) -> ChatAnswer:
         t0 = time.perf_counter()
         async with live.lock:
             tip, parent = history.latest, None
@@ -217,7 +240,8 @@ class ChatService:
 
         backend_ms = (time.perf_counter() - tb) * 1000
         choices: list[Choice] = []
-        ops: list[WriteOp] = []
+        # first: fails the transaction when another process took the session (leases.py)
+        ops: list[WriteOp] = [] if history.lease is None else [op_guard(live.id, history.lease)]
         states: list[TurnState] = []
         actions: list[CMAction | None] = []
         latency_ms = (time.perf_counter() - t0) * 1000

@@ -2,6 +2,9 @@
 
 Keys are stored hashed. Without an admin key (local use) an unknown bearer token opens a
 session whose id and key are that token, so `OPENAI_API_KEY=run-42` is all an agent needs.
+
+Histories are cached per process; with several gateway processes on one pool a history is
+loaded under a lease (pool/leases.py) and reloaded when another process has taken the session.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from dataclasses import dataclass, field
 
 from envhub.gateway.errors import BadRequest, Conflict, NotFound, Unauthorized
 from envhub.gateway.history import History
+from envhub.gateway.pool.leases import new_token, op_claim
 from envhub.gateway.pool.rows import session_insert
 from envhub.gateway.pool.store import IntegrityError, Store
 from envhub.gateway.pool.trajectory import history_from_rows
@@ -33,13 +37,15 @@ class LiveSession:
     status: str = "open"
     history: History | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    loading: asyncio.Lock = field(default_factory=asyncio.Lock)  # one history load at a time
     memo: MessageMemo = field(default_factory=MessageMemo)
 
 
 class Sessions:
-    def __init__(self, store: Store, admin_key: str | None):
+    def __init__(self, store: Store, admin_key: str | None, holder: str = ""):
         self.store = store
         self.admin_key = admin_key
+        self.holder = holder  # this gateway process, recorded on the leases it takes
         self._by_key: dict[str, LiveSession] = {}
         self._by_id: dict[str, LiveSession] = {}
         self._opening: dict[str, asyncio.Lock] = {}
@@ -57,11 +63,12 @@ class Sessions:
             raise BadRequest(f"session id must be 1-{_MAX_ID} characters without spaces or '/'",
                              param="session_id")
         key = api_key or f"sk-envhub-{secrets.token_urlsafe(24)}"
-        live = LiveSession(sid, key_hash(key), history=History())
+        lease = new_token()
+        live = LiveSession(sid, key_hash(key), history=History(lease=lease))
         row = session_insert(sid, live.key_hash, group_id=group_id, task_id=task_id, env=env,
                              sample_index=sample_index, metadata=metadata)
         try:
-            await self.store.write(row)
+            await self.store.write(row, op_claim(sid, lease, self.holder, new=True))
         except IntegrityError:
             raise Conflict(f"session {sid!r} already exists; choose another id") from None
         self._remember(live)
@@ -109,6 +116,9 @@ class Sessions:
                 live, _ = await self.create(session_id=token[:_MAX_ID].replace("/", "_"),
                                             api_key=token)
             except Conflict:
+                # another gateway process on this pool opened it a moment ago: same key
+                if (live := await self.by_key(token)) is not None:
+                    return live
                 raise Unauthorized(
                     "this token names an existing session with another key") from None
             return live
@@ -123,9 +133,28 @@ class Sessions:
         return self._live_from_row(row)
 
     async def history(self, live: LiveSession) -> History:
-        if live.history is None:
-            rows = await asyncio.to_thread(self.store.turn_rows, live.id)
-            actions = await asyncio.to_thread(self.store.events, "cm_actions", live.id)
+        """The session's history for recording turns; loaded from the pool on first use here,
+        under a fresh lease claimed before reading."""
+        if live.history is not None:
+            return live.history
+        async with live.loading:
             if live.history is None:
-                live.history = history_from_rows(rows, actions)
+                lease = new_token()
+                await self.store.write(op_claim(live.id, lease, self.holder))
+                rows = await asyncio.to_thread(self.store.turn_rows, live.id)
+                actions = await asyncio.to_thread(self.store.events, "cm_actions", live.id)
+                history = history_from_rows(rows, actions)
+                history.lease = lease
+                live.history = history
         return live.history
+
+
+async def forget_history(store: Store, live: LiveSession, stale: History) -> None:
+    """Another process took the session (its lease changed): forget `stale` and re-read the
+    session's status, so the next call reloads both from the pool."""
+    async with live.loading:
+        if live.history is stale:
+            live.history = None
+        row = await asyncio.to_thread(store.session_row, live.id)
+        if row is not None:
+            live.status = row["status"]

@@ -94,6 +94,18 @@ responses = Table(
     Column("created_at", Float, nullable=False),
 )
 
+# Which gateway process may record turns of a session (gateway/pool/leases.py): several
+# gateway processes share one pool and each caches the histories it serves; `token` changes
+# whenever a process (re)loads a session, so a process whose cached history is stale finds
+# out when it writes. A table of its own for the same reason as turn_info.
+session_leases = Table(
+    "session_leases", metadata,
+    Column("session_id", String(128), primary_key=True),
+    Column("token", String(32), nullable=False),
+    Column("holder", String(256), nullable=False),  # the gateway process (x-envhub-gateway)
+    Column("taken_at", Float, nullable=False),
+)
+
 
 def pack_ids(ids: list[int]) -> bytes:
     return array("i", ids).tobytes()
