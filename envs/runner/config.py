@@ -53,6 +53,8 @@ class RunConfig(BaseModel):
     admin_key: str | None = Field(None, description="admin key of --gateway")
     max_turns: int | None = Field(None, ge=1, description="override the manifests' max_turns")
     time_limit_s: float | None = Field(None, gt=0, description="override agent time limits")
+    executor: str = Field("inprocess", description="where rollouts run: inprocess | ray (a Ray "
+                          "cluster at RAY_ADDRESS) | package.module:Class (envs/runner/executor.py)")
 
     @field_validator("sandbox")
     @classmethod
