@@ -54,7 +54,7 @@ class RunConfig(BaseModel):
     max_turns: int | None = Field(None, ge=1, description="override the manifests' max_turns")
     time_limit_s: float | None = Field(None, gt=0, description="override agent time limits")
     executor: str = Field("inprocess", description="where rollouts run: inprocess | ray (a Ray "
-                          "cluster at RAY_ADDRESS) | package.module:Class (envs/runner/executor.py)")
+                          "cluster at RAY_ADDRESS) | package.module:Class (runner/executor.py)")
 
     @field_validator("sandbox")
     @classmethod

@@ -40,6 +40,8 @@ from envhub.envs.errors import RunConfigError
 from envhub.envs.loader import LoadedEnv
 from envhub.envs.runner.plan import RolloutKey
 from envhub.envs.runner.rollout import PendingRollout, RolloutSetup, execute
+from envhub.envs.runner.run import OWNER_FILE
+from envhub.envs.sandbox.reaper import owner_label
 
 log = logging.getLogger(__name__)
 HOST_SERVICE_KINDS = ("docker",)  # sandbox kinds placed by a custom resource of that name
@@ -211,6 +213,8 @@ async def _run_on_node(job: RemoteRollout) -> RemoteResult:
     if getattr(agent, "in_sandbox", False):
         await agent.prepare(job.agent_kind or job.sandbox_kind)
     scratch = Path(tempfile.mkdtemp(prefix=f"envhub-{job.run_id}-"))
+    # Owned by this worker: if the node dies under it, the next run here sweeps it away.
+    (scratch / OWNER_FILE).write_text(owner_label())
     http = httpx.AsyncClient(timeout=60)
     try:
         # The session is the driver's: this side only uses it, never closes it.

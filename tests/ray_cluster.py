@@ -9,13 +9,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import psutil
+
+from tests.support import free_port
 
 RAY = str(Path(sys.executable).with_name("ray"))
 # Fast detection of a dead node (defaults take ~30 s), small object stores, no dashboard.
@@ -24,12 +25,6 @@ SYSTEM_CONFIG = {"health_check_period_ms": 1000, "health_check_failure_threshold
 COMMON = ["--num-cpus", "1", "--object-store-memory", str(80 * 1024 * 1024),
           "--disable-usage-stats", "--block",
           "--node-ip-address", "127.0.0.1"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class TwoNodeCluster:
