@@ -26,12 +26,14 @@ from envhub.envs.agents import make_agent
 from envhub.envs.errors import RunConfigError
 from envhub.envs.loader import LoadedEnv, check_tools, load_env
 from envhub.envs.runner.config import RunConfig
+from envhub.envs.runner.dispatch import Dispatcher
 from envhub.envs.runner.executor import RolloutExecutor, make_executor
 from envhub.envs.runner.gateway_link import GatewayLink
 from envhub.envs.runner.plan import GroupPlan, RolloutKey, allocate, interleave
 from envhub.envs.runner.progress import RunProgress
 from envhub.envs.runner.results import ResultsFolder, RolloutRecord, summarize
 from envhub.envs.runner.rollout import PendingRollout, RolloutSetup
+from envhub.envs.runner.scheduling import Observation, make_policy
 from envhub.envs.runner.scoring import close_session, finalize_group
 from envhub.envs.sandbox import best_available, reap
 from envhub.envs.sandbox.kinds import AUTO, NONE, check_supported, effective_kind
@@ -146,9 +148,9 @@ async def _run_started(config: RunConfig, agent: Any, groups: list[GroupPlan],
                   for name, kind in kinds.items()}
         total = sum(g.k for g in groups)
         with RunProgress(total, console) if progress else _NoProgress() as bar:
-            sem = asyncio.Semaphore(config.concurrency)
+            slots = Dispatcher(make_policy(config.schedule), config.concurrency)
             await asyncio.gather(*(
-                _run_group(g, run_id, setups[g.loaded.name], executor, results, sem, bar,
+                _run_group(g, run_id, setups[g.loaded.name], executor, results, slots, bar,
                            records)
                 for g in groups))
     finally:
@@ -163,7 +165,7 @@ async def _run_started(config: RunConfig, agent: Any, groups: list[GroupPlan],
 
 
 async def _run_group(g: GroupPlan, run_id: str, rs: RolloutSetup, executor: RolloutExecutor,
-                     results: ResultsFolder, sem: asyncio.Semaphore, bar: Any,
+                     results: ResultsFolder, slots: Dispatcher, bar: Any,
                      records: list[RolloutRecord]) -> None:
     keys = g.keys()
     earlier = {k: results.finished(k) for k in keys}
@@ -175,21 +177,23 @@ async def _run_group(g: GroupPlan, run_id: str, rs: RolloutSetup, executor: Roll
     if not todo:
         return
     group_id = f"{run_id}:{g.loaded.name}:{g.task.id}"
+    slots.add_group(group_id, len(todo))
 
     finished: list[PendingRollout] = []
 
-    async def one(key: RolloutKey) -> PendingRollout:
-        async with sem:
+    async def one(index: int, key: RolloutKey) -> PendingRollout:
+        async with slots.slot(group_id, index) as shown:
             try:
                 p = await executor.execute(key, group_id, g.loaded, g.task, rs)
             except Exception as e:  # a runner bug must not take the other rollouts down
                 log.exception("rollout %s failed in the runner", key.text)
                 p = PendingRollout(key, group_id).fail("env_failure", f"runner: {e}")
+            shown.append(Observation(turns=p.turns, seconds=p.duration_s))
             finished.append(p)
             return p
 
     try:
-        pendings = await asyncio.gather(*(one(k) for k in todo))
+        pendings = await asyncio.gather(*(one(i, k) for i, k in enumerate(todo)))
     except asyncio.CancelledError:
         # Interrupted: sessions whose rollout got this far are closed as infrastructure
         # failures (not scored), so an external gateway's pool holds no dangling sessions.
