@@ -210,8 +210,9 @@ async def _run_on_node(job: RemoteRollout) -> RemoteResult:
 
     loaded = _load(job.env_ref)
     agent = make_agent(job.agent, job.agent_install, job.agent_on_host)
-    if getattr(agent, "in_sandbox", False):
-        await agent.prepare(job.agent_kind or job.sandbox_kind)
+    prepare = getattr(agent, "prepare", None)  # in-sandbox agents build their bundle per node
+    if getattr(agent, "in_sandbox", False) and prepare is not None:
+        await prepare(job.agent_kind or job.sandbox_kind)
     scratch = Path(tempfile.mkdtemp(prefix=f"envhub-{job.run_id}-"))
     # Owned by this worker: if the node dies under it, the next run here sweeps it away.
     (scratch / OWNER_FILE).write_text(owner_label())
