@@ -41,6 +41,7 @@ from envhub.envs.loader import LoadedEnv
 from envhub.envs.runner.plan import RolloutKey
 from envhub.envs.runner.rollout import PendingRollout, RolloutSetup, execute
 from envhub.envs.runner.run import OWNER_FILE
+from envhub.envs.runner.scoring import close_session
 from envhub.envs.sandbox.reaper import owner_label
 
 log = logging.getLogger(__name__)
@@ -171,8 +172,9 @@ class RayExecutor:
         ref = self._remote.options(**rollout_resources(loaded, kind)).remote(job)
         try:
             result: RemoteResult = await ref
-        except asyncio.CancelledError:
+        except asyncio.CancelledError:  # interrupted: stop the task, end its session unscored
             ray.cancel(ref, force=True)
+            await asyncio.shield(close_session(p.session, "env_failure", "interrupted"))
             raise
         except ray.exceptions.RayTaskError as e:  # our code raised on the node: a runner bug
             cause = e.cause if isinstance(e.cause, BaseException) else e
