@@ -162,6 +162,12 @@ def run_command(
     max_turns: int | None = typer.Option(None, "--max-turns", help="Override max_turns."),
     time_limit: float | None = typer.Option(None, "--time-limit", help="Override the agent "
                                             "time limit (seconds)."),
+    executor: str = typer.Option("inprocess", "--executor", help="Where rollouts run: inprocess "
+                                 "| ray (each rollout a Ray task on the cluster at RAY_ADDRESS; "
+                                 "needs envhub[ray])."),
+    schedule: str = typer.Option("fifo", "--schedule", help="Which rollout starts next: fifo | "
+                                 "seer (one probe sample per group first, then the rest "
+                                 "longest-first by what the probes took)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display."),
 ) -> None:
     """Run agents on environments: k samples per task, rewards to the pool, results table."""
@@ -182,7 +188,7 @@ def run_command(
             agent_install=agent_install or [], agent_on_host=agent_on_host,
             sandbox=sandbox, n=n, k=k, concurrency=concurrency, tasks=task or [], out=out,
             resume=resume, gateway=gateway, admin_key=admin_key, max_turns=max_turns,
-            time_limit_s=time_limit)
+            time_limit_s=time_limit, executor=executor, schedule=schedule)
         outcome = asyncio.run(_cancellable(run(config, progress=not quiet, on_start=announce)))
     except _user_errors() as e:
         _fail(_describe(e))

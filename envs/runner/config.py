@@ -53,6 +53,10 @@ class RunConfig(BaseModel):
     admin_key: str | None = Field(None, description="admin key of --gateway")
     max_turns: int | None = Field(None, ge=1, description="override the manifests' max_turns")
     time_limit_s: float | None = Field(None, gt=0, description="override agent time limits")
+    schedule: str = Field("fifo", description="which rollout starts next: fifo | seer (one "
+                          "probe per group first, then longest-first; runner/scheduling.py)")
+    executor: str = Field("inprocess", description="where rollouts run: inprocess | ray (a Ray "
+                          "cluster at RAY_ADDRESS) | package.module:Class (runner/executor.py)")
 
     @field_validator("sandbox")
     @classmethod
@@ -60,6 +64,15 @@ class RunConfig(BaseModel):
         from envhub.envs.sandbox.kinds import check_kind
 
         return v if v is None else check_kind(v)
+
+    @field_validator("schedule")
+    @classmethod
+    def _schedule(cls, v: str) -> str:
+        from envhub.envs.runner.scheduling import POLICIES
+
+        if v not in POLICIES and ":" not in v:
+            raise ValueError(f"use one of {', '.join(POLICIES)} or package.module:Class")
+        return v
 
     @field_validator("gateway")
     @classmethod

@@ -22,14 +22,15 @@ class GatewayLink:
         self.url, self.admin_key, self._handle = url.rstrip("/"), admin_key, handle
 
     @classmethod
-    async def start(cls, model: str | None, db_path: Path) -> GatewayLink:
+    async def start(cls, model: str | None, db_path: Path, host: str = "127.0.0.1"
+                    ) -> GatewayLink:
         """Start a gateway in this process (model None: the bundled tiny model), pool in
-        `db_path` (SQLite)."""
+        `db_path` (SQLite), listening on `host` (where the rollouts reach it)."""
         from envhub.gateway.server import GatewayConfig, run_in_thread
 
         key = "envhub-admin-" + secrets.token_urlsafe(24)
         try:
-            config = GatewayConfig(port=0, db=f"sqlite:///{db_path}", admin_key=key,
+            config = GatewayConfig(host=host, port=0, db=f"sqlite:///{db_path}", admin_key=key,
                                    **model_options(model))
             handle = await asyncio.to_thread(run_in_thread, config)
         except RunConfigError:

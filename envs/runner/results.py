@@ -46,6 +46,7 @@ class RolloutRecord(BaseModel):
     verify_s: float = 0.0
     verdict: dict[str, Any] = Field(default_factory=dict)
     agent_info: dict[str, Any] = Field(default_factory=dict)
+    node: dict[str, str] = Field(default_factory=dict)  # the Ray node it ran on (--executor ray)
 
 
 class ResultsFolder:

@@ -46,6 +46,7 @@ class PendingRollout:
     duration_s: float = 0.0
     setup_s: float = 0.0
     verify_s: float = 0.0
+    node: dict[str, str] = field(default_factory=dict)  # where it ran (--executor ray)
 
     def fail(self, status: str, reason: str) -> PendingRollout:
         self.status, self.reason = status, reason[:2000]
@@ -121,6 +122,8 @@ class RolloutSetup:
     model: str
     limits_override: dict[str, Any] = field(default_factory=dict)
     agent_kind: str | None = None  # where an in-sandbox agent runs when the env has no sandbox
+    agent_install: list[str] = field(default_factory=list)  # to rebuild the agent on a node
+    agent_on_host: bool = False
 
 
 async def execute(key: RolloutKey, group_id: str, loaded: LoadedEnv, task: Task,

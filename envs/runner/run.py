@@ -26,11 +26,14 @@ from envhub.envs.agents import make_agent
 from envhub.envs.errors import RunConfigError
 from envhub.envs.loader import LoadedEnv, check_tools, load_env
 from envhub.envs.runner.config import RunConfig
+from envhub.envs.runner.dispatch import Dispatcher
+from envhub.envs.runner.executor import RolloutExecutor, make_executor
 from envhub.envs.runner.gateway_link import GatewayLink
 from envhub.envs.runner.plan import GroupPlan, allocate, interleave
 from envhub.envs.runner.progress import RunProgress
 from envhub.envs.runner.results import ResultsFolder, RolloutRecord, summarize
 from envhub.envs.runner.rollout import RolloutSetup
+from envhub.envs.runner.scheduling import make_policy
 from envhub.envs.runner.scoring import finalize_group
 from envhub.envs.runner.stream import rollout_group
 from envhub.envs.sandbox import best_available, reap
@@ -102,6 +105,21 @@ async def run(config: RunConfig, console: Any = None, progress: bool = True,
     kinds = await asyncio.to_thread(
         lambda: {g.loaded.name: sandbox_kind(config, g.loaded) for g in groups})
     agent_kinds = await _prepare_agent(agent, config, kinds)
+    executor = make_executor(config.executor)
+    await executor.start()
+    try:
+        for g in {g.loaded.name: g for g in groups}.values():
+            await executor.check(g.loaded, kinds[g.loaded.name])
+        return await _run_started(config, agent, groups, kinds, agent_kinds, executor, console,
+                                  progress, on_start)
+    finally:
+        await executor.close()
+
+
+async def _run_started(config: RunConfig, agent: Any, groups: list[GroupPlan],
+                       kinds: dict[str, str], agent_kinds: dict[str, str],
+                       executor: RolloutExecutor, console: Any, progress: bool,
+                       on_start: Callable[[str, Path], None] | None) -> RunOutcome:
     run_id = new_run_id()
     # Results are kept by default: a run's trajectories are the product, never a temp file.
     out = config.out or RUNS_DIR / run_id
@@ -119,19 +137,22 @@ async def run(config: RunConfig, console: Any = None, progress: bool = True,
         if config.gateway:
             link = GatewayLink.connect(config.gateway, config.admin_key or "")
         else:
-            link = await GatewayLink.start(config.model, out / "pool.db")
+            link = await GatewayLink.start(config.model, out / "pool.db",
+                                           executor.gateway_host())
         overrides = {k: v for k, v in (("max_turns", config.max_turns),
                                        ("time_limit_s", config.time_limit_s)) if v is not None}
         # Agents ask for "default": every envhub gateway serves its one model under that name
         # (besides its own name), whichever --model chose it.
         setups = {name: RolloutSetup(run_id, agent, config.agent, link, kind, scratch,
-                                     "default", overrides, agent_kinds.get(name))
+                                     "default", overrides, agent_kinds.get(name),
+                                     config.agent_install, config.agent_on_host)
                   for name, kind in kinds.items()}
         total = sum(g.k for g in groups)
         with RunProgress(total, console) if progress else _NoProgress() as bar:
-            sem = asyncio.Semaphore(config.concurrency)
+            slots = Dispatcher(make_policy(config.schedule), config.concurrency)
             await asyncio.gather(*(
-                _run_group(g, run_id, setups[g.loaded.name], results, sem, bar, records)
+                _run_group(g, run_id, setups[g.loaded.name], executor, results, slots, bar,
+                           records)
                 for g in groups))
     finally:
         if link is not None:
@@ -144,8 +165,9 @@ async def run(config: RunConfig, console: Any = None, progress: bool = True,
     return RunOutcome(run_id, records, summary, out)
 
 
-async def _run_group(g: GroupPlan, run_id: str, rs: RolloutSetup, results: ResultsFolder,
-                     sem: asyncio.Semaphore, bar: Any, records: list[RolloutRecord]) -> None:
+async def _run_group(g: GroupPlan, run_id: str, rs: RolloutSetup, executor: RolloutExecutor,
+                     results: ResultsFolder, slots: Dispatcher, bar: Any,
+                     records: list[RolloutRecord]) -> None:
     keys = g.keys()
     earlier = {k: results.finished(k) for k in keys}
     for rec in earlier.values():
@@ -156,7 +178,8 @@ async def _run_group(g: GroupPlan, run_id: str, rs: RolloutSetup, results: Resul
     if not todo:
         return
     group_id = f"{run_id}:{g.loaded.name}:{g.task.id}"
-    pendings = await rollout_group(todo, group_id, g.loaded, g.task, rs, sem)
+    pendings = await rollout_group(todo, group_id, g.loaded, g.task, rs, executor=executor,
+                                   slots=slots)
     done_before = [r for r in earlier.values() if r is not None]
     new = await finalize_group(list(pendings), g.loaded, rs.agent_name, done_before)
     for key, rec in zip(todo, new, strict=True):

@@ -92,7 +92,7 @@ def _record(p: PendingRollout, agent_name: str, events: list[RewardEvent]) -> Ro
         duration_s=round(p.duration_s, 3), setup_s=round(p.setup_s, 3),
         verify_s=round(p.verify_s, 3),
         verdict=_jsonable(p.verdict.info) if p.verdict else {},
-        agent_info=_jsonable(p.agent_info),
+        agent_info=_jsonable(p.agent_info), node=p.node,
     )
 
 

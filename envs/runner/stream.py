@@ -20,6 +20,7 @@ import logging
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from envhub.envs.agents.base import Agent
 from envhub.envs.environment import Task
@@ -29,33 +30,49 @@ from envhub.envs.runner.gateway_link import GatewayLink
 from envhub.envs.runner.plan import RolloutKey
 from envhub.envs.runner.results import ResultsFolder, RolloutRecord
 from envhub.envs.runner.rollout import PendingRollout, RolloutSetup, execute
+from envhub.envs.runner.scheduling import Observation
 from envhub.envs.runner.scoring import close_session, finalize_group
 from envhub.envs.sandbox.kinds import NONE
 from envhub.envs.sandbox.reaper import owner_label
+
+if TYPE_CHECKING:
+    from envhub.envs.runner.dispatch import Dispatcher
+    from envhub.envs.runner.executor import RolloutExecutor
 
 log = logging.getLogger(__name__)
 
 
 async def rollout_group(keys: list[RolloutKey], group_id: str, loaded: LoadedEnv, task: Task,
-                        rs: RolloutSetup, sem: asyncio.Semaphore | None = None
-                        ) -> list[PendingRollout]:
+                        rs: RolloutSetup, sem: asyncio.Semaphore | None = None, *,
+                        executor: RolloutExecutor | None = None,
+                        slots: Dispatcher | None = None) -> list[PendingRollout]:
     """Run `keys` (samples of one group) concurrently, up to grading; sessions stay open for
     `finalize_group`. A runner bug in one rollout is that rollout's env_failure; on
-    cancellation the sessions already opened are closed as env_failure ("interrupted")."""
+    cancellation the sessions already opened are closed as env_failure ("interrupted").
+    `executor` runs each rollout (default: in this process, envs/runner/executor.py); `slots`
+    (a Dispatcher with a scheduling policy, envs/runner/dispatch.py) or `sem` bounds how many
+    run at once and in which order."""
     finished: list[PendingRollout] = []
+    if slots is not None:
+        slots.add_group(group_id, len(keys))
 
-    async def one(key: RolloutKey) -> PendingRollout:
-        async with sem if sem is not None else contextlib.nullcontext():
+    async def one(index: int, key: RolloutKey) -> PendingRollout:
+        gate: Any = (slots.slot(group_id, index) if slots is not None
+                     else sem if sem is not None else contextlib.nullcontext())
+        async with gate as shown:
             try:
-                p = await execute(key, group_id, loaded, task, rs)
+                p = await (executor.execute(key, group_id, loaded, task, rs)
+                           if executor is not None else execute(key, group_id, loaded, task, rs))
             except Exception as e:  # a runner bug must not take the other rollouts down
                 log.exception("rollout %s failed in the runner", key.text)
                 p = PendingRollout(key, group_id).fail("env_failure", f"runner: {e}")
+            if slots is not None:  # what the policy learns of the group (Seer's probe)
+                shown.append(Observation(turns=p.turns, seconds=p.duration_s))
             finished.append(p)
             return p
 
     try:
-        return list(await asyncio.gather(*(one(k) for k in keys)))
+        return list(await asyncio.gather(*(one(i, k) for i, k in enumerate(keys))))
     except asyncio.CancelledError:
         # Sessions whose rollout got this far are closed as infrastructure failures (not
         # scored), so the pool holds no dangling sessions.

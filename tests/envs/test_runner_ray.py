@@ -1,0 +1,129 @@
+"""`envhub run --executor ray` on a real two-node Ray cluster on loopback: rollouts spread over
+both nodes and talk to the driver's gateway over HTTP; one node is killed mid-run and every
+rollout is still accounted for exactly once (done, or env_failure with the Ray error), in the
+results folder and in the pool alike."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support import require, run_leftovers
+
+pytestmark = pytest.mark.slow
+
+# A command agent that makes one real chat call through its session, then works for a while
+# (long enough for a node to be killed under it).
+AGENT = """\
+import json, os, time, urllib.request
+req = urllib.request.Request(
+    os.environ["OPENAI_BASE_URL"] + "/chat/completions",
+    data=json.dumps({"model": "default", "max_tokens": 8,
+                     "messages": [{"role": "user", "content": "2+2?"}]}).encode(),
+    headers={"authorization": "Bearer " + os.environ["OPENAI_API_KEY"],
+             "content-type": "application/json"})
+urllib.request.urlopen(req, timeout=60).read()
+time.sleep(float(os.environ.get("AGENT_WORK_S", "3")))
+"""
+ROLLOUTS = 8
+
+
+@pytest.fixture(scope="module")  # one cluster for the file: the node-loss test goes last
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    require(importlib.util.find_spec("ray") is not None, "Ray (pip install 'envhub[ray]')")
+    from tests.ray_cluster import TwoNodeCluster
+
+    # Short root: Ray's unix socket paths live under the temp folders.
+    c = TwoNodeCluster(Path(tmp_path_factory.mktemp("ray")))
+    try:
+        yield c.start()
+    finally:
+        c.stop()
+
+
+def _records(out: Path) -> list[dict]:
+    return [json.loads(f.read_text()) for f in sorted((out / "rollouts").glob("*.json"))]
+
+
+def test_a_rollout_no_node_can_place_stops_the_run_up_front(cluster, tmp_path: Path,
+                                                              ) -> None:
+    """A docker environment on a cluster without a `docker` resource: exit 2 with the fix."""
+    from tests.support import envhub
+
+    r = envhub("run", "swe-task", "--sandbox", "docker", "-n", "1", "--agent", "oracle",
+               "--executor", "ray", "--out", str(tmp_path / "out"), "-q", env=cluster.env)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "--resources '{\"docker\": 1}'" in r.stderr, r.stderr
+
+
+def test_run_spreads_over_two_nodes_and_survives_losing_one(cluster, tmp_path: Path) -> None:
+    from envhub.gateway.pool.store import Store
+
+    script = tmp_path / "agent.py"
+    script.write_text(AGENT)
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "envhub", "run", "arith", "--model", "zero", "-n", str(ROLLOUTS),
+         "-k", "1", "-c", "4", "--executor", "ray", "--agent", f"{sys.executable} {script}",
+         "--agent-on-host", "--out", str(out), "-q"],
+        env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        # Kill node_b as soon as one rollout has finished there: it is running another by then
+        # (4 in flight, 1 CPU per node, 3 s each).
+        deadline = time.monotonic() + 240
+        while not any(r["node"].get("resources") == "node_b" for r in _records(out)):
+            assert proc.poll() is None, proc.communicate()[0][-3000:]
+            assert time.monotonic() < deadline, "no rollout finished on node_b"
+            time.sleep(0.2)
+        cluster.kill("node_b")
+        output, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, output[-3000:]
+
+    records = _records(out)
+    # every rollout exactly once, each in its own session
+    assert sorted((r["task_id"], r["sample"]) for r in records) == sorted(
+        {(r["task_id"], r["sample"]) for r in records})
+    assert len(records) == ROLLOUTS
+    assert len({r["session_id"] for r in records}) == ROLLOUTS
+    by_status = {s: [r for r in records if r["status"] == s] for s in ("done", "env_failure")}
+    assert len(by_status["done"]) + len(by_status["env_failure"]) == ROLLOUTS, records
+    # both nodes ran rollouts; the ones lost with node_b say so
+    done_on = {r["node"]["resources"] for r in by_status["done"]}
+    assert done_on == {"node_a", "node_b"}, done_on
+    lost = by_status["env_failure"]
+    assert lost, "the rollout running on node_b when it died must be reported"
+    assert all(r["reason"].startswith("ray: rollout lost") for r in lost), lost
+    assert all(r["rewards"] == [] and r["outcome"] is None for r in lost)  # never scored 0
+
+    # the pool agrees with the results folder: one session per record, same final status,
+    # nothing left open; every finished rollout's model call reached the driver's gateway
+    store = Store(f"sqlite:///{out / 'pool.db'}")
+    try:
+        sessions = {s["id"]: s for s in store.list_sessions()}
+        assert set(sessions) == {r["session_id"] for r in records}
+        for r in records:
+            assert sessions[r["session_id"]]["status"] == r["status"]
+            if r["status"] == "done":
+                assert len(store.turn_rows(r["session_id"])) == 1
+    finally:
+        store.close()
+    summary = json.loads((out / "summary.json").read_text())["overall"]
+    assert (summary["rollouts"], summary["done"], summary["env_failure"]) == (
+        ROLLOUTS, len(by_status["done"]), len(lost))
+    # the killed worker's scratch folder is the only leftover, and the next run sweeps it
+    from envhub.envs.runner.run import _sweep_stale_scratch
+
+    run_id = json.loads((out / "run.json").read_text())["run_id"]
+    assert len(run_leftovers(run_id)) <= len(lost)
+    _sweep_stale_scratch()
+    assert run_leftovers(run_id) == []
