@@ -139,7 +139,7 @@ def _called(arguments):
     ({"stream": "false"}, "stream", "'stream' must be a JSON boolean"),
     ({"stream": 1}, "stream", "'stream' must be a JSON boolean"),
     ({"stream": True, "stream_options": "usage"}, "stream_options", "must be an object"),
-    ({"stream": True, "stream_options": {"include_usage": "yes"}}, "include_usage",
+    ({"stream": True, "stream_options": {"include_usage": "yes"}}, "stream_options.include_usage",
      "JSON boolean"),
     ({"messages": [OK["messages"][0], CALLED, {"role": "tool", "content": "2"}]},
      "messages[2].tool_call_id", "tool_call_id is required"),
