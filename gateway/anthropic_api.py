@@ -104,10 +104,11 @@ def parse_request(request: Request, body: dict[str, Any], *, counting: bool = Fa
     req = parse(CountTokensRequest if counting else MessagesRequest, body)
     model = check_model(request, req.model)
     messages = to_messages(req.system, req.messages)
-    tools = tool_choice(req.tool_choice, to_tools(req.tools))
+    choice = body.get("tool_choice")  # its shape checked by the model
+    tools = tool_choice(choice, to_tools(req.tools))
     if isinstance(req, MessagesRequest):
         params = _params(req, gw.renderer.stop_token_ids)
-        params.constraint = constraint(gw.renderer, req.tool_choice, tools)
+        params.constraint = constraint(gw.renderer, choice, tools)
         stream = bool(req.stream)
     else:
         params, stream = SamplingParams(), False

@@ -1,6 +1,6 @@
 """Request bodies of /v1/messages and /v1/messages/count_tokens.
 
-Top-level fields are validated here; content blocks, tools and tool_choice are converted and
+Top-level fields and tool_choice are validated here; content blocks and tools are converted and
 checked block by block in anthropic_convert.py (each error names its block), and described
 below for `/openapi.json`.
 """
@@ -51,6 +51,8 @@ class AnthropicTool(_Loose):
 
 
 class AnthropicToolChoice(_Loose):
+    """Validated (the conversion reads the raw object)."""
+
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = Field(None, description="type 'tool': the tool to call")
     disable_parallel_tool_use: bool | None = None
@@ -66,9 +68,8 @@ class CountTokensRequest(Body):
                         WithJsonSchema(described_as(AnthropicMessage, min_items=1))]
     system: str | list[dict[str, Any]] | None = None
     tools: Annotated[list[dict[str, Any]] | None,
-                     WithJsonSchema(described_as(AnthropicTool, min_items=0))] = None
-    tool_choice: Annotated[dict[str, Any] | None,
-                           WithJsonSchema(described_as(AnthropicToolChoice))] = None
+                     WithJsonSchema(described_as(AnthropicTool, min_items=0, nullable=True))] = None
+    tool_choice: AnthropicToolChoice | None = None
     # accepted and not used (named in x-envhub-ignored)
     thinking: dict[str, Any] | None = None
 

@@ -124,14 +124,16 @@ def body_of(model: type[BaseModel], *, required: bool = True) -> dict[str, Any]:
         "application/json": {"schema": {"$ref": _REF.format(model=model.__name__)}}}}}
 
 
-def described_as(model: type[BaseModel], *, min_items: int | None = None
-                 ) -> dict[str, Any]:
+def described_as(model: type[BaseModel], *, min_items: int | None = None,
+                 nullable: bool = False) -> dict[str, Any]:
     """The schema of a field validated by hand but described by `model` (a list of them when
-    `min_items` is given), for `WithJsonSchema`."""
+    `min_items` is given; or null when `nullable`), for `WithJsonSchema`."""
     _DESCRIBED[model.__name__] = model
     ref = {"$ref": _REF.format(model=model.__name__)}
-    return ref if min_items is None else {"type": "array", "items": ref,
-                                          "minItems": min_items}
+    schema = {"type": "array", "items": ref, "minItems": min_items} if min_items is not None \
+        else ref
+    # (a bare top-level $ref would be resolved by pydantic, which does not know it: wrapped)
+    return {"anyOf": [schema, {"type": "null"}]} if nullable else {"allOf": [schema]}
 
 
 def error_responses(schema: dict[str, Any], codes: tuple[int, ...]) -> dict[int | str, Any]:

@@ -161,7 +161,7 @@ class ChatRequest(Sampling):
     tool_choice: Literal["none", "auto", "required"] | ToolChoiceFunction | None = None
     parallel_tool_calls: bool | None = None
     response_format: Annotated[dict[str, Any] | None,
-                               WithJsonSchema(described_as(ResponseFormat))] = None
+                               WithJsonSchema(described_as(ResponseFormat, nullable=True))] = None
     stream_options: StreamOptions | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
