@@ -173,10 +173,18 @@ def install_openapi(app: FastAPI) -> None:
         if app.openapi_schema is not None:
             return app.openapi_schema
         spec = base()
+        for ops in spec.get("paths", {}).values():  # invalid input is a 400 here, never a 422
+            for op in ops.values():
+                op.get("responses", {}).pop("422", None)
+        for unused in ("HTTPValidationError", "ValidationError"):
+            spec.get("components", {}).get("schemas", {}).pop(unused, None)
         _, top = models_json_schema([(m, "validation") for m in _DESCRIBED.values()],
                                     ref_template=_REF)
-        spec.setdefault("components", {}).setdefault("schemas", {}).update(
-            top.get("$defs", {}))
+        schemas = spec.setdefault("components", {}).setdefault("schemas", {})
+        for name, schema in top.get("$defs", {}).items():
+            if schemas.get(name, schema) != schema:  # two models of one name: rename one
+                raise RuntimeError(f"two request models are both named {name!r}")
+            schemas[name] = schema
         app.openapi_schema = spec
         return spec
 

@@ -64,7 +64,7 @@ class ResponseFormat(_Loose):
 
 # -- validated -----------------------------------------------------------------------------------
 
-class FunctionSpec(BaseModel):
+class ChatFunctionSpec(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")
 
     name: str = Field(pattern=_NAME)
@@ -81,24 +81,24 @@ class FunctionSpec(BaseModel):
         return v
 
 
-class FunctionTool(BaseModel):
+class ChatFunctionTool(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")
 
     type: Literal["function"] = "function"
-    function: FunctionSpec
+    function: ChatFunctionSpec
 
 
-class NamedFunction(BaseModel):
+class ChatNamedFunction(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")
 
     name: str
 
 
-class ToolChoiceFunction(BaseModel):
+class ChatToolChoiceFunction(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")
 
     type: Literal["function"]
-    function: NamedFunction
+    function: ChatNamedFunction
 
 
 class StreamOptions(BaseModel):
@@ -157,8 +157,8 @@ class ChatRequest(Sampling):
     messages: Annotated[list[Any], Field(min_length=1),
                         WithJsonSchema(described_as(ChatMessage, min_items=1))]
     max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
-    tools: list[FunctionTool] | None = None
-    tool_choice: Literal["none", "auto", "required"] | ToolChoiceFunction | None = None
+    tools: list[ChatFunctionTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | ChatToolChoiceFunction | None = None
     parallel_tool_calls: bool | None = None
     response_format: Annotated[dict[str, Any] | None,
                                WithJsonSchema(described_as(ResponseFormat, nullable=True))] = None

@@ -58,6 +58,11 @@ def test_the_spec_describes_every_request_body(locked: GatewayHandle) -> None:
     assert {"model", "messages"} <= set(chat["required"])
     assert chat["properties"]["stream"]["anyOf"][0] == {"type": "boolean"}
     assert schemas["MessagesRequest"]["properties"]["max_tokens"]["maximum"] == 1 << 20
+    # the Responses API's flat function tool and the chat route's nested one stay apart
+    assert "name" in schemas["FunctionTool"]["properties"]
+    assert "function" in schemas["ChatFunctionTool"]["properties"]
+    assert all("422" not in op["responses"] for ops in spec["paths"].values()
+               for op in ops.values())  # invalid input is a 400 in the API's own shape
 
 
 def test_admin_key_no_5xx_and_answers_match_the_spec(locked: GatewayHandle,
