@@ -12,11 +12,12 @@ import asyncio
 import time
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, RootModel
 
-from envhub.gateway.errors import BadRequest, Forbidden, Unauthorized
+from envhub.gateway.errors import Forbidden, Unauthorized
+from envhub.gateway.models.base import OPENAI_ERRORS, body_of, parse
 from envhub.gateway.openai_api import json_response, read_json
 from envhub.gateway.pool.leases import op_revoke
 from envhub.gateway.pool.store import op_event, op_update_session
@@ -24,7 +25,7 @@ from envhub.gateway.pool.trajectory import build_trajectory, session_info
 from envhub.gateway.sessions import LiveSession
 from envhub.sdk.types import CMAction, RewardEvent, SessionStatus, Signal
 
-router = APIRouter()
+router = APIRouter(responses=OPENAI_ERRORS)
 
 
 class NewSession(BaseModel):
@@ -41,13 +42,12 @@ class CloseSession(BaseModel):
     reason: str | None = None
 
 
-def _parse(model: type[BaseModel], body: dict) -> Any:
-    try:
-        return model.model_validate(body)
-    except ValidationError as e:
-        err = e.errors()[0]
-        field = ".".join(str(p) for p in err["loc"]) or "body"
-        raise BadRequest(f"field '{field}': {err['msg']}", param=field) from None
+class RewardBatch(BaseModel):
+    events: list[RewardEvent] = Field(min_length=1)
+
+
+class RewardBody(RootModel[RewardEvent | RewardBatch]):
+    """One reward event, or several as {'events': [...]}."""
 
 
 async def _require_admin(request: Request) -> None:
@@ -85,17 +85,17 @@ async def health(request: Request) -> Response:
     return json_response({"status": "ok", "model": gw.config.served_name(), "backend": backend})
 
 
-@router.get("/metrics")
+@router.get("/metrics", responses={200: {"content": {"text/plain": {}}}})
 async def metrics(request: Request) -> Response:
     return Response(request.app.state.gw.metrics.render(),
                     media_type="text/plain; version=0.0.4")
 
 
-@router.post("/sessions")
+@router.post("/sessions", status_code=201, openapi_extra=body_of(NewSession))
 async def create_session(request: Request) -> Response:
     await _require_admin(request)
     gw = request.app.state.gw
-    spec = _parse(NewSession, await read_json(request))
+    spec = parse(NewSession, await read_json(request))
     live, key = await gw.sessions.create(
         session_id=spec.session_id, group_id=spec.group_id, task_id=spec.task_id, env=spec.env,
         sample_index=spec.sample_index, metadata=spec.metadata)
@@ -107,15 +107,12 @@ async def create_session(request: Request) -> Response:
 
 @router.get("/sessions")
 async def list_sessions(request: Request, group_id: str | None = None,
-                        status: str | None = None, limit: int = 1000,
-                        offset: int = 0) -> Response:
+                        status: SessionStatus | None = None,
+                        limit: int = Query(1000, ge=1, le=100_000),
+                        offset: int = Query(0, ge=0)) -> Response:
     await _require_admin(request)
-    if status is not None and status not in SessionStatus.__members__:
-        raise BadRequest(f"status must be one of {', '.join(SessionStatus.__members__)}",
-                         param="status")
-    if not 1 <= limit <= 100_000 or offset < 0:
-        raise BadRequest("limit must be in [1, 100000] and offset >= 0", param="limit")
-    rows = await asyncio.to_thread(request.app.state.gw.store.list_sessions, group_id, status,
+    rows = await asyncio.to_thread(request.app.state.gw.store.list_sessions, group_id,
+                                   status.value if status is not None else None,
                                    limit, offset)
     return json_response([session_info(r).model_dump(mode="json") for r in rows])
 
@@ -139,32 +136,29 @@ async def trajectory(request: Request, session_id: str) -> Response:
     return json_response(await asyncio.to_thread(build))
 
 
-@router.post("/sessions/{session_id}/reward")
+@router.post("/sessions/{session_id}/reward", openapi_extra=body_of(RewardBody))
 async def reward(request: Request, session_id: str) -> Response:
     live = await _session_for(request, session_id)
     body = await read_json(request)
-    items = body.get("events") if "events" in body else [body]
-    if not isinstance(items, list) or not items:
-        raise BadRequest("send one reward event or {'events': [...]}", param="events")
-    events = [_parse(RewardEvent, e if isinstance(e, dict) else {}) for e in items]
+    events = parse(RewardBatch, body).events if "events" in body else [parse(RewardEvent, body)]
     await request.app.state.gw.store.write(
         *(op_event("rewards", live.id, e.model_dump()) for e in events))
     return json_response({"recorded": len(events)})
 
 
-@router.post("/sessions/{session_id}/signal")
+@router.post("/sessions/{session_id}/signal", openapi_extra=body_of(Signal))
 async def signal(request: Request, session_id: str) -> Response:
     live = await _session_for(request, session_id)
-    sig = _parse(Signal, await read_json(request))
+    sig = parse(Signal, await read_json(request))
     await request.app.state.gw.store.write(op_event("signals", live.id, sig.model_dump()))
     return json_response({"recorded": 1})
 
 
-@router.post("/sessions/{session_id}/context_action")
+@router.post("/sessions/{session_id}/context_action", openapi_extra=body_of(CMAction))
 async def context_action(request: Request, session_id: str) -> Response:
     """The agent declares a context-management action; it labels the next request."""
     live = await _session_for(request, session_id)
-    action = _parse(CMAction, await read_json(request))
+    action = parse(CMAction, await read_json(request))
     action.source = "declared"
     history = await request.app.state.gw.sessions.history(live)
     async with live.lock:
@@ -172,10 +166,10 @@ async def context_action(request: Request, session_id: str) -> Response:
     return json_response({"accepted": True})
 
 
-@router.post("/sessions/{session_id}/close")
+@router.post("/sessions/{session_id}/close", openapi_extra=body_of(CloseSession))
 async def close(request: Request, session_id: str) -> Response:
     live = await _session_for(request, session_id)
-    spec = _parse(CloseSession, await read_json(request))
+    spec = parse(CloseSession, await read_json(request))
     await request.app.state.gw.store.write(op_update_session(
         live.id, status=spec.status.value, reason=spec.reason, closed_at=time.time()),
         op_revoke(live.id))  # another gateway process serving it re-reads the status

@@ -28,15 +28,16 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from envhub.gateway.admin_api import _parse, _require_admin
+from envhub.gateway.admin_api import _require_admin
 from envhub.gateway.errors import BadRequest
+from envhub.gateway.models.base import OPENAI_ERRORS, body_of, parse
 from envhub.gateway.openai_api import json_response, read_json
 from envhub.gateway.router import Fleet
 
 if TYPE_CHECKING:
     from envhub.gateway.server import GatewayState
 
-router = APIRouter()
+router = APIRouter(responses=OPENAI_ERRORS)
 
 
 class PauseSpec(BaseModel):
@@ -83,11 +84,11 @@ async def _body(request: Request) -> dict[str, Any]:
     return await read_json(request) if raw.strip() else {}
 
 
-@router.post("/admin/pause")
+@router.post("/admin/pause", openapi_extra=body_of(PauseSpec, required=False))
 async def pause(request: Request) -> Response:
     await _require_admin(request)
     fleet = _fleet(request)
-    spec = _parse(PauseSpec, await _body(request))
+    spec = parse(PauseSpec, await _body(request))
     fleet.pause()
     drained = await fleet.drain(spec.timeout) if spec.drain else fleet.in_flight == 0
     return json_response({"paused": True, "drained": drained, "in_flight": fleet.in_flight,
@@ -102,10 +103,10 @@ async def resume(request: Request) -> Response:
     return json_response({"paused": False, "weight_version": fleet.weight_version})
 
 
-@router.post("/admin/weights")
+@router.post("/admin/weights", openapi_extra=body_of(WeightsSpec))
 async def weights(request: Request) -> Response:
     await _require_admin(request)
-    spec = _parse(WeightsSpec, await read_json(request))
+    spec = parse(WeightsSpec, await read_json(request))
     backend = request.app.state.gw.backend
     if isinstance(backend, Fleet):
         outcome = await backend.update_weights(spec.path, spec.version, spec.drain_timeout)

@@ -15,9 +15,11 @@ Decisions where the Anthropic API and token-exactness meet:
   and one of `stop_sequences` occurs in its last tokens (the latest-ending one is reported).
 - A `tool_result` with `is_error: true` is rendered as a tool message starting "Error: ".
 - `top_k`, `thinking`, `metadata`, `service_tier` and unknown fields are accepted and not used;
-  the response header `x-envhub-ignored` names them. `tool_choice` `any` / `tool` force a call
-  by constrained decoding (gateway/structured.py; `disable_parallel_tool_use` allows one call
-  only); `none` drops the tools like the OpenAI route does.
+  the response header `x-envhub-ignored` names them. The body is validated by the request model
+  (models/anthropic.py), the content blocks by anthropic_convert.py. `tool_choice` `any` /
+  `tool` force a call by constrained decoding (gateway/structured.py;
+  `disable_parallel_tool_use` allows one call only); `none` drops the tools like the OpenAI
+  route does.
 - A final assistant message (prefill) is refused: the chat template closes every assistant
   turn, so it cannot be continued token-exactly.
 
@@ -35,37 +37,26 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
+from envhub.gateway.anthropic_convert import constraint, to_messages, to_tools, tool_choice
 from envhub.gateway.backends.base import SamplingParams
-from envhub.gateway.errors import BadRequest, GatewayError, Overloaded
-from envhub.gateway.openai_api import (
-    ClientGone,
-    check_model,
-    flag,
-    number,
-    read_json,
-    until_disconnect,
-)
-from envhub.gateway.render.messages import (
-    normalize_message,
-)
+from envhub.gateway.errors import GatewayError, Overloaded
+from envhub.gateway.models.anthropic import CountTokensRequest, MessagesRequest
+from envhub.gateway.models.base import ANTHROPIC_ERRORS, STREAMS, body_of, ignored_header, parse
+from envhub.gateway.openai_api import ClientGone, check_model, read_json, until_disconnect
+from envhub.gateway.render.messages import normalize_message
 from envhub.gateway.service import ChatAnswer, ChatCall, Choice
-from envhub.gateway.structured import Constraint, for_request
 
 log = logging.getLogger("envhub.gateway.anthropic")
-router = APIRouter()
+router = APIRouter(responses=ANTHROPIC_ERRORS)
 
-_KNOWN = {"model", "messages", "system", "max_tokens", "tools", "tool_choice", "stop_sequences",
-          "temperature", "top_p", "stream"}
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                 403: "permission_error", 404: "not_found_error", 405: "invalid_request_error",
                 409: "invalid_request_error",
                 413: "request_too_large", 429: "rate_limit_error"}
-_MAX_TOKENS = 1 << 20
-_JOIN = "\n\n"  # between text blocks of one message (a single block stays byte-exact)
 
 
 @dataclass
-class MessagesRequest:
+class Call:
     """A validated /v1/messages body; `messages` are OpenAI-shaped (see to_messages)."""
 
     model: str
@@ -98,256 +89,30 @@ def _internal(exc: Exception) -> GatewayError:
     return err
 
 
-# -- request conversion ----------------------------------------------------------------------
-
-def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
-    """Anthropic content: a string is one text block; otherwise a non-empty list of blocks."""
-    if isinstance(content, str):
-        return [{"type": "text", "text": content}]
-    if not isinstance(content, list) or not all(isinstance(b, dict) for b in content):
-        raise BadRequest(f"{where}.content must be a string or a list of content blocks "
-                         "({'type': 'text', 'text': ...}, ...)", param=where)
-    return content
-
-
-def _text(block: dict[str, Any], where: str) -> str:
-    text = block.get("text")
-    if not isinstance(text, str):
-        raise BadRequest(f"{where}.text must be a string", param=where)
-    return text
-
-
-def _unsupported(kind: Any, where: str, allowed: str) -> BadRequest:
-    return BadRequest(f"{where}: content block type {kind!r} is not supported here; use "
-                      f"{allowed} (this gateway serves text models)", param=where)
-
-
-def _tool_result(block: dict[str, Any], where: str) -> dict[str, Any]:
-    use_id = block.get("tool_use_id")
-    if not isinstance(use_id, str) or not use_id:
-        raise BadRequest(f"{where}.tool_use_id must be the id of the tool_use it answers",
-                         param=where)
-    content = block.get("content")
-    if content is None:
-        content = ""
-    parts = []
-    for j, part in enumerate(_blocks(content, where) if content != "" else []):
-        if part.get("type") != "text":
-            raise _unsupported(part.get("type"), f"{where}.content[{j}]", "text blocks")
-        parts.append(_text(part, f"{where}.content[{j}]"))
-    text = _JOIN.join(parts)
-    is_error = block.get("is_error", False)
-    if not isinstance(is_error, bool):
-        raise BadRequest(f"{where}.is_error must be a boolean", param=where)
-    if is_error:
-        text = "Error: " + text
-    return {"role": "tool", "tool_call_id": use_id, "content": text}
-
-
-def _user(blocks: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
-    """tool_result blocks → tool messages (in order), then the text → one user message."""
-    tools: list[dict[str, Any]] = []
-    texts: list[str] = []
-    for j, block in enumerate(blocks):
-        kind, at = block.get("type"), f"{where}.content[{j}]"
-        if kind == "tool_result":
-            if texts:  # Anthropic's rule too: results answer the turn before anything new
-                raise BadRequest(f"{at}: tool_result blocks must come before any text in a "
-                                 "user message", param=at)
-            tools.append(_tool_result(block, at))
-        elif kind == "text":
-            texts.append(_text(block, at))
-        else:
-            raise _unsupported(kind, at, "'text' or 'tool_result'")
-    out = tools
-    if texts or not tools:
-        out.append({"role": "user", "content": _JOIN.join(texts)})
-    return out
-
-
-def _assistant(blocks: list[dict[str, Any]], where: str) -> dict[str, Any]:
-    """text + tool_use blocks → one assistant message with `tool_calls` (input as arguments)."""
-    texts, thinking, calls = [], [], []
-    for j, block in enumerate(blocks):
-        kind, at = block.get("type"), f"{where}.content[{j}]"
-        if kind == "text":
-            texts.append(_text(block, at))
-        elif kind == "tool_use":
-            uid, name, args = block.get("id"), block.get("name"), block.get("input", {})
-            if not isinstance(uid, str) or not isinstance(name, str) or not name \
-                    or not isinstance(args, dict):
-                raise BadRequest(f"{at} needs {{'type': 'tool_use', 'id': str, 'name': str, "
-                                 "'input': {...}}", param=at)
-            calls.append({"id": uid, "type": "function",
-                          "function": {"name": name,
-                                       "arguments": orjson.dumps(args).decode()}})
-        elif kind == "thinking":
-            if isinstance(block.get("thinking"), str):
-                thinking.append(block["thinking"])
-        elif kind != "redacted_thinking":  # opaque to us: nothing to render
-            raise _unsupported(kind, at, "'text', 'tool_use' or 'thinking'")
-    msg: dict[str, Any] = {"role": "assistant", "content": _JOIN.join(texts)}
-    if calls:
-        msg["tool_calls"] = calls
-    if thinking:
-        msg["reasoning_content"] = _JOIN.join(thinking)
-    return msg
-
-
-def _system(raw: Any) -> str | None:
-    if raw is None:
-        return None
-    if isinstance(raw, str):
-        return raw or None
-    blocks = _blocks(raw, "system")
-    for j, b in enumerate(blocks):
-        if b.get("type") != "text":
-            raise _unsupported(b.get("type"), f"system[{j}]", "text blocks")
-    return _JOIN.join(_text(b, f"system[{j}]") for j, b in enumerate(blocks)) or None
-
-
-def to_messages(system: Any, raw: Any) -> list[dict[str, Any]]:
-    """Anthropic `system` + `messages` → OpenAI-shaped chat messages, validated; the OpenAI
-    route's `normalize_message` then gives the exact form that is hashed and rendered."""
-    if not isinstance(raw, list) or not raw:
-        raise BadRequest("'messages' must be a non-empty list of {'role': 'user' | "
-                         "'assistant', 'content': ...}", param="messages")
-    out: list[dict[str, Any]] = []
-    text = _system(system)
-    if text is not None:
-        out.append({"role": "system", "content": text})
-    for i, m in enumerate(raw):
-        where = f"messages[{i}]"
-        if not isinstance(m, dict):
-            raise BadRequest(f"{where} must be an object", param=where)
-        role = m.get("role")
-        if role not in ("user", "assistant"):
-            raise BadRequest(f"{where}.role is {role!r}; use 'user' or 'assistant' (the "
-                             "system prompt goes in the top-level 'system' field)", param=where)
-        if "content" not in m:
-            raise BadRequest(f"{where}.content is required", param=where)
-        blocks = _blocks(m["content"], where)
-        if role == "user":
-            if not blocks:
-                raise BadRequest(f"{where}.content must not be empty", param=where)
-            out += _user(blocks, where)
-        else:
-            out.append(_assistant(blocks, where))
-    if raw[-1].get("role") == "assistant":
-        raise BadRequest("the last message is from the assistant (a prefill); this gateway "
-                         "cannot continue a closed assistant turn: end with a user message",
-                         param="messages")
-    return out
-
-
-def to_tools(raw: Any) -> list[dict[str, Any]] | None:
-    """Anthropic tools ({name, description, input_schema}) → OpenAI function tools."""
-    if raw is None or raw == []:
-        return None
-    if not isinstance(raw, list):
-        raise BadRequest("'tools' must be a list of {'name', 'description', 'input_schema'}",
-                         param="tools")
-    out = []
-    for i, tool in enumerate(raw):
-        where = f"tools[{i}]"
-        if not isinstance(tool, dict) or tool.get("type", "custom") != "custom":
-            kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
-            raise BadRequest(f"{where}: only client tools ({{'name', 'description', "
-                             f"'input_schema'}}) are supported, not {kind!r}", param=where)
-        name, schema = tool.get("name"), tool.get("input_schema")
-        if not isinstance(name, str) or not 0 < len(name) <= 64 or not all(
-                c.isalnum() or c in "_-" for c in name):
-            raise BadRequest(f"{where}.name must be 1-64 chars of a-z, A-Z, 0-9, _ or -",
-                             param=where)
-        if not isinstance(schema, dict) or schema.get("type") != "object":
-            raise BadRequest(f"{where}.input_schema must be a JSON Schema object "
-                             "({'type': 'object', 'properties': {...}})", param=where)
-        fn: dict[str, Any] = {"name": name}
-        if tool.get("description") is not None:
-            if not isinstance(tool["description"], str):
-                raise BadRequest(f"{where}.description must be a string", param=where)
-            fn["description"] = tool["description"]
-        fn["parameters"] = schema
-        out.append({"type": "function", "function": fn})
-    return out
-
-
-def _tool_choice(raw: Any, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-    if raw is None:
-        return tools
-    kind = raw.get("type") if isinstance(raw, dict) else None
-    if kind not in ("auto", "any", "tool", "none"):
-        raise BadRequest("'tool_choice' must be {'type': 'auto' | 'any' | 'none'} or "
-                         "{'type': 'tool', 'name': ...}", param="tool_choice")
-    if kind == "none":
-        return None
-    if kind == "tool":
-        names = {t["function"]["name"] for t in tools or []}
-        if raw.get("name") not in names:
-            raise BadRequest(f"tool_choice names {raw.get('name')!r}, which is not in 'tools'",
-                             param="tool_choice")
-    return tools
-
-
-def _constraint(renderer: Any, choice: Any, tools: list[dict[str, Any]] | None
-                ) -> Constraint | None:
-    """`any` / `tool` force a tool call; `disable_parallel_tool_use` allows at most one."""
-    if not isinstance(choice, dict) or not tools:
-        return None
-    single = choice.get("disable_parallel_tool_use", False)
-    if not isinstance(single, bool):
-        raise BadRequest("'tool_choice.disable_parallel_tool_use' must be a JSON boolean",
-                         param="tool_choice.disable_parallel_tool_use")
-    force = {"any": "required", "tool": "named"}.get(choice["type"])
-    # what a hosted model (litellm, OpenAI-shaped) takes for the same request
-    request: dict[str, Any] = {"parallel_tool_calls": not single}
-    if force == "required":
-        request["tool_choice"] = "required"
-    elif force == "named":
-        request["tool_choice"] = {"type": "function", "function": {"name": choice["name"]}}
-    return for_request(renderer, tools, force=force, name=choice.get("name"),
-                       parallel=not single, request=request)
-
-
-def _params(body: dict, stop_token_ids: list[int]) -> SamplingParams:
-    max_tokens = body.get("max_tokens")
-    if max_tokens is None:
-        raise BadRequest("'max_tokens' is required: an integer >= 1 (the completion budget)",
-                         param="max_tokens")
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) \
-            or not 1 <= max_tokens <= _MAX_TOKENS:
-        raise BadRequest(f"'max_tokens' must be an integer ≥ 1 and ≤ {_MAX_TOKENS}; got "
-                         f"{max_tokens!r}", param="max_tokens")
-    stops = body.get("stop_sequences") or []
-    if not isinstance(stops, list) or len(stops) > 16 or not all(
-            isinstance(s, str) and s for s in stops):
-        raise BadRequest("'stop_sequences' must be a list of up to 16 non-empty strings",
-                         param="stop_sequences")
-    # Anthropic caps temperature at 1; the engines take up to 2 (as on the OpenAI route)
-    temperature = number(body, "temperature", 1.0, 0.0, 2.0)
-    top_p = number(body, "top_p", 1.0, 1e-9, 1.0)
-    number(body, "top_k", None, 0, 1 << 20)
-    if body.get("metadata") is not None and not isinstance(body["metadata"], dict):
-        raise BadRequest("'metadata' must be an object", param="metadata")
-    return SamplingParams(max_tokens=max_tokens, stop=list(stops), stop_token_ids=stop_token_ids,
-                          temperature=temperature, top_p=top_p)
+def _params(req: MessagesRequest, stop_token_ids: list[int]) -> SamplingParams:
+    return SamplingParams(
+        max_tokens=req.max_tokens, stop=list(req.stop_sequences or []),
+        stop_token_ids=stop_token_ids,
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p)
 
 
 def parse_request(request: Request, body: dict[str, Any], *, counting: bool = False
-                  ) -> MessagesRequest:
+                  ) -> Call:
     """Validate and convert a /v1/messages (or count_tokens) body. Raises BadRequest/NotFound."""
     gw = request.app.state.gw
-    model = check_model(request, body)
-    messages = to_messages(body.get("system"), body.get("messages"))
-    tools = _tool_choice(body.get("tool_choice"), to_tools(body.get("tools")))
-    if counting:
-        params = SamplingParams()
+    req = parse(CountTokensRequest if counting else MessagesRequest, body)
+    model = check_model(request, req.model)
+    messages = to_messages(req.system, req.messages)
+    choice = body.get("tool_choice")  # its shape checked by the model
+    tools = tool_choice(choice, to_tools(req.tools))
+    if isinstance(req, MessagesRequest):
+        params = _params(req, gw.renderer.stop_token_ids)
+        params.constraint = constraint(gw.renderer, choice, tools)
+        stream = bool(req.stream)
     else:
-        params = _params(body, gw.renderer.stop_token_ids)
-        params.constraint = _constraint(gw.renderer, body.get("tool_choice"), tools)
-    stream = flag(body, "stream")
-    ignored = sorted(k for k in body if k not in _KNOWN and body[k] is not None)
-    return MessagesRequest(model, messages, tools, params, stream, ignored)
+        params, stream = SamplingParams(), False
+    return Call(model, messages, tools, params, stream, req.ignored())
 
 
 # -- response --------------------------------------------------------------------------------
@@ -394,7 +159,7 @@ def _stop(choice: Choice, stops: list[str], renderer: Any) -> tuple[str, str | N
     return ("stop_sequence", matched) if matched else ("end_turn", None)
 
 
-def message_body(answer: ChatAnswer, req: MessagesRequest, renderer: Any) -> dict[str, Any]:
+def message_body(answer: ChatAnswer, req: Call, renderer: Any) -> dict[str, Any]:
     choice = answer.choices[0]
     reason, matched = _stop(choice, req.params.stop, renderer)
     return {"id": "msg_" + answer.id.removeprefix("chatcmpl-"), "type": "message",
@@ -440,14 +205,15 @@ async def sse_events(message: dict[str, Any]) -> AsyncIterator[bytes]:
 
 # -- routes ----------------------------------------------------------------------------------
 
-def _headers(message_id: str, req: MessagesRequest) -> dict[str, str]:
+def _headers(message_id: str, req: Call) -> dict[str, str]:
     headers = {"request-id": message_id}
-    if req.ignored:
-        headers["x-envhub-ignored"] = ",".join(req.ignored)
+    ignored = ignored_header(req.ignored)
+    if ignored:
+        headers["x-envhub-ignored"] = ignored
     return headers
 
 
-@router.post("/v1/messages")
+@router.post("/v1/messages", openapi_extra=body_of(MessagesRequest), responses=STREAMS)
 async def messages(request: Request) -> Response:
     gw = request.app.state.gw
     try:
@@ -479,7 +245,8 @@ async def messages(request: Request) -> Response:
     return Response(orjson.dumps(message), media_type="application/json", headers=headers)
 
 
-@router.post("/v1/messages/count_tokens")
+@router.post("/v1/messages/count_tokens",
+             openapi_extra=body_of(CountTokensRequest))
 async def count_tokens(request: Request) -> Response:
     """`input_tokens` = the prompt a /v1/messages call with this body would send now: planned
     against the session's history like a real turn (extend → held ids + appended messages),

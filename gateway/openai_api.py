@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from typing import Any, overload
+from typing import Any
 
 import orjson
 from fastapi import APIRouter, Request
@@ -18,19 +18,19 @@ from fastapi.responses import Response, StreamingResponse
 
 from envhub.gateway.backends.base import SamplingParams
 from envhub.gateway.errors import BadRequest, NotFound
-from envhub.gateway.render.messages import (
-    check_message_list,
-    normalize_message,
-    validate_tools,
-)
+from envhub.gateway.models.base import OPENAI_ERRORS, STREAMS, Body, body_of, ignored_header, parse
+from envhub.gateway.models.openai import ChatRequest, CompletionRequest, Sampling
+from envhub.gateway.render.messages import normalize_message
 from envhub.gateway.service import ChatAnswer, ChatCall
 from envhub.gateway.structured import Constraint, for_request
 
-router = APIRouter()
+router = APIRouter(responses=OPENAI_ERRORS)
 
 
-def json_response(data: Any, status: int = 200) -> Response:
-    return Response(orjson.dumps(data), status_code=status, media_type="application/json")
+def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None
+                  ) -> Response:
+    return Response(orjson.dumps(data), status_code=status, media_type="application/json",
+                    headers=headers)
 
 
 async def read_json(request: Request) -> dict[str, Any]:
@@ -71,41 +71,10 @@ class ClientGone(Exception):
     """The client disconnected before its answer was ready."""
 
 
-@overload
-def number(body: dict[str, Any], name: str, default: float, lo: float, hi: float) -> float: ...
-
-
-@overload
-def number(body: dict[str, Any], name: str, default: None, lo: float, hi: float
-           ) -> float | None: ...
-
-
-def number(body: dict[str, Any], name: str, default: float | None, lo: float, hi: float
-           ) -> float | None:
-    """body[name] as a float in [lo, hi], `default` when absent; BadRequest otherwise."""
-    v = body.get(name)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
-        raise BadRequest(f"'{name}' must be a number in [{lo}, {hi}]", param=name)
-    return float(v)
-
-
-def flag(body: dict[str, Any], name: str) -> bool:
-    """body[name] as a JSON boolean (absent/null → False). A string such as "false" is refused:
-    it is truthy, and treating it as true is how `"stream": "false"` used to stream."""
-    v = body.get(name)
-    if v is None:
-        return False
-    if not isinstance(v, bool):
-        raise BadRequest(f"'{name}' must be a JSON boolean (true or false), not "
-                         f"{type(v).__name__} {v!r}", param=name)
-    return v
-
-
 def _tool_choice(raw: Any, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-    """The tools to render for `tool_choice`. A named function must be declared; 'required'
-    needs tools. Forcing the call is the constraint's job (openai_constraint)."""
+    """The tools to render for `tool_choice` (its shape is checked by the request model). A
+    named function must be declared; 'required' needs tools. Forcing the call is the
+    constraint's job (openai_constraint)."""
     if raw is None or raw == "auto":
         return tools
     if raw == "none":
@@ -115,14 +84,10 @@ def _tool_choice(raw: Any, tools: list[dict[str, Any]] | None) -> list[dict[str,
             raise BadRequest("tool_choice 'required' needs a non-empty 'tools' list",
                              param="tool_choice")
         return tools
-    fn = raw.get("function") if isinstance(raw, dict) and raw.get("type") == "function" \
-        else None
-    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-        raise BadRequest("'tool_choice' must be 'none', 'auto', 'required' or "
-                         "{'type': 'function', 'function': {'name': ...}}", param="tool_choice")
+    name = raw["function"]["name"]
     declared = [t["function"]["name"] for t in tools or []]
-    if fn["name"] not in declared:
-        raise BadRequest(f"tool_choice names the function {fn['name']!r}, which is not in "
+    if name not in declared:
+        raise BadRequest(f"tool_choice names the function {name!r}, which is not in "
                          f"'tools' (declared: {', '.join(declared) or 'none'})",
                          param="tool_choice")
     return tools
@@ -133,10 +98,8 @@ def openai_constraint(renderer: Any, body: dict, tools: list[dict[str, Any]] | N
     """response_format, tool_choice 'required' / named and parallel_tool_calls false, as a
     sampling constraint (gateway/structured.py); tools are already checked by _tool_choice."""
     choice = body.get("tool_choice")
-    parallel = body.get("parallel_tool_calls", True)
-    if not isinstance(parallel, bool):
-        raise BadRequest("'parallel_tool_calls' must be a JSON boolean",
-                         param="parallel_tool_calls")
+    parallel = body.get("parallel_tool_calls")
+    parallel = True if parallel is None else parallel
     force, name = None, None
     if choice == "required":
         force = "required"
@@ -148,53 +111,26 @@ def openai_constraint(renderer: Any, body: dict, tools: list[dict[str, Any]] | N
                        name=name, parallel=parallel, request=request)
 
 
-def _int(body: dict, name: str, lo: int, hi: int) -> int | None:
-    v = body.get(name)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-        raise BadRequest(f"'{name}' must be an integer in [{lo}, {hi}]", param=name)
-    return v
+def sampling_params(req: Sampling, default_max_tokens: int, stop_token_ids: list[int],
+                    top_logprobs: int = 0, max_tokens: int | None = None) -> SamplingParams:
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    return SamplingParams(
+        max_tokens=max_tokens or req.max_tokens or default_max_tokens,
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        stop=stop, stop_token_ids=stop_token_ids, seed=req.seed, top_logprobs=top_logprobs)
 
 
-def sampling_params(body: dict, default_max_tokens: int, stop_token_ids: list[int]
-                    ) -> tuple[SamplingParams, int]:
-    max_tokens = _int(body, "max_completion_tokens", 1, 1 << 20)
-    if max_tokens is None:
-        max_tokens = _int(body, "max_tokens", 1, 1 << 20)
-    stop = body.get("stop")
-    if stop is None:
-        stop = []
-    elif isinstance(stop, str):
-        stop = [stop]
-    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) \
-            or len(stop) > 16:
-        raise BadRequest("'stop' must be a non-empty string or a list of up to 16 of them",
-                         param="stop")
-    seed = _int(body, "seed", -(1 << 63), (1 << 63) - 1)
-    n = _int(body, "n", 1, 16) or 1
-    top_logprobs = _int(body, "top_logprobs", 0, 20) or 0
-    if body.get("logprobs") not in (None, True, False):
-        if isinstance(body["logprobs"], int):  # completions API: logprobs=k
-            top_logprobs = _int(body, "logprobs", 0, 20) or 0
-        else:
-            raise BadRequest("'logprobs' must be a boolean", param="logprobs")
-    params = SamplingParams(
-        max_tokens=max_tokens or default_max_tokens,
-        temperature=number(body, "temperature", 1.0, 0.0, 2.0),
-        top_p=number(body, "top_p", 1.0, 1e-9, 1.0),
-        stop=stop, stop_token_ids=stop_token_ids, seed=seed, top_logprobs=top_logprobs)
-    return params, n
+def ignored_headers(req: Body) -> dict[str, str]:
+    """`x-envhub-ignored`: the fields the client set that change nothing here."""
+    names = ignored_header(req.ignored())
+    return {"x-envhub-ignored": names} if names else {}
 
 
-def check_model(request: Request, body: dict) -> str:
+def check_model(request: Request, model: str) -> str:
     """The requested model name (echoed in the response and recorded on the turn), once the
     alias table maps it to a served model; NotFound when nothing serves it."""
     models = request.app.state.gw.models
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise BadRequest("'model' is required; GET /v1/models lists the served models",
-                         param="model")
     if models.resolve(model) is None:
         raise NotFound(f"the model '{model}' does not exist here; {models.describe()} (add "
                        "one with --model-alias PATTERN=MODEL)", param="model",
@@ -210,23 +146,23 @@ async def list_models(request: Request) -> Response:
         for name in sorted(gw.model_names)]})
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", openapi_extra=body_of(ChatRequest), responses=STREAMS)
 async def chat_completions(request: Request) -> Response:
     t0 = time.perf_counter()
     gw = request.app.state.gw
+    # the model checks the fields; the raw body's tools and messages go on unchanged
     body = await read_json(request)
-    model = check_model(request, body)
-    messages = check_message_list(body.get("messages"))
-    tools = _tool_choice(body.get("tool_choice"), validate_tools(body.get("tools")))
-    params, n = sampling_params(body, gw.config.default_max_tokens,
-                                gw.renderer.stop_token_ids)
+    req = parse(ChatRequest, body)
+    model = check_model(request, req.model)
+    messages = body["messages"]
+    tools = _tool_choice(body.get("tool_choice"), body.get("tools"))
+    params = sampling_params(req, gw.config.default_max_tokens, gw.renderer.stop_token_ids,
+                             top_logprobs=req.top_logprobs or 0,
+                             max_tokens=req.max_completion_tokens)
+    n = req.n or 1
     params.constraint = openai_constraint(gw.renderer, body, tools)
-    stream = flag(body, "stream")
-    options = body.get("stream_options")
-    if options is not None and not isinstance(options, dict):
-        raise BadRequest("'stream_options' must be an object ({'include_usage': true})",
-                         param="stream_options")
-    include_usage = flag(options or {}, "include_usage")
+    stream = bool(req.stream)
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
     live = await gw.sessions.authenticate(request.state.api_key)
     gw.metrics.in_flight.inc()
     try:
@@ -235,15 +171,16 @@ async def chat_completions(request: Request) -> Response:
                                                  requested_model=model)))
     finally:
         gw.metrics.in_flight.dec()
-    want_lp = bool(body.get("logprobs"))
+    want_lp = bool(req.logprobs)
+    headers = ignored_headers(req)
     if stream:
         return StreamingResponse(_chat_stream(gw, answer, model, want_lp, include_usage),
-                                 media_type="text/event-stream")
-    out = _chat_body(gw, answer, model, want_lp, body.get("return_token_ids"))
+                                 media_type="text/event-stream", headers=headers)
+    out = _chat_body(gw, answer, model, want_lp, req.return_token_ids)
     # time the gateway itself spent (parse, render, record), without the engine's time
     out["envhub"]["gateway_ms"] = round((time.perf_counter() - t0) * 1000 - answer.backend_ms, 3)
     out["envhub"]["render_ms"] = round(answer.render_ms, 3)
-    return json_response(out)
+    return json_response(out, headers=headers)
 
 
 def _usage(answer: ChatAnswer) -> dict[str, int]:
@@ -327,34 +264,29 @@ async def _chat_stream(gw: Any, answer: ChatAnswer, model: str, want_lp: bool,
     yield b"data: [DONE]\n\n"
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", openapi_extra=body_of(CompletionRequest))
 async def completions(request: Request) -> Response:
     gw = request.app.state.gw
-    body = await read_json(request)
-    model = check_model(request, body)
-    prompt = body.get("prompt")
-    if isinstance(prompt, str):
-        ids = gw.renderer.encode(prompt)
-    elif isinstance(prompt, list) and prompt and all(
-            isinstance(x, int) and not isinstance(x, bool) for x in prompt):
-        vocab = gw.renderer.tokenizer.__len__()
-        if any(x < 0 or x >= vocab for x in prompt):
-            raise BadRequest(f"prompt token ids must be in [0, {vocab})", param="prompt")
-        ids = list(prompt)
+    req = parse(CompletionRequest, await read_json(request))
+    model = check_model(request, req.model)
+    if isinstance(req.prompt, str):
+        ids = gw.renderer.encode(req.prompt)
     else:
-        raise BadRequest("'prompt' must be a string or a non-empty list of token ids (one "
-                         "prompt per request)", param="prompt")
-    params, n = sampling_params(body, 16, [])
-    if flag(body, "stream"):
+        vocab = len(gw.renderer.tokenizer)
+        if any(x >= vocab for x in req.prompt):
+            raise BadRequest(f"prompt token ids must be in [0, {vocab})", param="prompt")
+        ids = list(req.prompt)
+    params = sampling_params(req, 16, [], top_logprobs=req.logprobs or 0)
+    if req.stream:
         raise BadRequest("streaming is supported on /v1/chat/completions only", param="stream")
     live = await gw.sessions.authenticate(request.state.api_key)
-    answer = await gw.service.complete(live, gw.sessions.history, ids, params, n,
+    answer = await gw.service.complete(live, gw.sessions.history, ids, params, req.n or 1,
                                        requested_model=model)
     choices = []
     for i, c in enumerate(answer.choices):
         res = c.result
         lp = None
-        if params.top_logprobs or body.get("logprobs") is not None:
+        if req.logprobs is not None:
             lp = {"tokens": [gw.renderer.decode([x]) for x in res.completion_ids],
                   "token_logprobs": res.logprobs,
                   "top_logprobs": [{gw.renderer.decode([a]): v for a, v in alts}
@@ -362,10 +294,11 @@ async def completions(request: Request) -> Response:
                   "text_offset": []}
         item = {"index": i, "text": gw.renderer.decode(res.completion_ids, skip_special=True),
                 "logprobs": lp, "finish_reason": res.finish_reason}
-        if body.get("return_token_ids"):
+        if req.return_token_ids:
             item["token_ids"] = res.completion_ids
             item["prompt_token_ids"] = ids
         choices.append(item)
     return json_response({"id": answer.id.replace("chatcmpl", "cmpl"), "object":
                           "text_completion", "created": answer.created, "model": model,
-                          "choices": choices, "usage": _usage(answer)})
+                          "choices": choices, "usage": _usage(answer)},
+                         headers=ignored_headers(req))

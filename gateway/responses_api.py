@@ -31,6 +31,8 @@ from fastapi.responses import Response, StreamingResponse
 
 from envhub.gateway.backends.base import SamplingParams
 from envhub.gateway.errors import BadRequest, NotFound
+from envhub.gateway.models.base import OPENAI_ERRORS, STREAMS, ignored_header
+from envhub.gateway.models.responses import MessageItem, ResponsesRequest, ToolChoiceFunction
 from envhub.gateway.openai_api import (
     _logprobs,
     _tool_choice,
@@ -47,18 +49,17 @@ from envhub.gateway.responses_items import (
     with_ids,
 )
 from envhub.gateway.responses_log import ITEMS, StoredResponse
-from envhub.gateway.responses_models import MessageItem, ResponsesRequest, ToolChoiceFunction
 from envhub.gateway.service import ChatAnswer, ChatCall
 from envhub.gateway.structured import Constraint, for_request
 
-router = APIRouter()
+router = APIRouter(responses=OPENAI_ERRORS)
 LOGPROBS = "message.output_text.logprobs"
 
 
-@router.post("/v1/responses")
+@router.post("/v1/responses", responses=STREAMS)
 async def create_response(request: Request, body: ResponsesRequest) -> Response:
     gw = request.app.state.gw
-    check_model(request, {"model": body.model})
+    check_model(request, body.model)
     _refuse_unsupported(body)
     live = await gw.sessions.authenticate(request.state.api_key)
     earlier: list[Any] = []
@@ -116,16 +117,6 @@ def _refuse_unsupported(body: ResponsesRequest) -> None:
         raise BadRequest("background responses are not supported: send the request without "
                          "'background' (every response is answered in the foreground)",
                          param="background")
-
-
-def ignored_header(names: list[str], limit: int = 32) -> str:
-    """Field names for a header: printable ASCII without commas (a client may send any key;
-    a header value may not carry any character), at most `limit`, then a count."""
-    safe = [n for n in names if n.isascii() and n.isprintable() and "," not in n and n]
-    out = safe[:limit]
-    if len(names) > len(out):
-        out.append(f"(+{len(names) - len(out)} more)")
-    return ",".join(out)
 
 
 def _constraint(gw: Any, body: ResponsesRequest, tools: list[dict[str, Any]] | None

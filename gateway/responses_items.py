@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from envhub.gateway.errors import BadRequest
-from envhub.gateway.responses_models import (
+from envhub.gateway.models.responses import (
     FunctionCallItem,
     FunctionCallOutputItem,
     FunctionTool,

@@ -22,9 +22,9 @@ import orjson
 from pydantic import TypeAdapter
 
 from envhub.gateway.errors import BadRequest
+from envhub.gateway.models.responses import InputItem
 from envhub.gateway.pool.rows import response_insert
 from envhub.gateway.pool.store import Store, op_delete_response
-from envhub.gateway.responses_models import InputItem
 
 ITEMS: TypeAdapter[list[Any]] = TypeAdapter(list[InputItem])
 _MAX_CHAIN = 100_000  # links walked before a cycle (impossible by construction) is assumed

@@ -24,9 +24,10 @@ from envhub.gateway import admin_api, admin_fleet, anthropic_api, openai_api, re
 from envhub.gateway.backends import backend_class, make_backend
 from envhub.gateway.backends.base import Backend
 from envhub.gateway.config import GatewayConfig
-from envhub.gateway.errors import BadRequest, GatewayError, Overloaded
+from envhub.gateway.errors import GatewayError, Overloaded
 from envhub.gateway.metrics import Metrics
 from envhub.gateway.model_names import ModelNames
+from envhub.gateway.models.base import bad_request, install_openapi
 from envhub.gateway.pool.store import Store
 from envhub.gateway.render.chat_template import ChatRenderer
 from envhub.gateway.responses_log import ResponseLog
@@ -184,6 +185,8 @@ def create_app(config: GatewayConfig, backend: Backend | None = None) -> FastAPI
 
     @app.exception_handler(GatewayError)
     async def _gateway_error(request: Request, exc: GatewayError) -> Response:
+        if request.url.path.startswith("/v1/messages"):
+            return anthropic_api.error_response(exc, request)
         headers = {}
         if isinstance(exc, Overloaded):
             headers["retry-after"] = str(max(1, round(exc.retry_after)))
@@ -196,12 +199,9 @@ def create_app(config: GatewayConfig, backend: Backend | None = None) -> FastAPI
     async def _invalid(request: Request, exc: RequestValidationError) -> Response:
         # bodies and query parameters declared as pydantic models: a 400 naming the field, in
         # the API's own error shape (FastAPI's default is a 422 in a shape no client reads)
-        # the deepest error is the most specific (a union reports one per alternative)
-        first = max(exc.errors(), key=lambda e: len(e.get("loc", ())))
-        param = _field_path(first.get("loc", ()))
-        err = BadRequest(f"{param or 'request'}: {first.get('msg', 'invalid value')}",
-                         param=param or None)
-        return await _gateway_error(request, err)
+        route = request.scope.get("route")
+        model = getattr(getattr(route, "body_field", None), "type_", None)
+        return await _gateway_error(request, bad_request(exc.errors(), model))
 
     @app.exception_handler(openai_api.ClientGone)
     async def _client_gone(request: Request, exc: Exception) -> Response:
@@ -232,23 +232,8 @@ def create_app(config: GatewayConfig, backend: Backend | None = None) -> FastAPI
 
     app.add_middleware(_Edge, max_body=config.max_body_bytes,  # type: ignore[arg-type]
                        process=process)
+    install_openapi(app)
     return app
-
-
-def _field_path(loc: Any) -> str:
-    """('body', 'input', 'list[...]', 0, 'call_id') → 'input[0].call_id': fields and indexes,
-    without the union-alternative labels pydantic puts in between ('str', 'list[...]',
-    'ToolChoiceFunction')."""
-    out = ""
-    for part in loc[1:] if loc and loc[0] in ("body", "query", "path") else loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif not ("[" in part or part[:1].isupper() or part in _TYPE_LABELS):
-            out += f".{part}" if out else part
-    return out
-
-
-_TYPE_LABELS = {"str", "int", "float", "bool", "dict", "list", "none"}
 
 
 @dataclass

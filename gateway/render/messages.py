@@ -112,12 +112,6 @@ def normalize_message(m: Any, i: int) -> dict[str, Any]:
     return msg
 
 
-def check_message_list(raw: Any) -> list[Any]:
-    if not isinstance(raw, list) or not raw:
-        raise BadRequest("'messages' must be a non-empty list", param="messages")
-    return raw
-
-
 class MessageMemo:
     """Per session: raw message JSON → message hash, so that the history an agent resends every
     turn is neither re-validated nor re-normalised; only unseen messages are (cost ∝ new)."""
@@ -141,31 +135,6 @@ class MessageMemo:
                 h = seen[key] = message_hash(fresh[i])
             out.append(h)
         return out, fresh
-
-
-def validate_tools(raw: Any) -> list[dict[str, Any]] | None:
-    """OpenAI `tools`: a list of {'type': 'function', 'function': {name, parameters}}."""
-    if raw is None:
-        return None
-    if not isinstance(raw, list):
-        raise BadRequest("'tools' must be a list of function tools", param="tools")
-    for i, tool in enumerate(raw):
-        where = f"tools[{i}]"
-        fn = tool.get("function") if isinstance(tool, dict) else None
-        if not isinstance(tool, dict) or tool.get("type", "function") != "function" \
-                or not isinstance(fn, dict):
-            raise BadRequest(f"{where} must be {{'type': 'function', 'function': {{...}}}}",
-                             param=where)
-        name = fn.get("name")
-        if not isinstance(name, str) or not name or len(name) > 64 or not all(
-                c.isalnum() or c in "_-" for c in name):
-            raise BadRequest(f"{where}.function.name must be 1-64 chars of a-z, A-Z, 0-9, _ "
-                             "or -", param=where)
-        params = fn.get("parameters", {})
-        if not isinstance(params, dict) or (params and params.get("type", "object") != "object"):
-            raise BadRequest(f"{where}.function.parameters must be a JSON Schema object "
-                             "({'type': 'object', 'properties': {...}})", param=where)
-    return raw
 
 
 def _digest(data: bytes) -> bytes:

@@ -218,3 +218,11 @@ def test_authentication_errors(locked_gateway):
     resp = client(locked_gateway, made.json()["api_key"]).messages.create(
         model="default", max_tokens=8, messages=USER)
     assert resp.usage.output_tokens > 0
+
+
+def test_unknown_fields_with_any_name_are_named_safely(gateway):
+    """A field name a header cannot carry (not latin-1, a comma) is counted, not sent: this
+    used to be a 500."""
+    r = post(gateway, {**OK, "名前": 1, "a,b": 2, "x_extra": 3})
+    assert r.status_code == 200, r.text
+    assert r.headers["x-envhub-ignored"] == "x_extra,(+2 more)"

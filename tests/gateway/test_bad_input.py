@@ -139,7 +139,7 @@ def _called(arguments):
     ({"stream": "false"}, "stream", "'stream' must be a JSON boolean"),
     ({"stream": 1}, "stream", "'stream' must be a JSON boolean"),
     ({"stream": True, "stream_options": "usage"}, "stream_options", "must be an object"),
-    ({"stream": True, "stream_options": {"include_usage": "yes"}}, "include_usage",
+    ({"stream": True, "stream_options": {"include_usage": "yes"}}, "stream_options.include_usage",
      "JSON boolean"),
     ({"messages": [OK["messages"][0], CALLED, {"role": "tool", "content": "2"}]},
      "messages[2].tool_call_id", "tool_call_id is required"),
@@ -188,3 +188,15 @@ def test_strict_fields_through_the_official_client(gateway):
     with pytest.raises(openai.BadRequestError, match="cannot constrain"):
         c.chat.completions.create(model="default", tools=[CALC_TOOL], tool_choice="required",
                                   messages=messages)
+
+
+def test_unknown_and_unused_fields_are_named(gateway):
+    """As on /v1/messages: fields real clients send are accepted and named in a header (safely:
+    a name a header cannot carry is counted)."""
+    resp = post(gateway, {**OK, "user": "u-1", "frobnicate": True, "名前": 1}, key="ignored-1")
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["x-envhub-ignored"] == "frobnicate,user,(+1 more)"
+    assert "x-envhub-ignored" not in post(gateway, OK, key="ignored-1").headers
+    done = post(gateway, {"model": "default", "prompt": "1+1=", "max_tokens": 2, "echo": False},
+                key="ignored-2", path="/v1/completions")
+    assert done.status_code == 200 and done.headers["x-envhub-ignored"] == "echo", done.text
