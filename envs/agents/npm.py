@@ -28,13 +28,14 @@ from envhub.envs.errors import AgentSpecError
 _SPEC = re.compile(r"^(?P<name>(?:@[a-z0-9][a-z0-9._~-]*/)?[a-z0-9][a-z0-9._~-]*)"
                    r"(?:@(?P<version>[A-Za-z0-9.^~<>=*|+ -]+))?$")
 NPM_DIR = "npm"  # the bundle's npm prefix: npm/node_modules/...
-# A package's JavaScript `bin` entry as a program: the bundle's own node, whatever is on PATH.
+# A package's JavaScript `bin` entry as a program: the bundle's own node, whatever is on PATH
+# (shell built-ins only: the agent may run it with any PATH).
 _ENTRY_JS = """#!/bin/sh
-here=$(cd "$(dirname "$0")/.." && pwd)
+here="${{0%/*}}/.."
 exec "$here/bin/node" "$here/{target}" "$@"
 """
 _ENTRY_NATIVE = """#!/bin/sh
-here=$(cd "$(dirname "$0")/.." && pwd)
+here="${{0%/*}}/.."
 exec "$here/{target}" "$@"
 """
 
