@@ -22,9 +22,9 @@ from tests.support import envhub, require, require_docker, require_tool
 pytestmark = [pytest.mark.slow]
 
 HERE = Path(__file__).with_name("cli_agents")
-CLIS = {  # name: (npm spec, agent script, the model name it asks for)
+CLIS = {  # name: (npm spec, agent script, the start of the model names it asks for)
     "codex": ("@openai/codex@0.169.0", "codex_agent.sh", "gpt-5-codex"),
-    "claude": ("@anthropic-ai/claude-code@2.1.330", "claude_agent.sh", "claude-sonnet-4-5"),
+    "claude": ("@anthropic-ai/claude-code@2.1.330", "claude_agent.sh", "claude-"),
 }
 KINDS = [pytest.param("local", marks=pytest.mark.bwrap),
          pytest.param("docker", marks=pytest.mark.docker)]
@@ -55,7 +55,8 @@ def check_recording(tmp_path: Path, record: dict, cli: str) -> None:
     assert info["refused_requests"] == 0
     assert info["gateway_requests"] == len(traj.turns) >= 3, (info, len(traj.turns))
     assert_token_exact(traj)
-    assert {t.requested_model for t in traj.turns} >= {CLIS[cli][2]}
+    # the names it asked for are kept (its own defaults: this gateway maps every name)
+    assert all((t.requested_model or "").startswith(CLIS[cli][2]) for t in traj.turns)
     # it compacted its own conversation: recorded as a CM action of that chain, whose next turn
     # starts a new segment
     main = traj.main_chain()
