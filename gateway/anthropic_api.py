@@ -226,12 +226,13 @@ def to_messages(system: Any, raw: Any) -> list[dict[str, Any]]:
                              "system prompt goes in the top-level 'system' field)", param=where)
         if "content" not in m:
             raise BadRequest(f"{where}.content is required", param=where)
-        if role == "system":  # mid-conversation instructions (Claude Code sends them)
-            if i == 0 or (text := _system(m["content"])) is None:
-                raise BadRequest(f"{where}: a 'system' message needs text content and comes "
-                                 "after the first message (the system prompt goes in the "
-                                 "top-level 'system' field)", param=where)
-            out.append({"role": "system", "content": text})
+        if role == "system":  # mid-conversation instructions (Claude Code sends them, and
+            # after its /compact an empty one): rendered in place, as sent
+            if i == 0:
+                raise BadRequest(f"{where}: a 'system' message comes after the first message "
+                                 "(the system prompt goes in the top-level 'system' field)",
+                                 param=where)
+            out.append({"role": "system", "content": _system(m["content"]) or ""})
             continue
         blocks = _blocks(m["content"], where)
         if role == "user":

@@ -50,16 +50,49 @@ def check_spec(value: str) -> str:
     return match.group("name")
 
 
+# What an official Node.js build links: libraries every glibc image has. Debian's own `nodejs`
+# also links libnode, libuv, ICU...: fine on this machine, absent from most images.
+_BASE_LIBS = ("linux-vdso.so", "libc.so", "libm.so", "libdl.so", "libpthread.so", "librt.so",
+              "libstdc++.so", "libgcc_s.so", "libatomic.so", "/lib64/ld-linux", "ld-linux")
+
+
 @functools.lru_cache(maxsize=1)
 def host_node() -> tuple[Path, str]:
-    """(path, version) of the node and npm used to install and run npm agents."""
-    node, npm = shutil.which("node"), shutil.which("npm")
-    if node is None or npm is None:
-        raise AgentSpecError("npm agents need node and npm on this machine (apt-get install "
-                             "nodejs npm, or Node.js >= 18 from nodejs.org)")
-    version = subprocess.run([node, "--version"], capture_output=True, text=True,
-                             check=True).stdout.strip()
-    return Path(node).resolve(), version
+    """(path, version) of the node that goes into bundles: this machine's `node` if it needs
+    only base libraries, else Playwright's own (an official build, envhub[browser])."""
+    if shutil.which("npm") is None:
+        raise AgentSpecError("npm agents need npm on this machine (apt-get install npm, or "
+                             "Node.js from nodejs.org)")
+    tried = []
+    for node in _node_candidates():
+        tried.append(str(node))
+        if _portable(node):
+            version = subprocess.run([str(node), "--version"], capture_output=True, text=True,
+                                     check=True).stdout.strip()
+            return node, version
+    raise AgentSpecError(f"no portable node for npm agents (tried {', '.join(tried) or 'none'}:"
+                         " each links libraries a sandbox image may lack); install Node.js from "
+                         "nodejs.org or NodeSource, or pip install 'envhub[browser]' "
+                         "(Playwright's Node.js)")
+
+
+def _node_candidates() -> list[Path]:
+    found = [Path(p).resolve() for p in [shutil.which("node")] if p]
+    from envhub.envs.browser.chromium import BrowserUnavailable, playwright_core
+
+    try:
+        found.append(playwright_core().parent / "node")
+    except BrowserUnavailable:  # Playwright not installed: one candidate fewer
+        pass
+    return [p for p in found if p.is_file()]
+
+
+def _portable(node: Path) -> bool:
+    ran = subprocess.run(["ldd", str(node)], capture_output=True, text=True, check=False)
+    if ran.returncode != 0:
+        return False
+    libs = [line.split()[0] for line in ran.stdout.splitlines() if line.strip()]
+    return bool(libs) and all(lib.startswith(_BASE_LIBS) for lib in libs)
 
 
 def npm_tree(specs: list[str], cache: Path) -> Path:

@@ -286,6 +286,11 @@ def test_a_system_message_inside_messages_renders_in_place(gateway, renderer: Ch
     assert prompt.index("user\nadd") < prompt.index("system\nBe brief.") < prompt.rindex(
         "assistant")
     assert len(trajectory(gateway, "a-midsystem")["segments"]) == 1
-    with pytest.raises(anthropic.BadRequestError, match="needs text content"):
+    # an empty one (Claude Code after /compact) is rendered as sent; first place is refused
+    c.messages.create(model="x", max_tokens=8, messages=[
+        {"role": "user", "content": "a"}, {"role": "system", "content": ""}])
+    assert "system\n<|im_end|>" in renderer.decode(
+        trajectory(gateway, "a-midsystem")["turns"][-1]["prompt_ids"])
+    with pytest.raises(anthropic.BadRequestError, match="after the first message"):
         c.messages.create(model="x", max_tokens=8, messages=[
-            {"role": "user", "content": "a"}, {"role": "system", "content": []}])
+            {"role": "system", "content": "a"}, {"role": "user", "content": "b"}])
