@@ -8,8 +8,8 @@ Specs (`--agent-install`, repeatable):
                    become programs in `bin/` that run with the sandbox's `python3`
   script:PATH      a host file copied into `bin/` (executable; run it with its own shebang or
                    `python3 NAME`)
-  npm:PACKAGE[@V]  an npm package (Codex CLI, Claude Code), installed with the host's npm; the
-                   host's node comes with it into bin/, its `bin` entries become programs
+  npm:PACKAGE[@V]  an npm package (Codex CLI, Claude Code), installed with the host's npm; a
+                   portable node comes with it into bin/, its `bin` entries become programs
                    (npm.py)
 """
 

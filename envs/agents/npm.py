@@ -1,6 +1,6 @@
 """npm agents (`--agent-install npm:PACKAGE[@VERSION]`, e.g. Codex CLI or Claude Code) for a
-bundle: the packages installed on the host with npm into a cached prefix, the host's `node`
-copied beside them, and each package's `bin` entries as programs in the bundle's `bin/`.
+bundle: the packages installed on the host with npm into a cached prefix, a portable `node`
+(host_node) copied beside them, and each package's `bin` entries as programs in `bin/`.
 
 Install scripts: npm runs none of the dependencies' (`--ignore-scripts`); the packages named on
 the command line then get their own install scripts run (`npm rebuild`), since some need them to
