@@ -137,7 +137,8 @@ def run_command(
                               "OPENAI_API_KEY and ANTHROPIC_* point at its session)."),
     agent_install: Annotated[list[str] | None, typer.Option(
         "--agent-install", help="How a command agent is made present inside the sandbox: "
-        "pip:REQUIREMENT | script:PATH (repeatable); its programs are on PATH there.")] = None,
+        "pip:REQUIREMENT | npm:PACKAGE[@VERSION] | script:PATH (repeatable); its programs "
+        "are on PATH there.")] = None,
     agent_on_host: bool = typer.Option(False, "--agent-on-host", help="Run a command agent as "
                                        "a process on this machine instead of inside the "
                                        "sandbox: NO containment (prints a warning)."),

@@ -135,11 +135,19 @@ def to_messages(system: Any, raw: Any) -> list[dict[str, Any]]:
         if not isinstance(m, dict):
             raise BadRequest(f"{where} must be an object", param=where)
         role = m.get("role")
-        if role not in ("user", "assistant"):
+        if role not in ("user", "assistant", "system"):
             raise BadRequest(f"{where}.role is {role!r}; use 'user' or 'assistant' (the "
                              "system prompt goes in the top-level 'system' field)", param=where)
         if "content" not in m:
             raise BadRequest(f"{where}.content is required", param=where)
+        if role == "system":  # mid-conversation instructions (Claude Code sends them, and
+            # after its /compact an empty one): rendered in place, as sent
+            if i == 0:
+                raise BadRequest(f"{where}: a 'system' message comes after the first message "
+                                 "(the system prompt goes in the top-level 'system' field)",
+                                 param=where)
+            out.append({"role": "system", "content": _system(m["content"]) or ""})
+            continue
         blocks = _blocks(m["content"], where)
         if role == "user":
             if not blocks:

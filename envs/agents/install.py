@@ -8,7 +8,9 @@ Specs (`--agent-install`, repeatable):
                    become programs in `bin/` that run with the sandbox's `python3`
   script:PATH      a host file copied into `bin/` (executable; run it with its own shebang or
                    `python3 NAME`)
-  npm:PACKAGE      reserved (Node agents such as Codex CLI or Claude Code): refused for now
+  npm:PACKAGE[@V]  an npm package (Codex CLI, Claude Code), installed with the host's npm; a
+                   portable node comes with it into bin/, its `bin` entries become programs
+                   (npm.py)
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from envhub.envs.agents.npm import add_to_bundle, check_spec, host_node
 from envhub.envs.errors import AgentSpecError
 
 KINDS = ("pip", "script", "npm")
@@ -49,10 +52,10 @@ class AgentInstall:
         kind, sep, value = text.partition(":")
         if not sep or kind not in KINDS or not value.strip():
             raise AgentSpecError(f"--agent-install {text!r}: use pip:REQUIREMENT (e.g. "
-                                 "pip:mini-swe-agent==2.4.6) or script:PATH")
+                                 "pip:mini-swe-agent==2.4.6), npm:PACKAGE[@VERSION] "
+                                 "or script:PATH")
         if kind == "npm":
-            raise AgentSpecError(f"--agent-install {text!r}: npm agents are not supported yet; "
-                                 "install them in the image, or use --agent-on-host")
+            check_spec(value)
         if kind == "script" and not Path(value).is_file():
             raise AgentSpecError(f"--agent-install {text!r}: {value} is not a file")
         return cls(kind, value.strip())
@@ -61,6 +64,8 @@ class AgentInstall:
         if self.kind == "script":
             return f"script:{Path(self.value).name}:" + hashlib.sha256(
                 Path(self.value).read_bytes()).hexdigest()
+        if self.kind == "npm":  # the bundle carries the host's node too
+            return f"npm:{self.value}:node-{host_node()[1]}"
         return f"{self.kind}:{self.value}"
 
 
@@ -89,6 +94,9 @@ def build_bundle(installs: list[AgentInstall], python: str) -> Path:
             shutil.copytree(_pip_lib(requirements, python), work / "lib", dirs_exist_ok=True,
                             copy_function=_link_or_copy)
             _write_entry_points(work)
+        specs = [i.value for i in installs if i.kind == "npm"]
+        if specs:
+            add_to_bundle(specs, work, cache_root(), _link_or_copy)
         for i in installs:
             if i.kind == "script":
                 target = work / "bin" / Path(i.value).name

@@ -57,4 +57,21 @@ def agent_image(image: str, bundle: Path) -> str:
                             network_mode="none", labels={"envhub.agent": bundle.name})
     except (docker.errors.BuildError, docker.errors.APIError) as e:
         raise AgentSpecError(f"cannot build the agent layer on {image}: {e}") from None
+    if (bundle / "bin" / "node").is_file():
+        _check_node(name, image)
     return name
+
+
+def _check_node(name: str, image: str) -> None:
+    """The host's node (npm agents) must run on the image's libc; if not, the layer is dropped
+    and the error says what the image lacks."""
+    docker = import_docker()
+    client = docker_client()
+    try:
+        client.containers.run(name, [f"{AGENT_HOME}/bin/node", "--version"], remove=True,
+                              network_mode="none", entrypoint=[], stdout=True, stderr=True)
+    except docker.errors.ContainerError as e:
+        client.images.remove(name, force=True)
+        raise AgentSpecError(
+            f"this machine's node does not run in image {image} ({e.stderr!r}): npm agents need "
+            "an image with glibc >= 2.28 and libstdc++ (e.g. Debian >= 10)") from None

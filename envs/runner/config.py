@@ -35,7 +35,7 @@ class RunConfig(BaseModel):
     agent: str = Field("tool", description="tool | tool:summarize | oracle | a command line")
     agent_install: list[str] = Field(
         default_factory=list, description="how a command agent is made present in the sandbox: "
-        "pip:REQUIREMENT | script:PATH (repeatable)")
+        "pip:REQUIREMENT | npm:PACKAGE[@VERSION] | script:PATH (repeatable)")
     agent_on_host: bool = Field(False, description="run a command agent as a host process "
                                 "(no containment; a loud warning)")
     model: str | None = Field(None, description="model for the in-process gateway "

@@ -37,7 +37,8 @@ class ContentBlock(_Loose):
 
 
 class AnthropicMessage(_Loose):
-    role: Literal["user", "assistant"]
+    # 'system' after the first message: mid-conversation instructions (Claude Code sends them)
+    role: Literal["user", "assistant", "system"]
     content: str | list[ContentBlock]
 
 

@@ -153,7 +153,7 @@ def test_the_plain_fallback_runs_environments_that_allow_it(tmp_path):
     (["run", "arith", "--sandbox", "vm"], "--sandbox"),
     (["run", "arith", "--resume"], "--out"),
     (["run", "arith", "--agent", "orcale"], "unknown agent"),
-    (["run", "arith", "--agent", "a b", "--agent-install", "npm:x"], "npm agents"),
+    (["run", "arith", "--agent", "a b", "--agent-install", "npm:../x"], "npm package spec"),
     (["run", "arith", "--agent", "oracle", "--agent-install", "pip:x"], "command-line agents"),
     (["run", "arith", "--agent", "a b", "--sandbox", "e2b"], "--agent-on-host"),
     (["run", "arith", "--gateway", "localhost:1"], "URL"),

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.agent_checks import assert_token_exact, only_rollout, pool_trajectory
 from tests.support import require, require_docker, require_tool
 
 pytestmark = [pytest.mark.slow]
@@ -81,9 +82,7 @@ def test_mini_swe_agent_runs_unchanged_in_the_sandbox_and_its_turns_are_token_ex
          "--sandbox", kind, "-n", "1", "-k", "1", "--time-limit", "240", "--out", "out", "-q"],
         cwd=tmp_path, text=True, capture_output=True, timeout=900, check=False)
     assert ran.returncode == 0, ran.stderr
-    records = [json.loads(p.read_text()) for p in (tmp_path / "out" / "rollouts").iterdir()]
-    assert len(records) == 1
-    record = records[0]
+    record = only_rollout(tmp_path / "out")
     assert record["status"] == "done", record
     assert record["agent_info"]["in_sandbox"] == kind
     (line,) = [x for x in record["agent_info"]["stdout_tail"].splitlines()
@@ -94,29 +93,11 @@ def test_mini_swe_agent_runs_unchanged_in_the_sandbox_and_its_turns_are_token_ex
     assert calls >= 1 and len(saved["usage"]) == calls
     assert record["agent_info"]["gateway_requests"] == calls  # every call through the channel
 
-    from envhub.gateway.pool.store import Store
-    from envhub.gateway.pool.trajectory import build_trajectory
-
-    store = Store(f"sqlite:///{tmp_path / 'out' / 'pool.db'}")
-    try:
-        row = store.session_row(record["session_id"])
-        assert row is not None
-        traj = build_trajectory(store, row)
-    finally:
-        store.close()
+    traj = pool_trajectory(tmp_path / "out", record["session_id"])
     assert traj.session.task_id == record["task_id"]
     # every call mini made went through its session, none elsewhere
     assert len(traj.turns) == calls
-    by_segment: dict[int, list] = {}
-    for turn in traj.turns:
-        assert turn.prompt_ids and turn.completion_ids, turn.seq
-        assert len(turn.completion_logprobs) == len(turn.completion_ids)
-        by_segment.setdefault(turn.segment, []).append(turn)
-    for turns in by_segment.values():
-        turns.sort(key=lambda t: t.seq)
-        assert turns[0].prompt_ids == turns[0].prompt_delta_ids
-        for prev, cur in zip(turns, turns[1:], strict=False):
-            assert cur.prompt_ids == prev.prompt_ids + prev.completion_ids + cur.prompt_delta_ids
+    assert_token_exact(traj)
     # what mini was told per call (usage) is exactly what the pool holds, call by call
     held = [[len(t.prompt_ids), len(t.completion_ids)]
             for t in sorted(traj.turns, key=lambda t: t.seq)]

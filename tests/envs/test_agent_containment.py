@@ -170,7 +170,7 @@ def test_in_sandbox_agents_refuse_kinds_that_cannot_host_them(gateway):
 
 
 def test_agent_install_specs_are_checked_before_anything_runs(gateway):
-    for bad, match in (("npm:@openai/codex", "npm agents"), ("script:/no/such", "not a file"),
+    for bad, match in (("npm:Not A Package", "npm:NAME@VERSION"), ("script:/no/such", "not a file"),
                        ("wheel:x", "pip:REQUIREMENT")):
         config = RunConfig(envs=[EnvChoice.parse("arith")], gateway=gateway.url,
                            admin_key=ADMIN_KEY, agent="x", agent_install=[bad], n=1)

@@ -267,3 +267,30 @@ def test_stop_sequence_with_the_embedded_engine(engine_gateway):
     assert stop in got and text.startswith(got) and len(got) < len(text)
     turn = trajectory(engine_gateway, "a-eng-2")["turns"][0]
     assert resp.usage.output_tokens == len(turn["completion_ids"])
+
+
+def test_a_system_message_inside_messages_renders_in_place(gateway, renderer: ChatRenderer):
+    """Claude Code (2.1, default model) puts per-turn instructions in a role 'system' message
+    after the first user message: rendered as a system block at that place, and the next call
+    still extends the recorded history (one segment)."""
+    c = client(gateway, "a-midsystem")
+    history: list = [{"role": "user", "content": "add"},
+                     {"role": "system", "content": [{"type": "text", "text": "Be brief."}]}]
+    first = c.messages.create(model="claude-opus-5-5", max_tokens=32, system=SYSTEM,
+                              messages=history)
+    c.messages.create(model="claude-opus-5-5", max_tokens=32, system=SYSTEM, messages=[
+        *history, {"role": "assistant", "content": first.content},
+        {"role": "user", "content": "again"}])
+    turns = trajectory(gateway, "a-midsystem")["turns"]
+    prompt = renderer.decode(turns[0]["prompt_ids"])
+    assert prompt.index("user\nadd") < prompt.index("system\nBe brief.") < prompt.rindex(
+        "assistant")
+    assert len(trajectory(gateway, "a-midsystem")["segments"]) == 1
+    # an empty one (Claude Code after /compact) is rendered as sent; first place is refused
+    c.messages.create(model="x", max_tokens=8, messages=[
+        {"role": "user", "content": "a"}, {"role": "system", "content": ""}])
+    assert "system\n<|im_end|>" in renderer.decode(
+        trajectory(gateway, "a-midsystem")["turns"][-1]["prompt_ids"])
+    with pytest.raises(anthropic.BadRequestError, match="after the first message"):
+        c.messages.create(model="x", max_tokens=8, messages=[
+            {"role": "system", "content": "a"}, {"role": "user", "content": "b"}])
