@@ -23,7 +23,7 @@ from typing import Any
 
 from envhub.envs.agents.base import AgentContext, AgentResult
 from envhub.envs.agents.channel import PLACEHOLDER_KEY
-from envhub.envs.agents.command import PLACEHOLDERS, TAIL_CHARS, substitute
+from envhub.envs.agents.command import PLACEHOLDERS, TAIL_CHARS, command_words, substitute
 from envhub.envs.agents.install import AgentInstall, build_bundle
 from envhub.envs.environment import EnvFailure
 from envhub.envs.errors import AgentError, AgentSpecError
@@ -50,13 +50,7 @@ class BoxedCommandAgent:
     in_sandbox = True
 
     def __init__(self, command: str, installs: list[str] | None = None) -> None:
-        try:
-            self.argv = shlex.split(command)
-        except ValueError as e:
-            raise AgentSpecError(f"--agent {command!r}: cannot split into words ({e}); "
-                                 "check the quotes") from None
-        if not self.argv:
-            raise AgentSpecError("--agent is empty; give oracle, tool, or a command line")
+        self.argv = command_words(command)
         self.name = command
         self.installs = [AgentInstall.parse(s) for s in installs or []]
         self._bundles: dict[str, Path] = {}

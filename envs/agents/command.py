@@ -31,15 +31,21 @@ TAIL_CHARS = 2000
 PLACEHOLDERS = ("{instruction}", "{task_file}", "{task_id}", "{model}")
 
 
+def command_words(command: str) -> list[str]:
+    """An --agent command line as words (AgentSpecError, with the fix, when it cannot be)."""
+    try:
+        argv = shlex.split(command)
+    except ValueError as e:
+        raise AgentSpecError(f"--agent {command!r}: cannot split into words ({e}); "
+                             "check the quotes") from None
+    if not argv:
+        raise AgentSpecError("--agent is empty; give oracle, tool, or a command line")
+    return argv
+
+
 class CommandAgent:
     def __init__(self, command: str) -> None:
-        try:
-            self.argv = shlex.split(command)
-        except ValueError as e:
-            raise AgentSpecError(f"--agent {command!r}: cannot split into words ({e}); "
-                                 "check the quotes") from None
-        if not self.argv:
-            raise AgentSpecError("--agent is empty; give oracle, tool, or a command line")
+        self.argv = command_words(command)
         self.name = command
 
     async def run(self, ctx: AgentContext) -> AgentResult:
