@@ -201,7 +201,7 @@ def create_app(config: GatewayConfig, backend: Backend | None = None) -> FastAPI
         # the API's own error shape (FastAPI's default is a 422 in a shape no client reads)
         route = request.scope.get("route")
         model = getattr(getattr(route, "body_field", None), "type_", None)
-        return await _gateway_error(request, bad_request(exc.errors(), model))
+        return await _gateway_error(request, bad_request(exc.errors(), model, located=True))
 
     @app.exception_handler(openai_api.ClientGone)
     async def _client_gone(request: Request, exc: Exception) -> Response:

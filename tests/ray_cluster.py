@@ -55,15 +55,18 @@ class TwoNodeCluster:
             env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def alive_nodes(self) -> list[dict]:
-        out = subprocess.run(
-            [sys.executable, "-c", "import ray, json; ray.init(logging_level='ERROR', "
-             "log_to_driver=False); print(json.dumps([n['Resources'] for n in ray.nodes() "
-             "if n['Alive']]))"], env=self.env, capture_output=True, text=True, timeout=120)
+        try:  # ray.init keeps trying while the head is still starting: bounded, then retried
+            out = subprocess.run(
+                [sys.executable, "-c", "import ray, json; ray.init(logging_level='ERROR', "
+                 "log_to_driver=False); print(json.dumps([n['Resources'] for n in ray.nodes() "
+                 "if n['Alive']]))"], env=self.env, capture_output=True, text=True, timeout=60)
+        except subprocess.TimeoutExpired:
+            return []
         if out.returncode != 0:
             return []
         return json.loads(out.stdout.strip().splitlines()[-1])
 
-    def _wait_nodes(self, count: int, timeout: float = 120.0) -> None:
+    def _wait_nodes(self, count: int, timeout: float = 300.0) -> None:  # a loaded CI machine
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for name, proc in self.nodes.items():

@@ -54,12 +54,15 @@ def parse(model: type[M], body: Any) -> M:
         raise bad_request(e.errors(), model) from None
 
 
-def bad_request(errors: Sequence[Any], model: Any = None) -> BadRequest:
+def bad_request(errors: Sequence[Any], model: Any = None, *, located: bool = False
+                ) -> BadRequest:
     """The most specific of pydantic's errors (a union reports one per alternative: the
-    deepest is the one that got furthest) as a 400 naming the field."""
+    deepest is the one that got furthest) as a 400 naming the field. `located`: FastAPI's
+    errors, whose loc starts with where the value came from (body, query, path); a model's own
+    field may be called `path` too, so that prefix is only dropped then."""
     err = max(errors, key=lambda e: len(e.get("loc", ())))
     loc = tuple(err.get("loc", ()))
-    if loc[:1] in (("body",), ("query",), ("path",)):
+    if located and loc[:1] in (("body",), ("query",), ("path",)):
         loc = loc[1:]
     kind = err.get("type", "")
     if not loc and kind in ("model_type", "model_attributes_type", "dict_type"):

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,16 +38,19 @@ ROLLOUTS = 8
 
 
 @pytest.fixture(scope="module")  # one cluster for the file: the node-loss test goes last
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+def cluster() -> Iterator[object]:
     require(importlib.util.find_spec("ray") is not None, "Ray (pip install 'envhub[ray]')")
     from tests.ray_cluster import TwoNodeCluster
 
-    # Short root: Ray's unix socket paths live under the temp folders.
-    c = TwoNodeCluster(Path(tmp_path_factory.mktemp("ray")))
+    # A short root, not pytest's tmp_path: Ray's unix socket paths live under the temp folders
+    # and must stay within the 107-byte limit (pytest-xdist's basetemp adds popen-gwN/...).
+    root = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
+    c = TwoNodeCluster(root)
     try:
         yield c.start()
     finally:
         c.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _records(out: Path) -> list[dict]:

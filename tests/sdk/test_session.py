@@ -165,10 +165,10 @@ def test_bad_requests_name_the_field(gw: GatewayHandle) -> None:
     with Session.open(gw.url, admin_key=ADMIN) as s:
         with pytest.raises(GatewayError) as e:
             s.reward("bogus", 1.0)
-        assert e.value.status == 400 and "'kind'" in str(e.value)
+        assert e.value.status == 400 and "kind" in str(e.value)
         with pytest.raises(GatewayError) as e:
             s.context_action("compress")
-        assert e.value.status == 400 and "'kind'" in str(e.value)
+        assert e.value.status == 400 and "kind" in str(e.value)
     with pytest.raises(GatewayError) as e:
         Session.open(gw.url, admin_key=ADMIN, sample_index=-1)
     assert e.value.status == 400 and "sample_index" in str(e.value)
