@@ -27,6 +27,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from envhub.envs.agents.cache import cached_folder
 from envhub.envs.agents.npm import add_to_bundle, check_spec, host_node
 from envhub.envs.errors import AgentSpecError
 
@@ -119,20 +120,9 @@ def _pip_lib(requirements: list[str], python: str) -> Path:
     """`requirements` installed for `python` (`pip install --target`), cached by both."""
     key = hashlib.sha256(json.dumps([python, platform.machine(), sorted(requirements)]
                                     ).encode()).hexdigest()
-    final = cache_root() / f"pip-{key[:24]}"
-    if (final / ".envhub-ok").is_file():
-        return final
-    work = Path(tempfile.mkdtemp(prefix=".pip-", dir=cache_root()))
-    try:
-        _pip_install(requirements, work, python)
-        (work / ".envhub-ok").write_text("\n".join(requirements))
-        try:
-            work.rename(final)
-        except OSError:  # installed concurrently by another run: keep theirs
-            pass
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return final
+    return cached_folder(cache_root() / f"pip-{key[:24]}",
+                         lambda work: _pip_install(requirements, work, python),
+                         "\n".join(requirements))
 
 
 def _link_or_copy(src: str, dst: str) -> None:

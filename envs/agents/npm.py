@@ -18,10 +18,10 @@ import json
 import re
 import shutil
 import subprocess
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from envhub.envs.agents.cache import cached_folder
 from envhub.envs.errors import AgentSpecError
 
 # npm's package-name rules (scoped or not, lower case, URL-safe), optionally @VERSION/@TAG
@@ -99,25 +99,15 @@ def npm_tree(specs: list[str], cache: Path) -> Path:
     """A prefix holding `specs` installed by npm (node_modules/...), cached by specs and node."""
     node, version = host_node()
     key = hashlib.sha256(json.dumps([version, sorted(specs)]).encode()).hexdigest()
-    final = cache / f"npm-{key[:24]}"
-    if (final / ".envhub-ok").is_file():
-        return final
-    cache.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=".npm-", dir=cache))
-    try:
+
+    def build(work: Path) -> None:
         common = ["--prefix", str(work), "--no-audit", "--no-fund", "--no-update-notifier",
                   "--loglevel=error"]
         _npm(["install", "--omit=dev", "--ignore-scripts", *common, *specs], specs)
         _npm(["rebuild", "--foreground-scripts", *common, *[check_spec(s) for s in specs]],
              specs)
-        (work / ".envhub-ok").write_text("\n".join(specs))
-        try:
-            work.rename(final)
-        except OSError:  # installed concurrently by another run: keep theirs
-            pass
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return final
+
+    return cached_folder(cache / f"npm-{key[:24]}", build, "\n".join(specs))
 
 
 def _npm(args: list[str], specs: list[str]) -> None:
