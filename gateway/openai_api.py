@@ -22,7 +22,7 @@ from envhub.gateway.models.base import OPENAI_ERRORS, STREAMS, Body, body_of, ig
 from envhub.gateway.models.openai import ChatRequest, CompletionRequest, Sampling
 from envhub.gateway.render.messages import normalize_message
 from envhub.gateway.service import ChatAnswer, ChatCall
-from envhub.gateway.structured import Constraint, for_request
+from envhub.gateway.structured import Constraint, for_request, forced_call
 
 router = APIRouter(responses=OPENAI_ERRORS)
 
@@ -100,11 +100,7 @@ def openai_constraint(renderer: Any, body: dict, tools: list[dict[str, Any]] | N
     choice = body.get("tool_choice")
     parallel = body.get("parallel_tool_calls")
     parallel = True if parallel is None else parallel
-    force, name = None, None
-    if choice == "required":
-        force = "required"
-    elif isinstance(choice, dict):
-        force, name = "named", choice["function"]["name"]
+    force, name = forced_call(choice)
     request = {k: body[k] for k in ("response_format", "tool_choice", "parallel_tool_calls")
                if k in body}
     return for_request(renderer, tools, fmt=body.get("response_format"), force=force,

@@ -32,7 +32,7 @@ from fastapi.responses import Response, StreamingResponse
 from envhub.gateway.backends.base import SamplingParams
 from envhub.gateway.errors import BadRequest, NotFound
 from envhub.gateway.models.base import OPENAI_ERRORS, STREAMS, ignored_header
-from envhub.gateway.models.responses import MessageItem, ResponsesRequest, ToolChoiceFunction
+from envhub.gateway.models.responses import MessageItem, ResponsesRequest
 from envhub.gateway.openai_api import (
     _logprobs,
     _tool_choice,
@@ -50,7 +50,7 @@ from envhub.gateway.responses_items import (
 )
 from envhub.gateway.responses_log import ITEMS, StoredResponse
 from envhub.gateway.service import ChatAnswer, ChatCall
-from envhub.gateway.structured import Constraint, for_request
+from envhub.gateway.structured import Constraint, for_request, forced_call
 
 router = APIRouter(responses=OPENAI_ERRORS)
 LOGPROBS = "message.output_text.logprobs"
@@ -125,11 +125,7 @@ def _constraint(gw: Any, body: ResponsesRequest, tools: list[dict[str, Any]] | N
     fmt = body.text.format if body.text is not None else None
     chat_format = fmt.chat_form() if fmt is not None else None
     choice = body.tool_choice
-    force, name = None, None
-    if choice == "required":
-        force = "required"
-    elif isinstance(choice, ToolChoiceFunction):
-        force, name = "named", choice.name
+    force, name = forced_call(chat_tool_choice(choice))
     request: dict[str, Any] = {}
     if chat_format is not None:
         request["response_format"] = chat_format

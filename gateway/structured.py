@@ -152,6 +152,16 @@ def _tag_ids(tokenizer: Any) -> tuple[int | None, int | None]:
     return out[0], out[1]
 
 
+def forced_call(tool_choice: Any) -> tuple[str | None, str | None]:
+    """(force, name) for `for_request` from the chat route's (validated) tool_choice:
+    'required' → some tool call, {'type': 'function', 'function': {'name': N}} → a call to N."""
+    if tool_choice == "required":
+        return "required", None
+    if isinstance(tool_choice, dict):
+        return "named", tool_choice["function"]["name"]
+    return None, None
+
+
 def for_request(renderer: Any, tools: list[dict[str, Any]] | None, *, fmt: Any = None,
                 force: str | None = None, name: str | None = None,
                 parallel: bool = True, request: dict[str, Any] | None = None
