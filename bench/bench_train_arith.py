@@ -1,72 +1,117 @@
-"""`envhub train arith` over several seeds (issue 7): does the mean reward rise?
+"""`envhub train arith` over several seeds (issue 12): does the default command learn?
 
-Runs the real command line — embedded gateway + engine, built-in agent rollouts, trainer,
-weight sync through POST /admin/weights — once per seed, one after the other (each run wants
-every core), then reads each run's OUT/metrics.jsonl and prints, side by side, the mean
-reward (and solved rate) of the first and the last `--window` steps, their difference, and
-the difference's mean and spread (sample std, min, max) over the seeds.
+Runs the real command line — embedded gateway + engine, built-in agent rollouts, the
+asynchronous trainer loop, weight sync through POST /admin/weights — with no other flags than
+`--steps`, `--seed` and `--out` (the demo runs on its defaults), then reads each run's
+OUT/metrics.jsonl and prints, side by side, per seed: the mean reward and solved rate of the
+first and the last `--window` steps, the held-out evaluation's solved rate (on tasks never
+trained on) before the first step and after the last, and over the evaluations in the first
+and last windows; then the margins' mean and spread over the seeds, and the solved rate of the
+groups trained on in each window on the same tasks (the task mix of a window is noise: a third
+of arith's problems, the word family, are never solved by the bundled model) and per family.
 
     .venv/bin/python bench/bench_train_arith.py [--seeds 0 1 2] [--steps 30] [--window 10]
-        [--tasks 40] [-- more envhub train options]
+        [--jobs J] [--load N] [-- more envhub train options]
     .venv/bin/python bench/bench_train_arith.py --runs DIR   # summarise runs already made
 
-Each seed's run lands in DIR/seed-S (default: a fresh folder under runs/).
+`--load N` runs N busy processes (one core each) beside the runs, `--jobs J` runs J seeds at
+once (each loads the others): "the same with another job loading the machine". The load
+average seen during the runs is printed. Each seed's run lands in DIR/seed-S (default: a
+fresh folder under runs/).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+BURN = "import itertools\nfor i in itertools.count():\n    (i * i) % 7\n"
 
 
-def read_metrics(folder: Path) -> list[dict]:
-    """The step rows (held-out evaluation rows, `"phase": "eval"`, are left out)."""
+def read_rows(folder: Path) -> tuple[list[dict], list[dict]]:
+    """The step rows and the held-out evaluation rows (`"phase": "eval"`) of a run."""
     path = folder / "metrics.jsonl"
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r for r in rows if r.get("phase", "train") == "train"]
+    return ([r for r in rows if r.get("phase", "train") == "train"],
+            [r for r in rows if r.get("phase") == "eval"])
 
 
 def mean_of(rows: list[dict], key: str) -> float:
     return statistics.fmean(r[key] for r in rows)
 
 
-def solved_by_family(folder: Path, steps: int, window: int) -> dict[str, tuple[float, float]]:
-    """Per arith family: solved rate of the rollouts of the first and last `window` steps,
-    read from the run's pool (groups in start order, `rows` groups per step)."""
-    from envhub.envs.loader import load_env
+def solved_by_task(folder: Path, rows: list[dict], window: int
+                   ) -> dict[str, dict[str, list[int]]]:
+    """Per task: [rollouts, solved] among the groups trained on in the first and in the last
+    `window` steps (each step row names its groups), read from the run's pool."""
     from envhub.trainer.source import StoreSource
 
-    tasks = {t.id: t.data.get("family", "") for t in load_env("arith").env.load_tasks()}
+    ends = {"first": rows[:window], "last": rows[-window:]}
+    tally: dict[str, dict[str, list[int]]] = {}
     with StoreSource(f"sqlite:///{folder / 'pool.db'}") as pool:
-        groups = pool.list_groups()
-        per_step = len(groups) // steps
-        ends = {"first": groups[:window * per_step], "last": groups[-window * per_step:]}
-        tally: dict[str, dict[str, list[int]]] = {}
+        by_id = {g.group_id: g for g in pool.list_groups()}
         for end, chosen in ends.items():
-            for g in chosen:
-                for t in pool.fetch([s.id for s in g.sessions]):
-                    family = tasks.get(t.session.task_id or "", "")
+            for gid in (g for r in chosen for g in r.get("groups", [])):
+                for t in pool.fetch([s.id for s in by_id[gid].sessions]):
                     solved = any(r.kind == "outcome" and r.value >= 1.0 for r in t.rewards)
-                    n = tally.setdefault(family, {}).setdefault(end, [0, 0])
+                    n = tally.setdefault(t.session.task_id or "", {}).setdefault(end, [0, 0])
                     n[0] += 1
                     n[1] += solved
+    return tally
+
+
+def by_family(tally: dict[str, dict[str, list[int]]]) -> dict[str, tuple[float, float]]:
+    """Solved rate per arith problem family, first window -> last."""
+    from envhub.envs.loader import load_env
+
+    family = {t.id: t.data.get("family", "") for t in load_env("arith").env.load_tasks()}
+    sums: dict[str, dict[str, list[int]]] = {}
+    for task, ends in tally.items():
+        for end, (n, solved) in ends.items():
+            acc = sums.setdefault(family.get(task, ""), {}).setdefault(end, [0, 0])
+            acc[0] += n
+            acc[1] += solved
     return {f: (v["first"][1] / v["first"][0], v["last"][1] / v["last"][0])
-            for f, v in sorted(tally.items())}
+            for f, v in sorted(sums.items()) if "first" in v and "last" in v}
 
 
-def summarise(runs: dict[int, list[dict]], window: int,
+def paired(tally: dict[str, dict[str, list[int]]]) -> tuple[int, float, float]:
+    """Over the tasks trained on in both windows: how many, and the mean of their solved rates
+    in the first and in the last window (the task mix cancels out)."""
+    both = [v for v in tally.values() if "first" in v and "last" in v]
+    if not both:
+        return 0, float("nan"), float("nan")
+    return (len(both), statistics.fmean(v["first"][1] / v["first"][0] for v in both),
+            statistics.fmean(v["last"][1] / v["last"][0] for v in both))
+
+
+def eval_ends(evals: list[dict], steps: int, window: int) -> tuple[float, float, float, float]:
+    """Held-out eval (solved rate): before the first step, after the last, and the means of
+    the evaluations made within the first `window` steps (before step `window`) and the
+    last."""
+    first = [e["eval/resolved_rate"] for e in evals if e["after_step"] < window]
+    last = [e["eval/resolved_rate"] for e in evals if e["after_step"] >= steps - window - 1]
+    nan = float("nan")
+    return (evals[0]["eval/resolved_rate"], evals[-1]["eval/resolved_rate"],
+            statistics.fmean(first) if first else nan, statistics.fmean(last) if last else nan)
+
+
+def summarise(runs: dict[int, tuple[list[dict], list[dict]]], window: int,
               folders: dict[int, Path] | None = None) -> None:
-    print(f"\n{'seed':>4} {'steps':>5} {'first':>7} {'last':>7} {'margin':>7}   "
-          f"{'solved first':>12} {'solved last':>11}   {'IS masked':>9} {'s/step':>6}")
-    margins = []
-    for seed, rows in sorted(runs.items()):
+    print(f"\n{'seed':>4} {'steps':>5} {'first':>6} {'last':>6} {'margin':>7} "
+          f"{'solved':>13}   {'eval 0':>6} {'eval N':>6} {'eval first':>10} {'eval last':>9}"
+          f" {'margin':>7}   {'IS masked':>9} {'s/step':>6}")
+    margins, eval_margins = [], []
+    for seed, (rows, evals) in sorted(runs.items()):
         if len(rows) < 2 * window:
             print(f"{seed:>4} {len(rows):>5}  (fewer than {2 * window} steps: skipped)")
             continue
@@ -74,26 +119,87 @@ def summarise(runs: dict[int, list[dict]], window: int,
         margin = mean_of(last, "reward_mean") - mean_of(first, "reward_mean")
         margins.append(margin)
         masked = statistics.fmean(r.get("trainer/is/masked_fraction", 0.0) for r in rows)
-        per_step = statistics.fmean(r["rollout_s"] + r["train_s"] for r in rows)
-        print(f"{seed:>4} {len(rows):>5} {mean_of(first, 'reward_mean'):>7.3f} "
-              f"{mean_of(last, 'reward_mean'):>7.3f} {margin:>+7.3f}   "
-              f"{mean_of(first, 'resolved_rate'):>12.3f} {mean_of(last, 'resolved_rate'):>11.3f}"
-              f"   {masked:>9.4f} {per_step:>6.1f}")
-    if margins:
-        spread = statistics.stdev(margins) if len(margins) > 1 else 0.0
-        print(f"\nmargin (mean reward, last {window} steps - first {window}) over "
-              f"{len(margins)} seeds: {statistics.fmean(margins):+.3f} ± {spread:.3f} (sample "
-              f"std), min {min(margins):+.3f}, max {max(margins):+.3f}")
+        per_step = (rows[-1]["wall_s"] - rows[0]["wall_s"]) / (len(rows) - 1)  # wall_s: since start
+        cols = "  (no held-out evaluation)"
+        if evals:
+            e0, en, ef, el = eval_ends(evals, len(rows), window)
+            if el == el and ef == ef:  # both ends evaluated (not NaN)
+                eval_margins.append(el - ef)
+            cols = f"   {e0:>6.3f} {en:>6.3f} {ef:>10.3f} {el:>9.3f} {el - ef:>+7.3f}"
+        print(f"{seed:>4} {len(rows):>5} {mean_of(first, 'reward_mean'):>6.3f} "
+              f"{mean_of(last, 'reward_mean'):>6.3f} {margin:>+7.3f} "
+              f"{mean_of(first, 'resolved_rate'):>6.3f}->{mean_of(last, 'resolved_rate'):.3f}"
+              f"{cols}   {masked:>9.4f} {per_step:>6.1f}")
+    for name, values in (("mean reward", margins), ("held-out eval", eval_margins)):
+        if values:
+            spread = statistics.stdev(values) if len(values) > 1 else 0.0
+            print(f"\nmargin of the {name} (last {window} steps - first {window}) over "
+                  f"{len(values)} seeds: {statistics.fmean(values):+.3f} ± {spread:.3f} "
+                  f"(sample std), min {min(values):+.3f}, max {max(values):+.3f}")
     if folders:
-        print(f"\nsolved rate by problem family, first {window} steps -> last {window}:")
+        print(f"\nsolved rate, first {window} steps -> last {window}: on the same tasks "
+              "(those trained on in both windows, mean of per-task rates), and by family:")
+        gains = []
         for seed, folder in sorted(folders.items()):
-            if len(runs[seed]) >= 2 * window and (folder / "pool.db").is_file():
-                rates = solved_by_family(folder, len(runs[seed]), window)
-                print(f"  seed {seed}: " + ", ".join(f"{f} {a:.2f} -> {b:.2f}"
-                                                    for f, (a, b) in rates.items()))
-    print("\nreward per step (mean of the step's rollouts):")
-    for seed, rows in sorted(runs.items()):
+            rows = runs[seed][0]
+            if len(rows) >= 2 * window and (folder / "pool.db").is_file():
+                tally = solved_by_task(folder, rows, window)
+                n, a, b = paired(tally)
+                if n:
+                    gains.append(b - a)
+                print(f"  seed {seed}: same {n} tasks {a:.3f} -> {b:.3f} ({b - a:+.3f}); "
+                      + ", ".join(f"{f} {x:.2f} -> {y:.2f}"
+                                  for f, (x, y) in by_family(tally).items()))
+        if gains:
+            print(f"  paired gain over {len(gains)} seeds: {statistics.fmean(gains):+.3f}, "
+                  f"min {min(gains):+.3f}, max {max(gains):+.3f}")
+    print("\nreward per step (mean of the step's rollouts), and held-out solved rate "
+          "(after step):")
+    for seed, (rows, evals) in sorted(runs.items()):
         print(f"  seed {seed}: " + " ".join(f"{r['reward_mean']:.2f}" for r in rows))
+        print("  " + " " * len(f"seed {seed}:") + " ".join(
+            f"{e['after_step']}:{e['eval/resolved_rate']:.2f}" for e in evals))
+
+
+class LoadWatch:
+    """`n` busy processes (one core each) for the duration, and the load average seen."""
+
+    def __init__(self, n: int) -> None:
+        self.procs = [subprocess.Popen([sys.executable, "-c", BURN]) for _ in range(n)]
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(10.0):
+            self.samples.append(os.getloadavg()[0])
+
+    def close(self) -> str:
+        self._stop.set()
+        for p in self.procs:
+            p.kill()
+            p.wait()
+        if not self.samples:
+            return "load average: not sampled"
+        return (f"load average (1 min, every 10 s) during the runs: mean "
+                f"{statistics.fmean(self.samples):.1f}, min {min(self.samples):.1f}, max "
+                f"{max(self.samples):.1f}; {len(self.procs)} busy process(es) beside them")
+
+
+def run_seed(seed: int, out: Path, args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
+    folder = out / f"seed-{seed}"
+    started = time.monotonic()
+    cmd = [sys.executable, "-m", "envhub", "train", "arith", "--steps", str(args.steps),
+           "--seed", str(seed), "--out", str(folder), *args.extra]
+    print(f"seed {seed}: {' '.join(cmd[2:])}", flush=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "train.log", "w") as log:
+        subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=True, cwd=ROOT)
+    rows = read_rows(folder)
+    print(f"seed {seed}: {len(rows[0])} steps in {time.monotonic() - started:.0f}s "
+          f"(log: {folder / 'train.log'})", flush=True)
+    return rows
 
 
 def main() -> None:
@@ -101,9 +207,8 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--window", type=int, default=10, help="steps averaged at each end")
-    ap.add_argument("--tasks", type=int, default=40, help="train on the first N arith tasks: "
-                    "with 8 groups a step, every 5 steps pass over all 40 once, so both "
-                    "10-step windows see the same tasks (twice each)")
+    ap.add_argument("--jobs", type=int, default=1, help="seeds run at once")
+    ap.add_argument("--load", type=int, default=0, help="busy processes beside the runs")
     ap.add_argument("--runs", type=Path, help="folder of seed-S runs: summarise, run nothing")
     ap.add_argument("--out", type=Path, help="where the runs go (default runs/bench-train-*)")
     ap.add_argument("extra", nargs="*", help="more `envhub train` options, after --")
@@ -113,24 +218,17 @@ def main() -> None:
                    if (p / "metrics.jsonl").is_file()}
         if not folders:
             ap.error(f"--runs {args.runs}: no seed-*/metrics.jsonl inside")
-        summarise({s: read_metrics(p) for s, p in folders.items()}, args.window, folders)
+        summarise({s: read_rows(p) for s, p in folders.items()}, args.window, folders)
         return
     out = args.out or ROOT / "runs" / time.strftime("bench-train-%Y%m%d-%H%M%S")
-    runs = {}
-    for seed in args.seeds:
-        folder = out / f"seed-{seed}"
-        started = time.monotonic()
-        cmd = [sys.executable, "-m", "envhub", "train", "arith", "--steps", str(args.steps),
-               "--seed", str(seed), "--out", str(folder), "--tasks", str(args.tasks),
-               *args.extra]
-        print(f"seed {seed}: {' '.join(cmd[2:])}", flush=True)
-        folder.mkdir(parents=True, exist_ok=True)
-        with open(folder / "train.log", "w") as log:
-            subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=True, cwd=ROOT)
-        runs[seed] = read_metrics(folder)
-        print(f"seed {seed}: {len(runs[seed])} steps in {time.monotonic() - started:.0f}s "
-              f"(log: {folder / 'train.log'})", flush=True)
-    summarise(runs, args.window, {seed: out / f"seed-{seed}" for seed in runs})
+    watch = LoadWatch(args.load)
+    try:
+        with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+            results = dict(zip(args.seeds, pool.map(lambda s: run_seed(s, out, args),
+                                                     args.seeds), strict=True))
+    finally:
+        print(watch.close())
+    summarise(results, args.window, {seed: out / f"seed-{seed}" for seed in results})
 
 
 if __name__ == "__main__":

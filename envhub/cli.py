@@ -57,7 +57,8 @@ def train_command(
                                "generation order (0: greedy; default: 2 x --groups, greedy "
                                "with --sync)"),
     buffer: int = typer.Option(None, min=1, help="most groups launched but not yet trained on "
-                               "(default: 3 x --groups)"),
+                               "(default: --tau x --sync-every steps' worth, at least "
+                               "--groups)"),
     model: str = typer.Option(None, help="HF model folder (default: the bundled model)"),
     agent: str = typer.Option("tool", help="tool (the built-in agent) or a command line "
                               "(any agent using OPENAI_BASE_URL / OPENAI_API_KEY; it runs inside "
@@ -75,8 +76,12 @@ def train_command(
     reset_optimizer: bool = typer.Option(None, "--reset-optimizer/--no-reset-optimizer",
                                          help="clear AdamW's moments after each weight push "
                                          "(default: on, off with --sync)", show_default=False),
-    eval_every: int = typer.Option(5, min=0, help="held-out evaluation (greedy) every E steps, "
+    eval_every: int = typer.Option(5, min=0, help="held-out evaluation every E steps, "
                                    "before the first and after the last; 0: none"),
+    eval_samples: int = typer.Option(4, min=1, help="samples per held-out task and evaluation, "
+                                     "drawn as in training (eval/resolved_rate: their mean)"),
+    eval_greedy: bool = typer.Option(False, "--eval-greedy", help="evaluate with one greedy "
+                                     "(temperature 0) sample per held-out task instead"),
     eval_tasks: int = typer.Option(8, min=1, help="held-out tasks per environment (its last N, "
                                    "never trained on)"),
     no_std_norm: bool = typer.Option(False, "--no-std-norm", help="GRPO advantages r - mean "
@@ -136,6 +141,7 @@ def train_command(
                               max_turns=max_turns, tasks=tasks, keep_weights=keep_weights,
                               sync_every=sync_every, reset_optimizer=reset_optimizer,
                               eval_every=eval_every, eval_tasks=eval_tasks,
+                              eval_samples=eval_samples, eval_greedy=eval_greedy,
                               std_norm=not no_std_norm,
                               gradient_checkpointing=gradient_checkpointing, chains=chains,
                               precision=precision, lora_rank=lora_rank, lora_alpha=lora_alpha,

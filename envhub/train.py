@@ -56,9 +56,10 @@ class TrainLoopConfig(BaseModel):
     window: int | None = Field(None, ge=0, description="windowed-FIFO size in groups (0: greedy, "
                                "any finished group; None: 2 x groups asynchronous, greedy --sync)")
     buffer: int | None = Field(None, ge=1, description="asynchronous: most groups launched but "
-                               "not yet trained on (None: 3 x groups, one step beyond the "
-                               "default window); bounds how far rollouts run ahead of the "
-                               "trainer")
+                               "not yet trained on (None: tau x sync_every steps' worth of "
+                               "groups, at least one step's, so that a group waiting its turn "
+                               "is not made stale by the wait; 3 x groups without tau); "
+                               "bounds how far rollouts run ahead of the trainer")
     model: str | None = Field(None, description="HF model folder (default: the bundled one)")
     agent: str = Field("tool", description="the agent: tool (built-in) or a command line")
     agent_install: list[str] = Field(default_factory=list, description="how a command agent's "
@@ -75,6 +76,11 @@ class TrainLoopConfig(BaseModel):
                                          "weight sync; off with --sync)")
     eval_every: int = Field(5, ge=0, description="held-out evaluation every E steps (and before "
                             "the first and after the last); 0: none, and no task held out")
+    eval_samples: int = Field(4, ge=1, description="samples of each held-out task per "
+                              "evaluation, drawn as training samples them (the agent's "
+                              "temperature); eval/resolved_rate is their mean")
+    eval_greedy: bool = Field(False, description="evaluate greedily instead: one sample per "
+                              "held-out task at temperature 0 (built-in agent)")
     eval_tasks: int = Field(8, ge=1, description="held-out tasks per environment: its last N, "
                             "never trained on")
     std_norm: bool = Field(True, description="GRPO advantages divided by the group's reward "
@@ -120,7 +126,13 @@ class TrainLoopConfig(BaseModel):
 
     @property
     def buffer_size(self) -> int:
-        return self.buffer or 3 * self.groups
+        if self.buffer is not None:
+            return self.buffer
+        if self.tau is None:
+            return 3 * self.groups
+        # A group launched when the buffer has room is trained once the buffer ahead of it is:
+        # after buffer / groups steps, i.e. buffer / (groups x sync_every) pushes.
+        return max(1, self.tau * self.sync_every) * self.groups
 
     @property
     def resets_optimizer(self) -> bool:

@@ -1,10 +1,13 @@
-"""Held-out evaluation: one greedy (temperature 0) sample of each held-out task with the
-current weights, scored like training rollouts; rows `eval/...` in OUT/metrics.jsonl.
+"""Held-out evaluation: `samples` samples of each held-out task with the current weights, drawn
+as training draws them (the agent's own temperature), scored like training rollouts; rows
+`eval/...` in OUT/metrics.jsonl.
 
-Greedy, one sample per task: the same weights always give the same answers, so a change in
-`eval/resolved_rate` between two evaluations is the weights', not sampling noise. The
-completion-time component needs a group (it is relative to the group), so with one sample it is
-0 and `eval/reward_mean` is outcome + process.
+Sampled by default: RL on a policy that already solves a task greedily mostly sharpens it (its
+sampled success rises towards its greedy one), which a greedy evaluation cannot see; the
+mean over several samples per task (avg@n) measures the policy that training optimises.
+`greedy=True` runs one temperature-0 sample per task instead (the same weights always give the
+same answers). The completion-time component is relative within a task's samples (0 with one
+sample); `eval/resolved_rate` is the plain solved fraction.
 """
 
 from __future__ import annotations
@@ -20,18 +23,22 @@ from envhub.training.tasks import EnvTasks
 
 
 async def evaluate(runner: GroupRunner, envs: list[EnvTasks], version: int,
-                   concurrency: int, agent: Any = None) -> dict[str, Any]:
-    """Run every held-out task once (at most `concurrency` at a time); `eval/` metrics overall
-    and, with several environments, per environment. `agent` defaults to the built-in agent at
-    temperature 0; a command-line agent samples however it asks."""
-    agent = agent or ToolCallingAgent(temperature=0.0)
-    sem = asyncio.Semaphore(concurrency)
+                   concurrency: int, agent: Any = None, samples: int = 1,
+                   greedy: bool = False) -> dict[str, Any]:
+    """Run every held-out task `samples` times (a task's samples together, at most
+    `concurrency` rollouts at a time); `eval/` metrics overall and, with several environments,
+    per environment. `agent` defaults to the built-in agent (at temperature 0 with `greedy`,
+    then one sample per task); a command-line agent samples however it asks."""
+    if agent is None:
+        agent = ToolCallingAgent(temperature=0.0) if greedy else ToolCallingAgent()
+    n = 1 if greedy else samples
+    sem = asyncio.Semaphore(max(1, concurrency // n))
 
     async def one(env: EnvTasks, i: int) -> tuple[str, list[RolloutRecord]]:
         task = env.heldout[i]
         async with sem:
             gid = f"{runner.run_id}:eval:v{version:06d}:{env.name}:{task.id}"
-            return env.name, await runner.run_group(env.ref, task, 1, gid, agent=agent)
+            return env.name, await runner.run_group(env.ref, task, n, gid, agent=agent)
 
     results = await asyncio.gather(*(one(e, i) for e in envs for i in range(len(e.heldout))))
     by_env: dict[str, list[RolloutRecord]] = {}

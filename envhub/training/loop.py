@@ -144,7 +144,8 @@ class Loop:
         t0 = time.perf_counter()
         metrics = self.producer.call(evaluate(self.producer.runner, self.envs,
                                               self.trainer.version, self.cfg.concurrency,
-                                              self.eval_agent))
+                                              self.eval_agent, self.cfg.eval_samples,
+                                              self.cfg.eval_greedy))
         row = {"phase": "eval", "after_step": after_step,
                "weight_version": self.trainer.version, **metrics,
                "eval_s": round(time.perf_counter() - t0, 3)}
@@ -152,7 +153,8 @@ class Loop:
         append_row(self.cfg.out, row)
         self.log(f"eval after step {after_step:>3}  v{self.trainer.version}  reward "
                  f"{row['eval/reward_mean']:+.3f}  resolved {row['eval/resolved_rate']:.2f} "
-                 f"({int(row['eval/rollouts'])} held-out tasks, greedy)")
+                 f"({int(row['eval/rollouts'])} held-out rollouts"
+                 f"{', greedy' if self.cfg.eval_greedy else ''})")
 
 
 def _staleness(groups: list[Group], version: int) -> dict[str, float]:

@@ -145,8 +145,8 @@ def test_task_stream_interleaves_environments_by_weight_and_holds_out_tasks():
 @pytest.mark.slow
 def test_async_train_on_two_environments_by_weight_with_held_out_eval(tmp_path):
     """Asynchronous (the default) on arith and a copy of it (weights 2:1): per-environment
-    metrics, every filter's count in each row, greedy held-out evaluation rows before the first
-    step and after each, on tasks never trained on."""
+    metrics, every filter's count in each row, held-out evaluation rows (2 samples of each
+    held-out task) before the first step and after each, on tasks never trained on."""
     import shutil
 
     from envhub.envs.loader import load_env
@@ -158,7 +158,8 @@ def test_async_train_on_two_environments_by_weight_with_held_out_eval(tmp_path):
     out = tmp_path / "run"
     done = envhub("train", "arith=2", f"{copy}=1", "--steps", "2", "--seed", "1", "--out",
                   str(out), "--groups", "3", "--k", "2", "--tasks", "3", "--max-turns", "2",
-                  "--eval-every", "1", "--eval-tasks", "1", "--concurrency", "6", cwd=tmp_path)
+                  "--eval-every", "1", "--eval-tasks", "1", "--eval-samples", "2",
+                  "--concurrency", "6", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in rows if r["phase"] == "eval"]
@@ -166,7 +167,7 @@ def test_async_train_on_two_environments_by_weight_with_held_out_eval(tmp_path):
     assert [r["after_step"] for r in evals] == [-1, 0, 1]
     assert [r["weight_version"] for r in evals] == [0, 1, 2]
     for r in evals:
-        assert r["eval/rollouts"] == 2 and "eval/arith/resolved_rate" in r
+        assert r["eval/rollouts"] == 4 and "eval/arith/resolved_rate" in r
         assert "eval/arith2/reward_mean" in r
     for r in steps:
         assert len(r["groups"]) == 3
