@@ -49,7 +49,8 @@ def train_command(
     groups: int = typer.Option(8, min=1, help="groups (tasks) per optimizer step"),
     k: int = typer.Option(8, min=2, help="samples per task (group size)"),
     concurrency: int = typer.Option(16, min=1, help="rollouts in flight"),
-    lr: float = typer.Option(1e-3, min=0, help="AdamW learning rate"),
+    lr: float = typer.Option(1e-4, min=0, help="AdamW learning rate (see trainer/README.md: "
+                             "1e-3 breaks the bundled model's tool-call format)"),
     tau: int = typer.Option(2, min=0, help="staleness bound in weight versions"),
     sync: bool = typer.Option(False, "--sync", help="synchronous loop (roll out a step's "
                               "groups, wait, train, push) instead of the asynchronous one"),

@@ -49,7 +49,7 @@ class TrainLoopConfig(BaseModel):
     groups: int = Field(8, ge=1, description="groups (tasks x k samples) per optimizer step")
     k: int = Field(8, ge=2, description="samples per task (group size)")
     concurrency: int = Field(16, ge=1, description="rollouts in flight")
-    lr: float = Field(1e-3, gt=0, description="AdamW learning rate")
+    lr: float = Field(1e-4, gt=0, description="AdamW learning rate")
     tau: int | None = Field(2, ge=0, description="staleness bound (versions)")
     sync: bool = Field(False, description="the synchronous loop: roll out a step's groups, "
                        "wait for all, train, push (for comparison)")
