@@ -81,7 +81,7 @@ class TrainLoopConfig(BaseModel):
                               "temperature); eval/resolved_rate is their mean")
     eval_greedy: bool = Field(False, description="evaluate greedily instead: one sample per "
                               "held-out task at temperature 0 (built-in agent)")
-    eval_tasks: int = Field(8, ge=1, description="held-out tasks per environment: its last N, "
+    eval_tasks: int = Field(16, ge=1, description="held-out tasks per environment: its last N, "
                             "never trained on")
     std_norm: bool = Field(True, description="GRPO advantages divided by the group's reward "
                            "std; off: plain r - mean (GLM-5's formula)")

@@ -63,7 +63,7 @@ def test_train_rejects_bad_input_with_exit_2(tmp_path):
     alpha = envhub("train", "arith", "--lora-alpha", "8", cwd=tmp_path, timeout=120)
     assert alpha.returncode == 2 and "--lora-rank" in alpha.stderr
     for args, says in [(["arith=0"], "weight"), (["arith", "arith=2"], "once"),
-                       (["arith", "--eval-tasks", "64"], "--eval-tasks"),
+                       (["arith", "--eval-tasks", "512"], "--eval-tasks"),
                        (["arith", "--groups", "4", "--buffer", "2"], "buffer"),
                        (["arith", "--agent", "no-such-agent-program"], "no-such-agent")]:
         bad = envhub("train", *args, "--out", str(tmp_path / "a"), cwd=tmp_path, timeout=120)

@@ -18,7 +18,7 @@ def test_builtin_arith_is_listed_and_loads():
     assert available_envs()["arith"] == "builtin"
     loaded = load_env("arith")
     tasks = loaded.env.load_tasks()
-    assert loaded.name == "arith" and len(tasks) == 64
+    assert loaded.name == "arith" and len(tasks) == 512
     assert loaded.manifest.sandbox.kind == "none"
 
 

@@ -51,7 +51,7 @@ class ArithEnv:
         self.folder = folder
         self.manifest = manifest
         self.seed = int(manifest.metadata.get("seed", 0))
-        self.count = int(manifest.metadata.get("count", 64))
+        self.count = int(manifest.metadata.get("count", 512))
         self.families = list(manifest.metadata.get("families", FAMILIES))
         unknown = [f for f in self.families if f not in FAMILIES]
         if unknown:
