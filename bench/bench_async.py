@@ -8,9 +8,12 @@ side by side with their ratio:
     trainer idle        fraction of the loop's wall clock the trainer spent waiting for groups
     reward / minute     sum of the trained rollouts' rewards per minute of the loop
     s / step            wall clock per optimizer step
-Part 2 (to come, another helper): the group-aware scheduling simulation.
+Part 2, the group-aware scheduling simulation (bench/bench_async_sim.py, run with its
+defaults): FIFO vs Seer (the product's own policies) vs an oracle that knows the lengths, tail
+latency and makespan, and the tail ratio by samples per worker.
 
     .venv/bin/python bench/bench_async.py [--steps 4] [--groups 4] [--k 4] [--max-turns 4]
+        [--part 1|2]
 
 Print the machine's load with the figures: on a shared machine both loops slow down, and the
 asynchronous one overlaps rollouts with training, so its gain depends on the load.
@@ -82,8 +85,18 @@ def part1(args: argparse.Namespace) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Part 2: group-aware scheduling simulation (not here yet)
+# Part 2: group-aware scheduling simulation
 # ---------------------------------------------------------------------------------------------
+
+
+def part2() -> None:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import bench_async_sim
+
+    print("\n--- part 2: group-aware scheduling (simulation) ---")
+    bench_async_sim.main([])
 
 
 def main(argv: Any = None) -> None:
@@ -95,7 +108,12 @@ def main(argv: Any = None) -> None:
     ap.add_argument("--tasks", type=int, default=16)
     ap.add_argument("--max-turns", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
-    part1(ap.parse_args(argv))
+    ap.add_argument("--part", type=int, choices=(1, 2), help="only this part (default: both)")
+    args = ap.parse_args(argv)
+    if args.part in (None, 1):
+        part1(args)
+    if args.part in (None, 2):
+        part2()
 
 
 if __name__ == "__main__":
