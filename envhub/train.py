@@ -7,6 +7,10 @@
         -> Trainer.step (filters, GRPO + reward-to-go, IS-masked loss, prefix-tree packing)
         -> weights exported and pushed through POST /admin/weights every K steps (version+1)
 
+Rollouts run where `--executor` puts them (in this process, or Ray tasks on the cluster at
+RAY_ADDRESS), started in the order of `--schedule` (fifo, or Seer's probes first then
+longest-first): envhub/training/producer.py.
+
 Asynchronous by default: N rollouts stay in flight while the trainer trains; the trainer takes
 `groups` finished groups per step from the window (the oldest unconsumed group is its head; it
 moves only when that group is consumed), drops samples more than `tau` versions old, pushes
@@ -240,7 +244,8 @@ def _lead(cfg: TrainLoopConfig, trainer: Any, gw_config: Any, admin: str, envs: 
     producer = Producer(task_stream(envs, cfg.seed), k=cfg.k, concurrency=cfg.concurrency,
                         buffer=cfg.buffer_size, run_id=new_run_id(), schedule=cfg.schedule,
                         executor=make_executor(cfg.executor))
-    gw = http = None
+    gw: Any = None
+    http: HttpSource | None = None
     try:
         # Before anything is written: a cluster that cannot be reached leaves no OUT behind.
         host = producer.start_executor(refs)

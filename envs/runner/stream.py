@@ -114,7 +114,8 @@ class GroupRunner:
                    agent_install: list[str] | None = None, agent_on_host: bool = False,
                    executor: RolloutExecutor | None = None) -> GroupRunner:
         """Load `refs` (environment names, paths or registry refs) and connect to `gateway`.
-        Raises the loader's errors (with their fix) for a bad environment. `agent_install`/`agent_on_host` are the agent's (make_agent's), for an executor that
+        Raises the loader's errors (with their fix) for a bad environment.
+        `agent_install`/`agent_on_host` are the agent's (make_agent's), for an executor that
         rebuilds it on another machine."""
         from envhub.envs.runner.run import _sweep_stale_scratch
 

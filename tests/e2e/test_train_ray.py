@@ -41,6 +41,7 @@ def test_train_runs_its_rollouts_as_ray_tasks(head, tmp_path: Path) -> None:
     out = tmp_path / "run"
     done = envhub("train", "arith", "--executor", "ray", "--steps", "2", "--groups", "2",
                   "--k", "2", "--tasks", "2", "--max-turns", "2", "--eval-every", "0",
+                  "--concurrency", "2", "--buffer", "2",
                   "--seed", "3", "--out", str(out), cwd=tmp_path, env=head.env)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]

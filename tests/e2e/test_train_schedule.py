@@ -43,7 +43,9 @@ def start_order(tmp_path: Path, schedule: str) -> tuple[list[tuple[int, int]], l
 @pytest.mark.parametrize("schedule", ["fifo", "seer"])
 def test_start_order_follows_the_schedule(tmp_path: Path, schedule: str) -> None:
     order, rows = start_order(tmp_path, schedule)
-    assert [r["step"] for r in rows if r["phase"] == "train"] == [0]
+    steps = [r for r in rows if r["phase"] == "train"]
+    assert [r["step"] for r in steps] == [0]
+    assert 0 <= steps[0]["in_flight"] <= 1 and steps[0]["queued"] >= 0  # --concurrency 1
     assert len(order) == len(set(order)), order  # every sample started once
     if schedule == "fifo":  # one group at a time, its samples in index order
         assert order[:6] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)], order
