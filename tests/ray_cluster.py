@@ -1,8 +1,8 @@
 """A real Ray cluster of two nodes on loopback, for tests (or the head alone: `start(nodes=1)`):
-`ray start --head` plus a second `ray start --address`, each with its own custom resource and temp folder, each under `--block`
-in its own process session so that one node can be killed alone (SIGKILL to its process group:
-raylet and workers together) and everything is torn down by process id, never by `ray stop`
-(which would stop every Ray on the machine)."""
+`ray start --head` plus a second `ray start --address`, each with its own custom resource and
+temp folder, each under `--block` in its own process session so that one node can be killed
+alone (SIGKILL to its process group: raylet and workers together) and everything is torn down
+by process id, never by `ray stop` (which would stop every Ray on the machine)."""
 
 from __future__ import annotations
 
