@@ -91,13 +91,21 @@ def simulate(policy: SchedulePolicy, lengths: dict[tuple[str, int], float], grou
         group_end[group] = max(now, group_end.get(group, 0.0))
         policy.finished(group, index, Observation(seconds=lengths[group, index]))
         fill()
-    ends.sort()
+    figs = figures(ends, group_end)
+    return {**figs, "idle": 1 - busy / (workers * figs["makespan"])}
+
+
+def figures(ends: list[float], group_end: dict[str, float]) -> dict[str, float]:
+    """Makespan, tail and group completion percentiles from every sample's end time and every
+    group's (its last sample's), all measured from the batch's start (bench_schedule_real.py
+    computes the same from a real run's pool)."""
+    ends = sorted(ends)
     makespan = ends[-1]
     done_90 = ends[max(0, int(0.9 * len(ends)) - 1)]
     per_group = sorted(group_end.values())
     return {"makespan": makespan, "tail": makespan - done_90,
             "group p50": _pct(per_group, 50), "group p90": _pct(per_group, 90),
-            "group p99": _pct(per_group, 99), "idle": 1 - busy / (workers * makespan)}
+            "group p99": _pct(per_group, 99)}
 
 
 def _pct(sorted_values: list[float], p: float) -> float:

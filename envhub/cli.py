@@ -100,6 +100,13 @@ def train_command(
     lora_alpha: int = typer.Option(None, min=1, help="LoRA alpha (default: 2 x rank)"),
     lora_targets: str = typer.Option(None, help="comma-separated module names to adapt "
                                      "(default: every linear layer but the LM head)"),
+    executor: str = typer.Option("inprocess", help="where rollouts run: inprocess | ray (each "
+                                 "rollout a Ray task on the cluster at RAY_ADDRESS, else a "
+                                 "local Ray; needs envhub[ray]); held-out evaluation runs here"),
+    schedule: str = typer.Option("fifo", help="which rollout starts next: fifo (a group's "
+                                 "samples together, when all fit) | seer (groups queued up to "
+                                 "--buffer; one probe sample per group first, then the rest "
+                                 "longest-first by what the probes took)"),
     nproc_per_node: int = typer.Option(1, min=1, help="trainer ranks on this machine: re-runs "
                                        "this command under torchrun (FSDP2; rank 0 runs the "
                                        "gateway and rollouts). Under your own torchrun, leave "
@@ -146,18 +153,22 @@ def train_command(
                               std_norm=not no_std_norm,
                               gradient_checkpointing=gradient_checkpointing, chains=chains,
                               precision=precision, lora_rank=lora_rank, lora_alpha=lora_alpha,
-                              lora_targets=targets)
+                              lora_targets=targets, executor=executor, schedule=schedule)
     except ValidationError as e:
         err = e.errors()[0]
         where = ".".join(str(p) for p in err["loc"])
         _fail(f"{'--' + where.replace('_', '-') + ': ' if where else ''}{err['msg']}")
     try:
         from envhub.envs.agents import make_agent
+        from envhub.envs.runner.executor import make_executor
+        from envhub.envs.runner.scheduling import make_policy
 
         make_agent(agent, agent_install or [], agent_on_host)
+        make_executor(executor)  # only loads it: reaching its machines is train's first act
+        make_policy(schedule)
         load_training_envs(cfg)
-    except Exception as e:  # unknown env or agent, bad manifest, bad split: the fix is in it
-        _fail(str(e))
+    except Exception as e:  # unknown env, agent or executor, bad manifest, bad split: the fix
+        _fail(str(e))  # is in it
     if nproc_per_node > 1 and "WORLD_SIZE" not in os.environ:
         from envhub.train import torchrun_argv
 
@@ -166,7 +177,9 @@ def train_command(
         raise typer.Exit(code)
     try:
         train(cfg, log=typer.echo)
-    except TrainerError as e:  # e.g. LoRA targets the model does not have
+    # e.g. LoRA targets the model does not have; no Ray to reach, or none of its nodes can run
+    # a rollout (before anything is written)
+    except (TrainerError, RunConfigError) as e:
         _fail(str(e))
 
 

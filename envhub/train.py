@@ -7,6 +7,10 @@
         -> Trainer.step (filters, GRPO + reward-to-go, IS-masked loss, prefix-tree packing)
         -> weights exported and pushed through POST /admin/weights every K steps (version+1)
 
+Rollouts run where `--executor` puts them (in this process, or Ray tasks on the cluster at
+RAY_ADDRESS), started in the order of `--schedule` (fifo, or Seer's probes first then
+longest-first): envhub/training/producer.py.
+
 Asynchronous by default: N rollouts stay in flight while the trainer trains; the trainer takes
 `groups` finished groups per step from the window (the oldest unconsumed group is its head; it
 moves only when that group is consumed), drops samples more than `tau` versions old, pushes
@@ -36,7 +40,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from envhub.envs.runner.config import EnvChoice
+from envhub.envs.runner.config import EnvChoice, check_schedule
 
 
 class TrainLoopConfig(BaseModel):
@@ -99,12 +103,25 @@ class TrainLoopConfig(BaseModel):
                                            "are other chains)")
     keep_weights: int = Field(2, ge=1, description="weight versions kept in OUT/weights (the "
                               "newest; older ones are deleted once a newer one is served)")
+    executor: str = Field("inprocess", description="where rollouts run: inprocess | ray (each "
+                          "rollout a Ray task on the cluster at RAY_ADDRESS) | "
+                          "package.module:Class (envs/runner/executor.py); held-out evaluation "
+                          "runs in this process")
+    schedule: str = Field("fifo", description="which rollout starts next: fifo (a group's "
+                          "samples start together, when all fit) | seer (groups launched while "
+                          "the buffer has room; one probe per group first, then the rest "
+                          "longest-first) | package.module:Class (envs/runner/scheduling.py)")
 
     @field_validator("envs", mode="before")
     @classmethod
     def _envs(cls, v: Any) -> Any:
         items = [v] if isinstance(v, str) else v
         return [EnvChoice.parse(x) if isinstance(x, str) else x for x in items]
+
+    @field_validator("schedule")
+    @classmethod
+    def _schedule(cls, v: str) -> str:
+        return check_schedule(v)
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainLoopConfig:
@@ -193,9 +210,6 @@ def train(cfg: TrainLoopConfig, log: Callable[[str], Any] = print,
     random.seed(cfg.seed)
     agent = make_agent(cfg.agent, cfg.agent_install, cfg.agent_on_host)
     envs = load_training_envs(cfg)
-    if rank0:
-        cfg.out.mkdir(parents=True, exist_ok=True)
-        (cfg.out / "metrics.jsonl").write_text("")
     admin = "envhub-admin-" + secrets.token_urlsafe(16)
     gw_config = GatewayConfig(port=0, db=f"sqlite:///{cfg.out / 'pool.db'}", admin_key=admin,
                               model=cfg.model)
@@ -228,6 +242,7 @@ def _lead(cfg: TrainLoopConfig, trainer: Any, gw_config: Any, admin: str, envs: 
           agent: Any, log: Callable[[str], Any],
           on_wait: Callable[[Any], None] | None) -> list[dict[str, Any]]:
     """Rank 0 (or the only process): the gateway, the rollouts and the loop."""
+    from envhub.envs.runner.executor import make_executor
     from envhub.envs.runner.run import new_run_id
     from envhub.gateway.server import run_in_thread
     from envhub.trainer.source import HttpSource
@@ -237,13 +252,22 @@ def _lead(cfg: TrainLoopConfig, trainer: Any, gw_config: Any, admin: str, envs: 
     from envhub.training.source import LaunchOrderSource
     from envhub.training.tasks import task_stream
 
-    gw = run_in_thread(gw_config)
-    http = HttpSource(gw.url, admin)
+    refs = [e.ref for e in envs]
     producer = Producer(task_stream(envs, cfg.seed), k=cfg.k, concurrency=cfg.concurrency,
-                        buffer=cfg.buffer_size, run_id=new_run_id())
+                        buffer=cfg.buffer_size, run_id=new_run_id(), schedule=cfg.schedule,
+                        executor=make_executor(cfg.executor))
+    gw: Any = None
+    http: HttpSource | None = None
     try:
-        producer.open(refs=[e.ref for e in envs], gateway=gw.url, admin_key=admin, agent=agent,
-                      out=cfg.out, max_turns=cfg.max_turns)
+        # Before anything is written: a cluster that cannot be reached leaves no OUT behind.
+        host = producer.start_executor(refs)
+        cfg.out.mkdir(parents=True, exist_ok=True)
+        (cfg.out / "metrics.jsonl").write_text("")
+        gw = run_in_thread(gw_config.model_copy(update={"host": host}))
+        http = HttpSource(gw.url, admin)
+        producer.open(refs=refs, gateway=gw.url, admin_key=admin, agent=agent, out=cfg.out,
+                      max_turns=cfg.max_turns, agent_install=cfg.agent_install,
+                      agent_on_host=cfg.agent_on_host)
         source = LaunchOrderSource(http, producer)
         window = GroupWindow(source, cfg.window_size)
         loop = Loop(cfg, trainer, producer, source, window, envs,
@@ -251,9 +275,11 @@ def _lead(cfg: TrainLoopConfig, trainer: Any, gw_config: Any, admin: str, envs: 
                     on_wait=on_wait, eval_agent=None if cfg.agent == "tool" else agent)
         return loop.run()
     finally:
-        producer.stop()
-        http.close()
-        gw.close()
+        producer.stop()  # rollouts first: they talk to the gateway
+        if http is not None:
+            http.close()
+        if gw is not None:
+            gw.close()
 
 
 def torchrun_argv(nproc: int, argv: list[str]) -> list[str]:

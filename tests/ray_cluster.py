@@ -1,8 +1,8 @@
-"""A real Ray cluster of two nodes on loopback, for tests: `ray start --head` plus a second
-`ray start --address`, each with its own custom resource and temp folder, each under `--block`
-in its own process session so that one node can be killed alone (SIGKILL to its process group:
-raylet and workers together) and everything is torn down by process id, never by `ray stop`
-(which would stop every Ray on the machine)."""
+"""A real Ray cluster of two nodes on loopback, for tests (or the head alone: `start(nodes=1)`):
+`ray start --head` plus a second `ray start --address`, each with its own custom resource and
+temp folder, each under `--block` in its own process session so that one node can be killed
+alone (SIGKILL to its process group: raylet and workers together) and everything is torn down
+by process id, never by `ray stop` (which would stop every Ray on the machine)."""
 
 from __future__ import annotations
 
@@ -36,13 +36,14 @@ class TwoNodeCluster:
         self.env = {**os.environ, "RAY_ADDRESS": self.address,
                     "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
 
-    def start(self) -> TwoNodeCluster:
+    def start(self, nodes: int = 2) -> TwoNodeCluster:
         self._start("node_a", ["--head", "--port", str(self.port),
                                "--include-dashboard=false",
                                "--system-config", json.dumps(SYSTEM_CONFIG)])
         self._wait_nodes(1)
-        self._start("node_b", ["--address", self.address])
-        self._wait_nodes(2)
+        if nodes > 1:
+            self._start("node_b", ["--address", self.address])
+            self._wait_nodes(2)
         return self
 
     def _start(self, name: str, args: list[str]) -> None:

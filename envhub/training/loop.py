@@ -129,6 +129,7 @@ class Loop:
                                "push_s": round(t3 - t2, 3),
                                "wall_s": round(t3 - self._started, 3),
                                "in_flight": self.producer.in_flight,
+                               "queued": self.producer.queued,
                                "groups_launched": len(self.producer.order)}
         self.rows.append(row)
         append_row(self.cfg.out, row)

@@ -1,12 +1,21 @@
 """Rollouts beside the trainer: an asyncio loop in its own thread that keeps groups running.
 
-Asynchronous mode (`start()`): whenever the rollouts in flight leave room for a whole group
-(at most `concurrency` rollouts; a group's k samples start together, so they run under the same
-load and the completion-time reward stays relative within the group) and fewer than `buffer`
-groups are launched but not yet taken by the trainer, the next task of the stream starts as a
-new group. Rollouts never wait for the trainer otherwise: a weight push lands while they run
-and their later turns carry the new version (the engine stamps each turn).
-Synchronous mode (`run_groups`): the caller hands one step's groups and waits for all of them.
+At most `concurrency` rollouts run at once, started by a Dispatcher in its scheduling policy's
+order (envs/runner/dispatch.py, scheduling.py), each where the executor places it (in this
+process, or a Ray task: envs/runner/executor.py).
+
+Asynchronous mode (`start()`): new groups (the next tasks of the stream) are launched while
+fewer than `buffer` groups are launched but not yet taken by the trainer, and
+- with `fifo` (the default), only when the rollouts launched leave room for the whole group: a
+  group's k samples start together, so they run under the same load and the completion-time
+  reward stays relative within the group;
+- with a reordering policy (`seer`), as soon as the buffer has room: the launched groups' samples
+  wait in the Dispatcher, and the policy chooses which start (Seer: each group's probe first,
+  then the rest longest-first), so it has the whole buffer to choose from.
+Rollouts never wait for the trainer otherwise: a weight push lands while they run and their
+later turns carry the new version (the engine stamps each turn).
+Synchronous mode (`run_groups`): the caller hands one step's groups and waits for all of them
+(their samples queue in the Dispatcher, as a batch does in a synchronous RL system).
 
 Generation order is launch order (`order`): the trainer's window runs over it. A group is
 `done` once every sample is scored and its session closed.
@@ -20,8 +29,11 @@ from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
 from envhub.envs.environment import Task
+from envhub.envs.runner.dispatch import Dispatcher
+from envhub.envs.runner.executor import InProcessExecutor, RolloutExecutor
 from envhub.envs.runner.results import RolloutRecord
-from envhub.envs.runner.stream import GroupRunner
+from envhub.envs.runner.scheduling import make_policy
+from envhub.envs.runner.stream import GroupRunner, load_envs
 from envhub.training.tasks import EnvTasks
 
 T = TypeVar("T")
@@ -34,13 +46,17 @@ class ProducerFailed(RuntimeError):
 
 class Producer:
     def __init__(self, stream: Iterator[tuple[EnvTasks, Task]], *, k: int, concurrency: int,
-                 buffer: int, run_id: str) -> None:
+                 buffer: int, run_id: str, schedule: str = "fifo",
+                 executor: RolloutExecutor | None = None) -> None:
         self.stream = stream
         self.k, self.concurrency, self.buffer, self.run_id = k, concurrency, buffer, run_id
+        self.executor: RolloutExecutor = executor or InProcessExecutor()
+        self.slots = Dispatcher(make_policy(schedule), concurrency)
+        self._whole_groups = schedule == "fifo"  # launch a group only when all of it can start
         self.order: list[str] = []  # group ids, launch order
         self.env_of: dict[str, str] = {}  # group id -> environment name
         self.done: dict[str, list[RolloutRecord]] = {}
-        self.in_flight = 0  # rollouts running now
+        self.launched = 0  # samples of the groups launched and not yet done (queued or running)
         self.completed = 0  # groups done so far (the trainer waits for this to change)
         self._outstanding = 0  # launched, not yet taken by the trainer
         self._changed = threading.Condition()
@@ -54,13 +70,43 @@ class Producer:
         self._stopping = False
         self._tasks: set[asyncio.Task[None]] = set()
         self.runner: GroupRunner | None = None
-        self._sem: asyncio.Semaphore | None = None  # rollouts in flight, made on the loop
+        self._executor_started = False
 
     # -- called from the trainer's thread ---------------------------------------------------
 
+    @property
+    def in_flight(self) -> int:
+        """Rollouts running now."""
+        return self.slots.running
+
+    @property
+    def queued(self) -> int:
+        """Rollouts launched and waiting for a slot."""
+        return self.slots.waiting
+
+    def start_executor(self, refs: list[str]) -> str:
+        """Connect the executor to its machines (on the rollout loop) and check that they can
+        run the rollouts of environments `refs`; returns the address the gateway must listen
+        on for its rollouts to reach it. Raises RunConfigError (with the fix) when the
+        machines cannot be reached or can never place a rollout, as `envhub run` does."""
+
+        async def begin() -> None:
+            await self.executor.start()
+            if self.executor.name == InProcessExecutor.name:  # places any rollout: no check
+                return
+            envs, kinds = await asyncio.to_thread(load_envs, refs)
+            for ref, loaded in envs.items():
+                await self.executor.check(loaded, kinds[ref])
+
+        self._executor_started = True  # closed by stop() even when starting failed half-way
+        self.call(begin())
+        return self.executor.gateway_host()
+
     def open(self, **options: Any) -> GroupRunner:
-        """Open the group runner on the rollout loop (`GroupRunner.open` options)."""
-        self.runner = self.call(GroupRunner.open(run_id=self.run_id, **options))
+        """Open the group runner on the rollout loop (`GroupRunner.open` options), its rollouts
+        placed by the executor."""
+        self.runner = self.call(GroupRunner.open(run_id=self.run_id, executor=self.executor,
+                                                 **options))
         return self.runner
 
     def call(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -133,6 +179,8 @@ class Producer:
                 await asyncio.wait(rest, timeout=SHUTDOWN_S)
             if self.runner is not None:
                 await self.runner.aclose()
+            if self._executor_started:
+                await self.executor.close()
 
         try:
             self.call(shutdown())
@@ -149,9 +197,11 @@ class Producer:
             self._wake.set()
 
     def _room(self) -> bool:
+        if self._outstanding >= self.buffer:
+            return False
         # A group whose k exceeds the concurrency still starts, alone.
-        fits = self.in_flight == 0 or self.in_flight + self.k <= self.concurrency
-        return fits and self._outstanding < self.buffer
+        return (not self._whole_groups or self.launched == 0
+                or self.launched + self.k <= self.concurrency)
 
     async def _produce(self) -> None:
         self._wake = asyncio.Event()
@@ -170,7 +220,7 @@ class Producer:
             self.order.append(gid)
             self.env_of[gid] = env.name
             self._outstanding += 1
-            self.in_flight += self.k
+            self.launched += self.k
         t = asyncio.get_running_loop().create_task(self._group(env, task, gid))
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
@@ -179,16 +229,14 @@ class Producer:
     async def _group(self, env: EnvTasks, task: Task, gid: str) -> None:
         assert self.runner is not None, "open() the runner first"
         try:
-            if self._sem is None:
-                self._sem = asyncio.Semaphore(self.concurrency)
-            records = await self.runner.run_group(env.ref, task, self.k, gid, sem=self._sem)
+            records = await self.runner.run_group(env.ref, task, self.k, gid, slots=self.slots)
         except asyncio.CancelledError:
             raise
         except BaseException as e:  # a broken runner: the trainer must hear of it, not hang
             self._fail(e)
             raise
         finally:
-            self.in_flight -= self.k
+            self.launched -= self.k
             self._poke()
         with self._changed:
             self.done[gid] = records

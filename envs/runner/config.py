@@ -12,6 +12,16 @@ from envhub.envs.errors import RunConfigError
 WEIGHTED_RE = re.compile(r"^(?P<ref>.+?)=(?P<weight>\d+(?:\.\d+)?)$")
 
 
+def check_schedule(name: str) -> str:
+    """A scheduling policy's name (envs/runner/scheduling.py) or dotted path; ValueError naming
+    the choices otherwise (`envhub run` and `envhub train --schedule`)."""
+    from envhub.envs.runner.scheduling import POLICIES
+
+    if name not in POLICIES and ":" not in name:
+        raise ValueError(f"use one of {', '.join(POLICIES)} or package.module:Class")
+    return name
+
+
 class EnvChoice(BaseModel):
     """One environment of a run and its sampling weight (`arith=3 swe-task=1`)."""
 
@@ -68,11 +78,7 @@ class RunConfig(BaseModel):
     @field_validator("schedule")
     @classmethod
     def _schedule(cls, v: str) -> str:
-        from envhub.envs.runner.scheduling import POLICIES
-
-        if v not in POLICIES and ":" not in v:
-            raise ValueError(f"use one of {', '.join(POLICIES)} or package.module:Class")
-        return v
+        return check_schedule(v)
 
     @field_validator("gateway")
     @classmethod

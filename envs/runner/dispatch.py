@@ -22,11 +22,21 @@ from envhub.envs.runner.scheduling import Observation, SchedulePolicy
 
 class Dispatcher:
     def __init__(self, policy: SchedulePolicy, concurrency: int) -> None:
-        self.policy, self.free = policy, concurrency
+        self.policy, self.free, self.concurrency = policy, concurrency, concurrency
         self._waiting: dict[tuple[str, int], asyncio.Future[None]] = {}
         self._granted: set[tuple[str, int]] = set()  # chosen before their slot() was entered
         self._abandoned: set[tuple[str, int]] = set()  # cancelled while waiting
         self._pending_grant = False
+
+    @property
+    def running(self) -> int:
+        """Slots granted now (rollouts running, or about to)."""
+        return self.concurrency - self.free
+
+    @property
+    def waiting(self) -> int:
+        """Rollouts waiting for a slot."""
+        return len(self._waiting)
 
     def add_group(self, group: str, k: int) -> None:
         self.policy.add_group(group, k)

@@ -111,6 +111,8 @@ class RayExecutor:
         except ImportError:
             raise RunConfigError("--executor ray needs Ray: pip install 'envhub[ray]'") from None
         if not ray.is_initialized():
+            if self._address:  # ray.init waits for minutes on an address where nothing listens
+                await asyncio.to_thread(_reachable, self._address)
             try:
                 # In this thread (Ray installs signal handlers only from the main thread);
                 # nothing runs yet that a short block could delay.
@@ -271,6 +273,25 @@ def _node_ref(loaded: LoadedEnv) -> str:
     node's working directory is not ours), anything else as given."""
     path = Path(loaded.ref).expanduser()
     return str(path.resolve()) if path.exists() else loaded.ref
+
+
+def _reachable(address: str, timeout_s: float = 10.0) -> None:
+    """RunConfigError (with the fix) unless something accepts connections at RAY_ADDRESS
+    (host:port of the head, or ray://host:port of a Ray client server; `auto` and `local` have
+    no port and are Ray's to resolve)."""
+    import socket
+
+    try:
+        parsed = urlparse(address if "://" in address else f"ray://{address}")
+        if parsed.port is None:
+            return
+        with socket.create_connection((parsed.hostname or "127.0.0.1", parsed.port),
+                                      timeout=timeout_s):
+            return
+    except (OSError, ValueError) as e:
+        raise RunConfigError(
+            f"--executor ray: cannot connect to RAY_ADDRESS={address}: {e}; start a cluster "
+            "with `ray start --head` and set RAY_ADDRESS to its address (host:port)") from e
 
 
 def _is_loopback(host: str) -> bool:

@@ -99,6 +99,7 @@ async def run(config: RunConfig, console: Any = None, progress: bool = True,
     anything starts when the options or packages are bad. `on_start(run_id, results folder)` is
     called once the folder exists, before the first rollout."""
     agent = make_agent(config.agent, config.agent_install, config.agent_on_host)
+    make_policy(config.schedule)  # a dotted path that does not load stops the run here
     # In a thread: loading reads task files and may install a registry package, and a
     # registry install runs its own event loop.
     groups = await asyncio.to_thread(plan_groups, config)

@@ -30,6 +30,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from envhub.envs.errors import RunConfigError
+
 Measure = Literal["tokens", "turns", "seconds"]
 
 POLICIES = {
@@ -84,7 +86,8 @@ class SeerPolicy:
         self.measure: Measure = measure
         self._probes: deque[str] = deque()
         self._rest: dict[str, deque[int]] = {}  # samples not started yet, per group
-        self._order: dict[str, int] = {}  # arrival rank (ties)
+        self._order: dict[str, int] = {}  # arrival rank (ties), of groups not fully started
+        self._added = 0
         self.estimate: dict[str, float] = {}  # longest cost seen in the group so far
 
     def add_group(self, group: str, k: int) -> None:
@@ -92,13 +95,17 @@ class SeerPolicy:
             raise ValueError(f"group {group!r} added twice")
         if k < 1:
             raise ValueError(f"group {group!r}: k must be >= 1, got {k}")
-        self._order[group] = len(self._order)
+        self._order[group] = self._added
+        self._added += 1
         self._probes.append(group)
         self._rest[group] = deque(range(1, k))
 
     def next(self) -> tuple[str, int] | None:
         if self._probes:
-            return self._probes.popleft(), 0
+            group = self._probes.popleft()
+            if not self._rest[group]:  # k = 1: nothing left to order
+                self._forget(group)
+            return group, 0
         waiting = [g for g, rest in self._rest.items() if rest]
         if not waiting:
             return None
@@ -107,10 +114,15 @@ class SeerPolicy:
                                             self._order[g]))
         rest = self._rest[group]
         index = rest.popleft()
-        if not rest:  # all started: its estimate has no more use (a long loop adds groups forever)
-            del self._rest[group]
-            self.estimate.pop(group, None)
+        if not rest:
+            self._forget(group)
         return group, index
+
+    def _forget(self, group: str) -> None:
+        """All its samples started: what was kept for ordering them has no more use (a training
+        loop adds groups forever)."""
+        del self._rest[group], self._order[group]
+        self.estimate.pop(group, None)
 
     def finished(self, group: str, index: int, shown: Observation) -> None:
         if group not in self._rest:
@@ -120,11 +132,16 @@ class SeerPolicy:
 
 
 def make_policy(name: str) -> SchedulePolicy:
-    """A policy from the table's name or a `package.module:Class` path."""
+    """A policy from the table's name or a `package.module:Class` path; RunConfigError (with
+    the choices) when there is none."""
     path = POLICIES.get(name, name)
     module, sep, attr = path.partition(":")
     if not sep:
-        raise ValueError(f"scheduling policy {name!r}: use one of {', '.join(POLICIES)} or "
+        raise RunConfigError(f"scheduling policy {name!r}: use one of {', '.join(POLICIES)} or "
                          "package.module:Class")
-    policy: SchedulePolicy = getattr(importlib.import_module(module), attr)()
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise RunConfigError(f"scheduling policy {name!r}: cannot load {path}: {e}") from e
+    policy: SchedulePolicy = cls()
     return policy

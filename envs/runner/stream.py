@@ -81,35 +81,47 @@ async def rollout_group(keys: list[RolloutKey], group_id: str, loaded: LoadedEnv
         raise
 
 
+def load_envs(refs: list[str], sandbox: str | None = None
+              ) -> tuple[dict[str, LoadedEnv], dict[str, str]]:
+    """Each environment loaded (tools checked against its tasks) and the sandbox kind its
+    rollouts use (`sandbox`, else its manifest's); raises the loader's errors (with the fix)."""
+    from envhub.envs.runner.run import sandbox_kind
+
+    config = RunConfig(envs=[EnvChoice(ref=r) for r in refs], sandbox=sandbox)
+    loaded = {}
+    for ref in refs:
+        le = load_env(ref)
+        check_tools(le, le.env.load_tasks())
+        loaded[ref] = le
+    return loaded, {ref: sandbox_kind(config, le) for ref, le in loaded.items()}
+
+
 class GroupRunner:
-    """Environments loaded once, one gateway link, one scratch folder; `run_group` on demand."""
+    """Environments loaded once, one gateway link, one scratch folder; `run_group` on demand.
+    Rollouts run where `executor` puts them (None: in this process); the caller starts and
+    closes the executor."""
 
     def __init__(self, run_id: str, envs: dict[str, LoadedEnv], setups: dict[str, RolloutSetup],
-                 results: ResultsFolder | None, scratch: Path) -> None:
+                 results: ResultsFolder | None, scratch: Path,
+                 executor: RolloutExecutor | None = None) -> None:
         self.run_id, self.envs, self.setups = run_id, envs, setups
-        self.results, self.scratch = results, scratch
+        self.results, self.scratch, self.executor = results, scratch, executor
 
     @classmethod
     async def open(cls, refs: list[str], *, gateway: str, admin_key: str, agent: Agent,
                    run_id: str, out: Path | None = None, max_turns: int | None = None,
-                   time_limit_s: float | None = None, sandbox: str | None = None
-                   ) -> GroupRunner:
+                   time_limit_s: float | None = None, sandbox: str | None = None,
+                   agent_install: list[str] | None = None, agent_on_host: bool = False,
+                   executor: RolloutExecutor | None = None) -> GroupRunner:
         """Load `refs` (environment names, paths or registry refs) and connect to `gateway`.
-        Raises the loader's errors (with their fix) for a bad environment."""
-        from envhub.envs.runner.run import _sweep_stale_scratch, sandbox_kind
+        Raises the loader's errors (with their fix) for a bad environment.
+        `agent_install`/`agent_on_host` are the agent's (make_agent's), for an executor that
+        rebuilds it on another machine."""
+        from envhub.envs.runner.run import _sweep_stale_scratch
 
         config = RunConfig(envs=[EnvChoice(ref=r) for r in refs], gateway=gateway,
                            admin_key=admin_key, sandbox=sandbox)
-
-        def load() -> tuple[dict[str, LoadedEnv], dict[str, str]]:
-            loaded = {}
-            for ref in refs:
-                le = load_env(ref)
-                check_tools(le, le.env.load_tasks())
-                loaded[ref] = le
-            return loaded, {ref: sandbox_kind(config, le) for ref, le in loaded.items()}
-
-        envs, kinds = await asyncio.to_thread(load)
+        envs, kinds = await asyncio.to_thread(load_envs, refs, sandbox)
         from envhub.envs.runner.run import _prepare_agent
 
         agent_kinds = await _prepare_agent(agent, config, kinds)  # in-sandbox command agents
@@ -126,25 +138,32 @@ class GroupRunner:
         overrides = {k: v for k, v in (("max_turns", max_turns),
                                        ("time_limit_s", time_limit_s)) if v is not None}
         setups = {ref: RolloutSetup(run_id, agent, agent.name, link, kinds[ref], scratch,
-                                    "default", overrides, agent_kinds.get(ref))
+                                    "default", overrides, agent_kinds.get(ref),
+                                    list(agent_install or []), agent_on_host)
                   for ref in refs}
-        return cls(run_id, envs, setups, results, scratch)
+        return cls(run_id, envs, setups, results, scratch, executor)
 
     def tasks(self, ref: str) -> list[Task]:
         return self.envs[ref].env.load_tasks()
 
     async def run_group(self, ref: str, task: Task, k: int, group_id: str,
-                        agent: Agent | None = None, sem: asyncio.Semaphore | None = None
-                        ) -> list[RolloutRecord]:
-        """k samples of `task`, scored together and closed; `agent` overrides the runner's
-        (e.g. a greedy one for evaluation); `sem` bounds rollouts in flight across calls.
-        Records are written to OUT/rollouts when the runner has an `out` folder."""
+                        agent: Agent | None = None, sem: asyncio.Semaphore | None = None,
+                        slots: Dispatcher | None = None) -> list[RolloutRecord]:
+        """k samples of `task`, scored together and closed; `sem` bounds rollouts in flight
+        across calls, or `slots` (a Dispatcher) does and starts them in its policy's order.
+        `agent` overrides the runner's (e.g. a greedy one for evaluation) and runs in this
+        process: an executor rebuilds agents on its machines from their command line, which
+        would lose this object's settings. Records are written to OUT/rollouts when the runner
+        has an `out` folder."""
         loaded, rs = self.envs[ref], self.setups[ref]
+        executor = self.executor
         if agent is not None:
             rs = dataclasses.replace(rs, agent=agent, agent_name=agent.name)
+            executor = None
         # The group id names the file too: the same task runs again in later groups.
         keys = [RolloutKey(loaded.name, task.id, i) for i in range(k)]
-        pendings = await rollout_group(keys, group_id, loaded, task, rs, sem)
+        pendings = await rollout_group(keys, group_id, loaded, task, rs, sem,
+                                       executor=executor, slots=slots)
         try:
             records = await finalize_group(pendings, loaded, rs.agent_name, [])
         except asyncio.CancelledError:

@@ -65,7 +65,10 @@ def test_train_rejects_bad_input_with_exit_2(tmp_path):
     for args, says in [(["arith=0"], "weight"), (["arith", "arith=2"], "once"),
                        (["arith", "--eval-tasks", "512"], "--eval-tasks"),
                        (["arith", "--groups", "4", "--buffer", "2"], "buffer"),
-                       (["arith", "--agent", "no-such-agent-program"], "no-such-agent")]:
+                       (["arith", "--agent", "no-such-agent-program"], "no-such-agent"),
+                       (["arith", "--schedule", "lifo"], "fifo, seer"),
+                       (["arith", "--schedule", "no_such_module:Policy"], "cannot load"),
+                       (["arith", "--executor", "nosuch"], "inprocess, ray")]:
         bad = envhub("train", *args, "--out", str(tmp_path / "a"), cwd=tmp_path, timeout=120)
         assert bad.returncode == 2 and says in bad.stderr, (args, bad.stderr[-2000:])
         assert "Traceback" not in bad.stderr

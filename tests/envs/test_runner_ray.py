@@ -132,3 +132,17 @@ def test_run_spreads_over_two_nodes_and_survives_losing_one(cluster, tmp_path: P
     assert len(run_leftovers(run_id)) <= len(lost)
     _sweep_stale_scratch()
     assert run_leftovers(run_id) == []
+
+
+def test_an_address_where_no_ray_listens_stops_the_run_up_front(tmp_path: Path) -> None:
+    """RAY_ADDRESS pointing at nothing: exit 2 with the fix at once (ray.init would wait for
+    minutes), nothing kept."""
+    require(importlib.util.find_spec("ray") is not None, "Ray (pip install 'envhub[ray]')")
+    from tests.support import envhub, free_port
+
+    r = envhub("run", "arith", "-n", "1", "--agent", "oracle", "--model", "zero", "--executor",
+               "ray", "--out", str(tmp_path / "out"), "-q",
+               env={"RAY_ADDRESS": f"127.0.0.1:{free_port()}"}, timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "cannot connect to RAY_ADDRESS" in r.stderr and "ray start --head" in r.stderr
+    assert not (tmp_path / "out").exists()

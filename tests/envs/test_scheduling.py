@@ -92,6 +92,22 @@ def test_every_sample_starts_exactly_once(name: str) -> None:
     assert sorted(started) == sorted((g, i) for g, k in sizes.items() for i in range(k))
 
 
+def test_seer_keeps_nothing_of_groups_fully_started() -> None:
+    """A training loop adds groups forever: a group whose samples all started is forgotten
+    (k = 1 included), and the order of the groups still being scheduled is kept."""
+    p = SeerPolicy(measure="tokens")
+    for i in range(50):
+        p.add_group(f"old{i}", 1 + i % 2)
+    started = drain(p)
+    assert len(started) == 75 and p.estimate == {} and not p._rest and not p._order
+    p.add_group("a", 2)
+    p.add_group("b", 2)
+    assert [p.next(), p.next()] == [("a", 0), ("b", 0)]
+    p.finished("a", 0, Observation(tokens=5))
+    p.finished("b", 0, Observation(tokens=5))
+    assert drain(p) == [("a", 1), ("b", 1)]  # equal estimates: arrival order
+
+
 def test_bad_input_is_refused_with_what_to_fix() -> None:
     p = SeerPolicy()
     p.add_group("a", 2)
