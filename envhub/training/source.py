@@ -4,18 +4,24 @@ order, read from the pool over the gateway's HTTP API.
 A group is listed as finished only once the producer has scored and closed all of it; until
 then it is listed empty (never finished), so the window's head waits for it even before its
 first session exists in the pool. Evaluation sessions are never listed (the producer did not
-launch them as training groups).
+launch them as training groups). A session the pool still lists as open once the producer is
+done with its group is one whose close never got through (the runner retries it with the
+admin key first): it is left out, so the group is finished without it (and padded) rather
+than awaited forever.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from envhub.sdk.types import Trajectory
+from envhub.sdk.types import SessionStatus, Trajectory
 from envhub.trainer.source import GroupInfo, HttpSource
 from envhub.trainer.window import GroupWindow
 from envhub.training.producer import Producer
+
+log = logging.getLogger(__name__)
 
 
 class LaunchOrderSource:
@@ -30,6 +36,12 @@ class LaunchOrderSource:
             if gid in done and gid not in self._done:
                 sessions = sorted(self.http.sessions(group_id=gid),
                                   key=lambda s: (s.sample_index, s.id))
+                unclosed = [s.id for s in sessions if s.status == SessionStatus.open]
+                if unclosed:
+                    log.warning("group %s: sessions %s are still open after their rollouts "
+                                "ended (their close never reached the gateway); training "
+                                "without them", gid, ", ".join(unclosed))
+                    sessions = [s for s in sessions if s.status != SessionStatus.open]
                 self._done[gid] = GroupInfo(gid, tuple(sessions))
             out.append(self._done.get(gid, GroupInfo(gid, ())))
         return out

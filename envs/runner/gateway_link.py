@@ -14,6 +14,7 @@ from typing import Any
 from envhub.envs.errors import RunConfigError
 from envhub.envs.runner.plan import RolloutKey
 
+CLOSE_TIMEOUT_S = 120.0  # a loaded machine's gateway may answer slowly; the run waits on it
 PROVIDER_URLS = {"openai": "https://api.openai.com/v1", "anthropic": "https://api.anthropic.com"}
 
 
@@ -52,6 +53,29 @@ class GatewayLink:
         return await AsyncSession.open(
             self.url, admin_key=self.admin_key, group_id=group_id, task_id=key.task_id,
             env=key.env, sample_index=key.sample)
+
+    async def close_session(self, session_id: str, status: str, reason: str | None) -> None:
+        """Close a session with the admin key: the fallback when the session's own close did
+        not get through (e.g. a timeout on a loaded machine). Transport errors are retried;
+        closing twice is harmless (the status is written again)."""
+        import httpx
+        from tenacity import (
+            AsyncRetrying,
+            retry_if_exception_type,
+            stop_after_attempt,
+            wait_exponential,
+        )
+
+        async with httpx.AsyncClient(timeout=CLOSE_TIMEOUT_S) as http:
+            async for attempt in AsyncRetrying(
+                    retry=retry_if_exception_type(httpx.TransportError),
+                    stop=stop_after_attempt(3), wait=wait_exponential(min=1, max=10),
+                    reraise=True):
+                with attempt:
+                    r = await http.post(f"{self.url}/sessions/{session_id}/close",
+                                        headers={"authorization": f"Bearer {self.admin_key}"},
+                                        json={"status": status, "reason": reason})
+                    r.raise_for_status()
 
     async def close(self) -> None:
         if self._handle is not None:

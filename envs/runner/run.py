@@ -182,7 +182,7 @@ async def _run_group(g: GroupPlan, run_id: str, rs: RolloutSetup, executor: Roll
     pendings = await rollout_group(todo, group_id, g.loaded, g.task, rs, executor=executor,
                                    slots=slots)
     done_before = [r for r in earlier.values() if r is not None]
-    new = await finalize_group(list(pendings), g.loaded, rs.agent_name, done_before)
+    new = await finalize_group(list(pendings), g.loaded, rs.agent_name, done_before, rs.link)
     for key, rec in zip(todo, new, strict=True):
         results.write(key, rec)
         records.append(rec)

@@ -19,10 +19,11 @@ log = logging.getLogger(__name__)
 
 
 async def finalize_group(pendings: list[PendingRollout], loaded: LoadedEnv, agent_name: str,
-                         earlier: list[RolloutRecord]) -> list[RolloutRecord]:
+                         earlier: list[RolloutRecord], link: Any = None) -> list[RolloutRecord]:
     """Records for `pendings` (same order), scored with the environment's reward components
     and weights. `earlier` are this group's rollouts finished in a previous attempt
-    (--resume): they count towards the group's median time."""
+    (--resume): they count towards the group's median time. `link` (the runner's
+    GatewayLink) closes with the admin key a session whose own close did not get through."""
     scores: dict[int, SampleScore] = {}
     for i, p in enumerate(pendings):
         if p.status != "done":
@@ -54,18 +55,33 @@ async def finalize_group(pendings: list[PendingRollout], loaded: LoadedEnv, agen
             except Exception as e:  # noqa: BLE001
                 p.fail("env_failure", f"gateway: posting rewards failed: {type(e).__name__}: {e}")
                 events = []
-        await close_session(p.session, p.status, p.reason)
+        await close_session(p.session, p.status, p.reason, link)
         records.append(_record(p, agent_name, events))
     return records
 
 
-async def close_session(session: Any, status: str, reason: str | None) -> None:
+async def close_session(session: Any, status: str, reason: str | None, link: Any = None
+                        ) -> None:
+    """Close with the session's own key; if that does not get through (a timeout on a loaded
+    machine, a dropped connection), again with the admin key through `link`: a session left
+    open would keep its group unfinished, and a trainer waiting for it would wait forever."""
     if session is None:
         return
     try:
         await session.aclose(status=status, reason=reason)  # also releases its HTTP client
+        return
     except Exception as e:  # noqa: BLE001 - the record on disk still carries the status
-        log.warning("closing session %s failed: %s", getattr(session, "id", "?"), e)
+        error = e
+    sid = getattr(session, "id", "?")
+    if link is not None:
+        try:
+            await link.close_session(sid, status, reason)
+            log.info("closed session %s with the admin key (its own close failed: %s: %s)",
+                     sid, type(error).__name__, error)
+            return
+        except Exception as e:  # noqa: BLE001
+            error = e
+    log.warning("closing session %s failed: %s: %s", sid, type(error).__name__, error)
 
 
 async def _post_rewards(session: Any, events: list[RewardEvent]) -> None:

@@ -165,11 +165,12 @@ class GroupRunner:
         pendings = await rollout_group(keys, group_id, loaded, task, rs, sem,
                                        executor=executor, slots=slots)
         try:
-            records = await finalize_group(pendings, loaded, rs.agent_name, [])
+            records = await finalize_group(pendings, loaded, rs.agent_name, [], rs.link)
         except asyncio.CancelledError:
             # Interrupted while scoring: the group is not whole, so none of it counts.
             await asyncio.shield(asyncio.gather(*(
-                close_session(p.session, "env_failure", "interrupted") for p in pendings)))
+                close_session(p.session, "env_failure", "interrupted", rs.link)
+                for p in pendings)))
             raise
         if self.results is not None:
             tag = group_id.removeprefix(f"{self.run_id}:")

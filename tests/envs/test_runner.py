@@ -254,3 +254,31 @@ def test_a_time_limit_in_an_environment_limited_by_turns_is_env_failure(tmp_path
     assert all("time limit" in (r.reason or "") and r.outcome is None
                for r in result.records)
     assert result.summary["overall"]["done"] == 0
+
+
+SELF_CLOSING_AGENT = """
+import json, os, urllib.request
+root = os.environ["OPENAI_BASE_URL"].removesuffix("/v1")
+req = urllib.request.Request(
+    f"{root}/sessions/{os.environ['ENVHUB_SESSION_ID']}/close", method="POST",
+    data=json.dumps({"status": "env_failure", "reason": "not my fault"}).encode(),
+    headers={"authorization": "Bearer " + os.environ["OPENAI_API_KEY"],
+             "content-type": "application/json"})
+print(urllib.request.urlopen(req).read().decode())
+"""
+
+
+def test_an_agent_closing_its_own_session_does_not_decide_its_status(gateway, tmp_path):
+    """An agent that holds its session key (here a host process) closes its session as
+    env_failure (which training would exclude: a way to hide its failures). Its own close
+    revokes the key, so the runner's close with the session key is refused; the runner closes
+    again with the admin key, and the pool carries the runner's verdict, not the agent's."""
+    script = tmp_path / "self_close.py"
+    script.write_text(SELF_CLOSING_AGENT)
+    result = asyncio.run(run(config(gateway, "arith", agent=f"{sys.executable} {script}",
+                                    agent_on_host=True, n=1, k=2), progress=False))
+    assert [r.status for r in result.records] == ["done", "done"]  # exited 0, graded 0
+    for r in result.records:
+        assert not r.resolved
+        session = trajectory(gateway, r.session_id)["session"]
+        assert session["status"] == "done" and session["reason"] != "not my fault"
