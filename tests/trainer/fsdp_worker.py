@@ -2,7 +2,7 @@
 reference): trainer scenarios whose loss, full gradients and parameters are saved.
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 \\
-        tests/trainer/fsdp_worker.py WORK {equivalence,resume}
+        tests/trainer/fsdp_worker.py WORK {equivalence,resume,uneven}
 
 WORK holds groups.json (written by the test); rank 0 writes WORK/<scenario>.pt.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from envhub.sdk.types import Trajectory
 from envhub.trainer.batch import build_batch
 from envhub.trainer.config import LoraSettings, OptimConfig, TrainerConfig
 from envhub.trainer.distributed import DataParallel
+from envhub.trainer.prefix_tree import plan_trees
 from envhub.trainer.source import Group
 from envhub.trainer.trainer import Trainer
 from envhub.trainer.weights import full_state
@@ -30,6 +32,14 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "checkpointing": {"gradient_checkpointing": True},
     "lora": {"lora": LoraSettings(rank=4, alpha=8)},
     "bf16": {"precision": "bf16"},
+}
+
+
+# Steps where the ranks do not get the same number of packed trees: one group (rank 1's shard is
+# empty) and three groups in small trees (rank 0 gets two groups, so more trees than rank 1).
+UNEVEN: dict[str, tuple[int, dict[str, Any]]] = {
+    "empty_shard": (1, {}),
+    "more_trees": (3, {"max_tokens_per_forward": 64}),
 }
 
 
@@ -68,6 +78,23 @@ def run_scenario(scenario: str, groups: list[Group], dp: DataParallel | None
             "dtypes": dtypes, "trainable": sorted(grads)}
 
 
+def run_uneven(case: str, groups: list[Group], dp: DataParallel | None) -> dict[str, Any]:
+    """Two steps on the case's groups: their metrics, the parameters after them and, on
+    several ranks, each rank's number of packed trees in the first step."""
+    n, options = UNEVEN[case]
+    torch.manual_seed(0)
+    trainer = Trainer(tiny_model("qwen2"), TrainerConfig(
+        optim=OptimConfig(lr=1e-2, adam_eps=1e-4), **options), data_parallel=dp)
+    trees = []
+    if dp is not None:
+        local = trainer._local_shard(build_batch(groups[:n], trainer.config, 0).sequences)
+        mine = len(plan_trees([s.token_ids for s in local], trainer.config.max_tokens_per_forward,
+                              trainer.config.prefix_merge))
+        trees = dp.sum_floats([float(mine if r == dp.rank else 0) for r in range(dp.world)])
+    steps = [trainer.step(groups[:n]) for _ in range(2)]
+    return {"steps": steps, "params": full_state(trainer.model), "trees": trees}
+
+
 def resume_first_half(work: Path, dp: DataParallel) -> None:
     groups = load_groups(work)
     trainer = Trainer(tiny_model("qwen2"), config("plain"), data_parallel=dp)
@@ -93,7 +120,8 @@ def _finish(trainer: Trainer, groups: list[Group], out: Path, dp: DataParallel) 
 
 def main(work: Path, mode: str) -> None:
     torch.set_num_threads(1)
-    dp = DataParallel.init()
+    # a collective one rank misses fails in two minutes instead of gloo's default 30
+    dp = DataParallel.init(timeout=timedelta(seconds=120))
     try:
         if mode == "equivalence":
             groups = load_groups(work)
@@ -104,6 +132,11 @@ def main(work: Path, mode: str) -> None:
             resume_first_half(work, dp)
         elif mode == "resume":
             resume_second_half(work, dp)
+        elif mode == "uneven":
+            groups = load_groups(work)
+            results = {case: run_uneven(case, groups, dp) for case in UNEVEN}
+            if dp.rank == 0:
+                torch.save(results, work / "uneven.pt")
         else:
             raise SystemExit(f"unknown mode {mode!r}")
         dp.barrier()  # leave together: a rank tearing gloo down early aborts its peer
