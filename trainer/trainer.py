@@ -26,7 +26,7 @@ from envhub.trainer.batch import TrainSequence, build_batch
 from envhub.trainer.checkpoint import read_checkpoint, write_checkpoint
 from envhub.trainer.config import TrainerConfig
 from envhub.trainer.distributed import DataParallel, default_device, shard_model
-from envhub.trainer.errors import TrainerError, require_torch
+from envhub.trainer.errors import PeerFailed, require_torch
 from envhub.trainer.forward import tree_logprobs
 from envhub.trainer.lora import MergeShell, apply_lora
 from envhub.trainer.loss import ADDITIVE, LossSums, is_masked_loss
@@ -241,8 +241,8 @@ class Trainer:
         if self.dp is not None:
             failed = self.dp.sum_floats([float(error is not None)])[0]
             if failed and error is None:
-                raise TrainerError("the weight push on rank 0 failed (see rank 0's error); "
-                                   "the weight version was not bumped")
+                raise PeerFailed("the weight push on rank 0 failed (see rank 0's error); "
+                                 "the weight version was not bumped")
         if error is not None:
             raise error
         self.version += 1

@@ -2,7 +2,7 @@
 reference): trainer scenarios whose loss, full gradients and parameters are saved.
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 \\
-        tests/trainer/fsdp_worker.py WORK {equivalence,resume,uneven}
+        tests/trainer/fsdp_worker.py WORK {equivalence,resume,divergent}
 
 WORK holds groups.json (written by the test); rank 0 writes WORK/<scenario>.pt.
 """
@@ -10,6 +10,7 @@ WORK holds groups.json (written by the test); rank 0 writes WORK/<scenario>.pt.
 from __future__ import annotations
 
 import json
+import socket
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -21,10 +22,12 @@ from envhub.sdk.types import Trajectory
 from envhub.trainer.batch import build_batch
 from envhub.trainer.config import LoraSettings, OptimConfig, TrainerConfig
 from envhub.trainer.distributed import DataParallel
+from envhub.trainer.errors import TrainerError
 from envhub.trainer.prefix_tree import plan_trees
 from envhub.trainer.source import Group
 from envhub.trainer.trainer import Trainer
-from envhub.trainer.weights import full_state
+from envhub.trainer.weights import full_state, http_pusher
+from envhub.training.ranks import RankLeader, follow
 from tests.trainer.models import tiny_model
 
 SCENARIOS: dict[str, dict[str, Any]] = {
@@ -95,6 +98,31 @@ def run_uneven(case: str, groups: list[Group], dp: DataParallel | None) -> dict[
     return {"steps": steps, "params": full_state(trainer.model), "trees": trees}
 
 
+def push_fails(work: Path, dp: DataParallel) -> None:
+    """`envhub train`'s ranks (training/ranks.py): rank 0 leads a step and a push whose POST
+    is refused (nothing listens on the port), rank 1 follows. Each writes what it saw."""
+    trainer = Trainer(tiny_model("qwen2"), config("lora"), data_parallel=dp)
+    if dp.rank != 0:
+        follow(trainer, work / "weights")  # returns on `stop`; closes the process group
+        seen = {"version": trainer.version}
+    else:
+        leader = RankLeader(trainer, dp)
+        try:
+            leader.step(load_groups(work)[:2])
+            with socket.socket() as s:  # a port nothing listens on
+                s.bind(("127.0.0.1", 0))
+                url = f"http://127.0.0.1:{s.getsockname()[1]}/update_weights_from_disk"
+            try:
+                leader.sync(work / "weights", push=http_pusher(url, timeout=30))
+                seen = {"error": None}
+            except TrainerError as exc:
+                seen = {"error": str(exc), "url": url}
+        finally:
+            leader.stop()
+        seen["version"] = trainer.version
+    (work / f"push_fails.{dp.rank}.json").write_text(json.dumps(seen))
+
+
 def resume_first_half(work: Path, dp: DataParallel) -> None:
     groups = load_groups(work)
     trainer = Trainer(tiny_model("qwen2"), config("plain"), data_parallel=dp)
@@ -132,16 +160,19 @@ def main(work: Path, mode: str) -> None:
             resume_first_half(work, dp)
         elif mode == "resume":
             resume_second_half(work, dp)
-        elif mode == "uneven":
+        elif mode == "divergent":
             groups = load_groups(work)
             results = {case: run_uneven(case, groups, dp) for case in UNEVEN}
             if dp.rank == 0:
                 torch.save(results, work / "uneven.pt")
+            push_fails(work, dp)  # last: RankLeader.stop and follow close the process group
+            return
         else:
             raise SystemExit(f"unknown mode {mode!r}")
         dp.barrier()  # leave together: a rank tearing gloo down early aborts its peer
     finally:
-        torch.distributed.destroy_process_group()
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
