@@ -39,7 +39,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
 
 
 # Steps where the ranks do not get the same number of packed trees: one group (rank 1's shard is
-# empty) and three groups in small trees (rank 0 gets two groups, so more trees than rank 1).
+# empty) and three groups in small trees (two groups on one rank, one on the other).
 UNEVEN: dict[str, tuple[int, dict[str, Any]]] = {
     "empty_shard": (1, {}),
     "more_trees": (3, {"max_tokens_per_forward": 64}),

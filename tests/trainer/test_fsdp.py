@@ -107,12 +107,12 @@ def test_ranks_with_unequal_tree_counts_or_an_empty_shard_step_like_one_process(
     groups = load_groups(divergent)
     for case in UNEVEN:
         trees = fsdp[case]["trees"]
-        assert trees[0] > trees[1], (case, trees)  # the premise: unequal shards
-        assert trees[1] == 0 if case == "empty_shard" else trees[1] > 0, (case, trees)
+        assert trees[0] != trees[1], (case, trees)  # the premise: unequal shares
+        assert min(trees) == 0 if case == "empty_shard" else min(trees) > 0, (case, trees)
         single = run_uneven(case, groups, None)
         for got, want in zip(fsdp[case]["steps"], single["steps"], strict=True):
             assert got["step/skipped"] == 0 and got["loss/tokens"] > 0, (case, got)
-            for key in ("loss/pg", "loss/tokens", "tokens/packed"):
+            for key in ("loss/pg", "loss/tokens"):  # (packed sizes depend on the split)
                 assert got[key] == pytest.approx(want[key], abs=1e-5), (case, key)
             assert got["grad/norm"] == pytest.approx(want["grad/norm"], rel=1e-5), case
         assert _max_diff(fsdp[case]["params"], single["params"]) < 1e-5, case
