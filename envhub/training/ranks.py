@@ -53,7 +53,7 @@ class RankLeader:
         if not self._stopped:
             self._stopped = True
             _broadcast(("stop", None))
-            _close()
+            _close(together=True)
 
 
 def follow(trainer: Trainer, weights: Path) -> None:
@@ -71,13 +71,20 @@ def follow(trainer: Trainer, weights: Path) -> None:
                     # sends `stop`. Leaving now would make torchrun end rank 0 before it can.
                     continue
             else:
+                _close(together=True)
                 return
     finally:
         _close()
 
 
-def _close() -> None:
+def _close(together: bool = False) -> None:
+    """Leave the process group; `together` (on `stop`, both ranks there) after a barrier: a
+    rank tearing gloo down while its peer still has the stop broadcast in flight was seen to
+    abort a rank at exit ("terminate called without an active exception"). Not on a failure,
+    where the peer may never come."""
     import torch.distributed as dist
 
     if dist.is_initialized():
+        if together:
+            dist.barrier()
         dist.destroy_process_group()
