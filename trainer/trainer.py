@@ -163,8 +163,9 @@ class Trainer:
                           cfg.prefix_merge)
         # FSDP2's collectives run in every forward/backward, so every rank must run as many
         # passes as the rank with the most trees: agree on that count *before* the first pass
-        # (a rank that asked later would meet its peer's all-gathers with its all-reduce and
-        # both would wait forever), then a rank with fewer trees, or none, runs empty passes.
+        # (a rank that asked after its own passes met its peer's all-gathers with its
+        # all-reduce: both waited until gloo's 30-minute timeout), then a rank with fewer
+        # trees, or none (its shard is empty), runs empty passes.
         empty_passes = 0
         if self.dp is not None:
             _, most = self.dp.min_max(0.0, float(len(bins)))
