@@ -14,6 +14,10 @@ class BadTrajectory(TrainerError):
     """A trajectory whose token arrays cannot be trained on (names the session and the fix)."""
 
 
+class PeerFailed(TrainerError):
+    """Rank 0 failed in a step all ranks take together (its weight push); it reports why."""
+
+
 class SourceError(TrainerError):
     """The trajectory source (gateway HTTP API, store) answered badly or not at all."""
 

@@ -26,7 +26,7 @@ from envhub.trainer.batch import TrainSequence, build_batch
 from envhub.trainer.checkpoint import read_checkpoint, write_checkpoint
 from envhub.trainer.config import TrainerConfig
 from envhub.trainer.distributed import DataParallel, default_device, shard_model
-from envhub.trainer.errors import TrainerError, require_torch
+from envhub.trainer.errors import PeerFailed, require_torch
 from envhub.trainer.forward import tree_logprobs
 from envhub.trainer.lora import MergeShell, apply_lora
 from envhub.trainer.loss import ADDITIVE, LossSums, is_masked_loss
@@ -161,6 +161,15 @@ class Trainer:
         scale = self.dp.loss_scale() if self.dp else 1.0
         bins = plan_trees([s.token_ids for s in local], cfg.max_tokens_per_forward,
                           cfg.prefix_merge)
+        # FSDP2's collectives run in every forward/backward, so every rank must run as many
+        # passes as the rank with the most trees: agree on that count *before* the first pass
+        # (a rank that asked after its own passes met its peer's all-gathers with its
+        # all-reduce: both waited until gloo's 30-minute timeout), then a rank with fewer
+        # trees, or none (its shard is empty), runs empty passes.
+        empty_passes = 0
+        if self.dp is not None:
+            _, most = self.dp.min_max(0.0, float(len(bins)))
+            empty_passes = int(most) - len(bins)
         for indices in bins:
             seqs = [local[i] for i in indices]
             tree = pack([s.token_ids for s in seqs], merge=cfg.prefix_merge)
@@ -183,13 +192,9 @@ class Trainer:
                                      entropy=out.entropy, ref_logprobs=ref)
             (loss * scale).backward()
             sums.add(s)
-        if self.dp is not None and n_total > 0:
-            # FSDP2's collectives run in every forward/backward: a rank with fewer trees runs
-            # empty passes (a 2-token tree, loss x 0) until all ranks have run the same number.
-            _, most = self.dp.min_max(0.0, float(len(bins)))
-            for _ in range(int(most) - len(bins)):
-                out = self._logprobs(self.model, pack([[0, 0]]), [[0, 1]])
-                (out.logprobs.sum() * 0.0).backward()
+        for _ in range(empty_passes):  # a 2-token tree, loss x 0: the collectives only
+            out = self._logprobs(self.model, pack([[0, 0]]), [[0, 1]])
+            (out.logprobs.sum() * 0.0).backward()
         return sums, packed, naive
 
     def _logprobs(self, model: Any, tree: Any, masks: list[list[int]],
@@ -237,8 +242,8 @@ class Trainer:
         if self.dp is not None:
             failed = self.dp.sum_floats([float(error is not None)])[0]
             if failed and error is None:
-                raise TrainerError("the weight push on rank 0 failed (see rank 0's error); "
-                                   "the weight version was not bumped")
+                raise PeerFailed("the weight push on rank 0 failed (see rank 0's error); "
+                                 "the weight version was not bumped")
         if error is not None:
             raise error
         self.version += 1

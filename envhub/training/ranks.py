@@ -4,13 +4,16 @@ Rank 0 runs the gateway, the rollouts and the loop (envhub/training/loop.py). Th
 FSDP2-sharded, so every rank must join each step's and each push's collectives: rank 0's
 `RankLeader` stands in for the Trainer in the loop and announces every `step(groups)` and
 `sync(root)` to the other ranks (a pickled broadcast), which run the same call in `follow`.
-A `stop` (always sent, also when rank 0 fails) ends the followers.
+A `stop` (always sent, also when rank 0 fails) ends the followers; a follower waits for it
+also after rank 0's weight push failed, so that rank 0 lives to report the error.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from envhub.trainer.errors import PeerFailed
 
 if TYPE_CHECKING:
     from envhub.trainer.distributed import DataParallel
@@ -50,7 +53,7 @@ class RankLeader:
         if not self._stopped:
             self._stopped = True
             _broadcast(("stop", None))
-            _close()
+            _close(together=True)
 
 
 def follow(trainer: Trainer, weights: Path) -> None:
@@ -61,15 +64,27 @@ def follow(trainer: Trainer, weights: Path) -> None:
             if command == "step":
                 trainer.step(arg)
             elif command == "sync":
-                trainer.sync(arg, push=None)
+                try:
+                    trainer.sync(arg, push=None)
+                except PeerFailed:
+                    # Rank 0's push failed: it raises the push's own error, reports it and
+                    # sends `stop`. Leaving now would make torchrun end rank 0 before it can.
+                    continue
             else:
+                _close(together=True)
                 return
     finally:
         _close()
 
 
-def _close() -> None:
+def _close(together: bool = False) -> None:
+    """Leave the process group; `together` (on `stop`, both ranks there) after a barrier: a
+    rank tearing gloo down while its peer still has the stop broadcast in flight was seen to
+    abort a rank at exit ("terminate called without an active exception"). Not on a failure,
+    where the peer may never come."""
     import torch.distributed as dist
 
     if dist.is_initialized():
+        if together:
+            dist.barrier()
         dist.destroy_process_group()

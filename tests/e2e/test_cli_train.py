@@ -5,7 +5,6 @@ and what it leaves in OUT (metrics, pool, weights) shows each piece did its part
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 
@@ -76,10 +75,6 @@ def test_train_rejects_bad_input_with_exit_2(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(raises=subprocess.TimeoutExpired, strict=False,
-                   reason="known intermittent hang of `envhub train --nproc-per-node 2` "
-                   "(2 of 7 runs on this machine; it passes in ~25 s otherwise); under "
-                   "investigation, any other failure still fails the test")
 def test_train_on_two_ranks_with_lora_in_bf16_pushes_merged_weights(tmp_path):
     """`--nproc-per-node 2` re-runs the command under torchrun: rank 0 runs the gateway and
     the rollouts, both ranks train the FSDP2-sharded LoRA model, rank 0 pushes merged

@@ -2,7 +2,7 @@
 reference): trainer scenarios whose loss, full gradients and parameters are saved.
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 \\
-        tests/trainer/fsdp_worker.py WORK {equivalence,resume}
+        tests/trainer/fsdp_worker.py WORK {equivalence,resume,divergent}
 
 WORK holds groups.json (written by the test); rank 0 writes WORK/<scenario>.pt.
 """
@@ -10,7 +10,9 @@ WORK holds groups.json (written by the test); rank 0 writes WORK/<scenario>.pt.
 from __future__ import annotations
 
 import json
+import socket
 import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +22,12 @@ from envhub.sdk.types import Trajectory
 from envhub.trainer.batch import build_batch
 from envhub.trainer.config import LoraSettings, OptimConfig, TrainerConfig
 from envhub.trainer.distributed import DataParallel
+from envhub.trainer.errors import TrainerError
+from envhub.trainer.prefix_tree import plan_trees
 from envhub.trainer.source import Group
 from envhub.trainer.trainer import Trainer
-from envhub.trainer.weights import full_state
+from envhub.trainer.weights import full_state, http_pusher
+from envhub.training.ranks import RankLeader, follow
 from tests.trainer.models import tiny_model
 
 SCENARIOS: dict[str, dict[str, Any]] = {
@@ -30,6 +35,14 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "checkpointing": {"gradient_checkpointing": True},
     "lora": {"lora": LoraSettings(rank=4, alpha=8)},
     "bf16": {"precision": "bf16"},
+}
+
+
+# Steps where the ranks do not get the same number of packed trees: one group (rank 1's shard is
+# empty) and three groups in small trees (two groups on one rank, one on the other).
+UNEVEN: dict[str, tuple[int, dict[str, Any]]] = {
+    "empty_shard": (1, {}),
+    "more_trees": (3, {"max_tokens_per_forward": 64}),
 }
 
 
@@ -68,6 +81,48 @@ def run_scenario(scenario: str, groups: list[Group], dp: DataParallel | None
             "dtypes": dtypes, "trainable": sorted(grads)}
 
 
+def run_uneven(case: str, groups: list[Group], dp: DataParallel | None) -> dict[str, Any]:
+    """Two steps on the case's groups: their metrics, the parameters after them and, on
+    several ranks, each rank's number of packed trees in the first step."""
+    n, options = UNEVEN[case]
+    torch.manual_seed(0)
+    trainer = Trainer(tiny_model("qwen2"), TrainerConfig(
+        optim=OptimConfig(lr=1e-2, adam_eps=1e-4), **options), data_parallel=dp)
+    trees = []
+    if dp is not None:
+        local = trainer._local_shard(build_batch(groups[:n], trainer.config, 0).sequences)
+        mine = len(plan_trees([s.token_ids for s in local], trainer.config.max_tokens_per_forward,
+                              trainer.config.prefix_merge))
+        trees = dp.sum_floats([float(mine if r == dp.rank else 0) for r in range(dp.world)])
+    steps = [trainer.step(groups[:n]) for _ in range(2)]
+    return {"steps": steps, "params": full_state(trainer.model), "trees": trees}
+
+
+def push_fails(work: Path, dp: DataParallel) -> None:
+    """`envhub train`'s ranks (training/ranks.py): rank 0 leads a step and a push whose POST
+    is refused (nothing listens on the port), rank 1 follows. Each writes what it saw."""
+    trainer = Trainer(tiny_model("qwen2"), config("lora"), data_parallel=dp)
+    if dp.rank != 0:
+        follow(trainer, work / "weights")  # returns on `stop`; closes the process group
+        seen = {"version": trainer.version}
+    else:
+        leader = RankLeader(trainer, dp)
+        try:
+            leader.step(load_groups(work)[:2])
+            with socket.socket() as s:  # a port nothing listens on
+                s.bind(("127.0.0.1", 0))
+                url = f"http://127.0.0.1:{s.getsockname()[1]}/update_weights_from_disk"
+            try:
+                leader.sync(work / "weights", push=http_pusher(url, timeout=30))
+                seen = {"error": None}
+            except TrainerError as exc:
+                seen = {"error": str(exc), "url": url}
+        finally:
+            leader.stop()
+        seen["version"] = trainer.version
+    (work / f"push_fails.{dp.rank}.json").write_text(json.dumps(seen))
+
+
 def resume_first_half(work: Path, dp: DataParallel) -> None:
     groups = load_groups(work)
     trainer = Trainer(tiny_model("qwen2"), config("plain"), data_parallel=dp)
@@ -93,7 +148,8 @@ def _finish(trainer: Trainer, groups: list[Group], out: Path, dp: DataParallel) 
 
 def main(work: Path, mode: str) -> None:
     torch.set_num_threads(1)
-    dp = DataParallel.init()
+    # a collective one rank misses fails in two minutes instead of gloo's default 30
+    dp = DataParallel.init(timeout=timedelta(seconds=120))
     try:
         if mode == "equivalence":
             groups = load_groups(work)
@@ -104,11 +160,19 @@ def main(work: Path, mode: str) -> None:
             resume_first_half(work, dp)
         elif mode == "resume":
             resume_second_half(work, dp)
+        elif mode == "divergent":
+            groups = load_groups(work)
+            results = {case: run_uneven(case, groups, dp) for case in UNEVEN}
+            if dp.rank == 0:
+                torch.save(results, work / "uneven.pt")
+            push_fails(work, dp)  # last: RankLeader.stop and follow close the process group
+            return
         else:
             raise SystemExit(f"unknown mode {mode!r}")
         dp.barrier()  # leave together: a rank tearing gloo down early aborts its peer
     finally:
-        torch.distributed.destroy_process_group()
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 """FSDP2 on 2 gloo ranks launched by real torchrun == one process (loss, full gradients,
 parameters), with and without gradient checkpointing, with LoRA, in bf16 mixed precision;
-a DCP checkpoint written on 2 ranks resumes on 2 ranks (a fresh torchrun) exactly."""
+a DCP checkpoint written on 2 ranks resumes on 2 ranks (a fresh torchrun) exactly; steps where
+one rank has fewer packed trees or none, and a weight push that fails on rank 0 only, end on
+both ranks instead of hanging."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import pytest
 import torch
 
 from envhub.trainer.synthetic import RolloutShape, sample_group
-from tests.trainer.fsdp_worker import load_groups, run_scenario
+from tests.trainer.fsdp_worker import UNEVEN, load_groups, run_scenario, run_uneven
 from tests.trainer.models import tiny_model
 
 pytestmark = pytest.mark.slow  # two torchrun launches of 2 processes on a shared box
@@ -31,16 +33,28 @@ def _torchrun(work: Path, mode: str) -> None:
     assert proc.returncode == 0, proc.stderr[-4000:]
 
 
-@pytest.fixture(scope="module")
-def work(tmp_path_factory) -> Path:
-    work = tmp_path_factory.mktemp("fsdp")
+def _groups(work: Path) -> Path:
     sampler = tiny_model("qwen2", seed=1)
     shape = RolloutShape(sessions=4, turns=2, prompt_len=16, cm_every=2, keep_prompt=8)
     groups = {f"g{i}": [t.model_dump(mode="json")
                         for t in sample_group(sampler, f"g{i}", shape, seed=i)]
               for i in range(3)}  # 3 groups over 2 ranks: uneven shards on purpose
     (work / "groups.json").write_text(json.dumps(groups))
+    return work
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> Path:
+    work = _groups(tmp_path_factory.mktemp("fsdp"))
     _torchrun(work, "equivalence")
+    return work
+
+
+@pytest.fixture(scope="module")
+def divergent(tmp_path_factory) -> Path:
+    """Steps where the ranks' shares differ, then a push that fails on rank 0 only."""
+    work = _groups(tmp_path_factory.mktemp("divergent"))
+    _torchrun(work, "divergent")
     return work
 
 
@@ -80,6 +94,38 @@ def test_bf16_mixed_precision_keeps_fp32_masters_and_tracks_fp32(work) -> None:
         assert _max_diff(run["params"], fp32["params"]) < 5e-2  # loose: bf16 compute
     # and bf16 is really used: not bit-equal to the fp32 run
     assert _max_diff(bf16["grads"], fp32["grads"]) > 0
+
+
+def test_ranks_with_unequal_tree_counts_or_an_empty_shard_step_like_one_process(divergent):
+    """A step where one rank has fewer packed trees than the other, or none at all (one group
+    over two ranks), used to hang: FSDP2 all-gathers in every forward, and the rank with fewer
+    trees asked for the tree count while its peer was still in a forward. Each rank now runs
+    as many passes as the busiest one (empty ones when short); a missed collective fails the
+    worker within its gloo timeout, so a regression fails here instead of hanging."""
+    torch.set_num_threads(1)
+    fsdp = torch.load(divergent / "uneven.pt", weights_only=False)
+    groups = load_groups(divergent)
+    for case in UNEVEN:
+        trees = fsdp[case]["trees"]
+        assert trees[0] != trees[1], (case, trees)  # the premise: unequal shares
+        assert min(trees) == 0 if case == "empty_shard" else min(trees) > 0, (case, trees)
+        single = run_uneven(case, groups, None)
+        for got, want in zip(fsdp[case]["steps"], single["steps"], strict=True):
+            assert got["step/skipped"] == 0 and got["loss/tokens"] > 0, (case, got)
+            for key in ("loss/pg", "loss/tokens"):  # (packed sizes depend on the split)
+                assert got[key] == pytest.approx(want[key], abs=1e-5), (case, key)
+            assert got["grad/norm"] == pytest.approx(want["grad/norm"], rel=1e-5), case
+        assert _max_diff(fsdp[case]["params"], single["params"]) < 1e-5, case
+
+
+def test_a_failed_push_is_raised_on_rank_0_while_rank_1_waits_for_stop(divergent):
+    """Rank 0's weight push is refused: rank 0 raises the push's own error (and would report
+    it), the follower does not bump its version and keeps following until rank 0's `stop`,
+    so torchrun does not end rank 0 early for a follower that quit (the launch exits 0)."""
+    leader = json.loads((divergent / "push_fails.0.json").read_text())
+    follower = json.loads((divergent / "push_fails.1.json").read_text())
+    assert leader["error"] and leader["url"] in leader["error"], leader
+    assert leader["version"] == follower["version"] == 0
 
 
 def test_dcp_checkpoint_on_two_ranks_resumes_exactly(work) -> None:
