@@ -1,0 +1,102 @@
+"""Train/inference mismatch seen by the IS mask: the embedded engine vs a real vLLM (issue 12).
+
+Runs the real command line twice on the same model, seed and tasks, one after the other (each
+run wants every core): `envhub train arith --engine embedded` and `--engine vllm`, then prints
+per step, side by side, what the trainer measured between the rollout logprobs (recorded by
+the engine) and its own: `is/masked_fraction` (tokens whose ratio left [1-eps_l, 1+eps_h]),
+`is/ratio_{mean,std,min,max}` and `kl/rollout_train_k3`, with vLLM's ratio spread over the
+embedded engine's. The embedded engine computes logprobs with the same torch code as the
+trainer, so its step-0 mismatch is float noise; vLLM's kernels (and dtype) differ.
+
+    .venv/bin/python bench/bench_engine_mismatch.py [--steps 4] [--seed 0] [--model DIR]
+        [--runs DIR] [-- more envhub train options]
+    .venv/bin/python bench/bench_engine_mismatch.py --summarise DIR   # runs already made
+
+Without --model, tiny64 (scripts/build_tiny64_model.py, head_dim 64) is built into the runs
+folder: vLLM's CPU attention refuses the bundled model's head_dim 16.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ENGINES = ("embedded", "vllm")
+COLUMNS = [("masked", "trainer/is/masked_fraction"), ("r_mean", "trainer/is/ratio_mean"),
+           ("r_std", "trainer/is/ratio_std"), ("r_min", "trainer/is/ratio_min"),
+           ("r_max", "trainer/is/ratio_max"), ("kl_k3", "trainer/kl/rollout_train_k3")]
+
+
+def steps_of(folder: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()
+            if line.strip()]
+    return [r for r in rows if r.get("phase") == "train"]
+
+
+def run(engine: str, model: Path, out: Path, args: argparse.Namespace) -> float:
+    cmd = [sys.executable, "-m", "envhub", "train", "arith", "--engine", engine,
+           "--model", str(model), "--steps", str(args.steps), "--seed", str(args.seed),
+           "--groups", str(args.groups), "--k", str(args.k), "--eval-every", "0", "--sync",
+           "--out", str(out), *args.extra]
+    print("$", " ".join(cmd), flush=True)
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, cwd=ROOT)
+    return time.perf_counter() - t0
+
+
+def summarise(runs: Path) -> None:
+    table = {e: steps_of(runs / e) for e in ENGINES}
+    header = "step  " + "  ".join(f"{e[:5]}:{name:>8}" for name, _ in COLUMNS for e in ENGINES)
+    print(header)
+    for i in range(min(len(t) for t in table.values())):
+        cells = []
+        for _, key in COLUMNS:
+            for e in ENGINES:
+                cells.append(f"{table[e][i].get(key, float('nan')):>14.3g}")
+        print(f"{i:>4}  " + "  ".join(cells))
+    for e in ENGINES:
+        tokens = [int(r.get("trainer/tokens/naive", 0)) for r in table[e]]
+        print(f"{e}: trained tokens per step {tokens}, resolved "
+              f"{[round(r['resolved_rate'], 2) for r in table[e]]}")
+    first = {e: table[e][0] for e in ENGINES}
+    spread = {e: first[e].get("trainer/is/ratio_std", 0.0) for e in ENGINES}
+    if spread["embedded"] > 0:
+        print(f"step 0 ratio std, vllm / embedded: {spread['vllm'] / spread['embedded']:.3g}x")
+    print(f"step 0 masked fraction: embedded {first['embedded']['trainer/is/masked_fraction']:.4f}"
+          f", vllm {first['vllm']['trainer/is/masked_fraction']:.4f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--groups", type=int, default=2)
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--model", type=Path, help="HF model folder vLLM can serve")
+    parser.add_argument("--runs", type=Path, help="where the two runs go (default: runs/...)")
+    parser.add_argument("--summarise", type=Path, help="only print the table of DIR's runs")
+    parser.add_argument("extra", nargs="*", help="more envhub train options (after --)")
+    args = parser.parse_args()
+    if args.summarise:
+        summarise(args.summarise)
+        return
+    runs = args.runs or ROOT / "runs" / f"engine-mismatch-{time.strftime('%Y%m%d-%H%M%S')}"
+    runs.mkdir(parents=True, exist_ok=True)
+    model = args.model
+    if model is None:
+        model = runs / "tiny64"
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "build_tiny64_model.py"),
+                        "--out", str(model)], check=True)
+    took = {e: run(e, model, runs / e, args) for e in ENGINES}
+    print(f"\nwall: embedded {took['embedded']:.0f} s, vllm {took['vllm']:.0f} s "
+          f"(vllm includes its start-up)\n")
+    summarise(runs)
+
+
+if __name__ == "__main__":
+    main()
