@@ -139,6 +139,7 @@ def test_a_vllm_that_does_not_start_in_time_fails_with_its_log(tiny64: Path,
     assert m is not None and gone(int(m.group(1)), m.group(2))
 
 
+@pytest.mark.slow  # ~60 s on the shared 2-core machine: seven CLI starts
 def test_engine_vllm_rejects_bad_input_with_exit_2(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     tiny64 = tmp_path / "tiny64"
