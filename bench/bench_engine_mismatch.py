@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -50,25 +51,28 @@ def run(engine: str, model: Path, out: Path, args: argparse.Namespace) -> float:
 
 
 def summarise(runs: Path) -> None:
+    """One line per step and engine; a step whose groups all lacked signal trained nothing
+    (`step/skipped`), so it has no ratios."""
     table = {e: steps_of(runs / e) for e in ENGINES}
-    header = "step  " + "  ".join(f"{e[:5]}:{name:>8}" for name, _ in COLUMNS for e in ENGINES)
-    print(header)
+    print(f"{'step':>4}  {'engine':<8}  {'tokens':>6}  " +
+          "  ".join(f"{name:>9}" for name, _ in COLUMNS) + "  resolved")
     for i in range(min(len(t) for t in table.values())):
-        cells = []
-        for _, key in COLUMNS:
-            for e in ENGINES:
-                cells.append(f"{table[e][i].get(key, float('nan')):>14.3g}")
-        print(f"{i:>4}  " + "  ".join(cells))
-    for e in ENGINES:
-        tokens = [int(r.get("trainer/tokens/naive", 0)) for r in table[e]]
-        print(f"{e}: trained tokens per step {tokens}, resolved "
-              f"{[round(r['resolved_rate'], 2) for r in table[e]]}")
-    first = {e: table[e][0] for e in ENGINES}
-    spread = {e: first[e].get("trainer/is/ratio_std", 0.0) for e in ENGINES}
-    if spread["embedded"] > 0:
-        print(f"step 0 ratio std, vllm / embedded: {spread['vllm'] / spread['embedded']:.3g}x")
-    print(f"step 0 masked fraction: embedded {first['embedded']['trainer/is/masked_fraction']:.4f}"
-          f", vllm {first['vllm']['trainer/is/masked_fraction']:.4f}")
+        for e in ENGINES:
+            r = table[e][i]
+            tokens = int(r.get("trainer/tokens/naive", 0))
+            cells = ("  ".join(f"{r.get(key, float('nan')):>9.4g}" for _, key in COLUMNS)
+                     if tokens else f"{'(skipped: no group had signal)':>{11 * len(COLUMNS) - 2}}")
+            print(f"{i:>4}  {e:<8}  {tokens:>6}  {cells}  {r['resolved_rate']:.2f}")
+    trained = {e: [r for r in table[e] if r.get("trainer/tokens/naive", 0)] for e in ENGINES}
+    if all(trained.values()):
+        std = {e: statistics.fmean(r["trainer/is/ratio_std"] for r in trained[e])
+               for e in ENGINES}
+        masked = {e: statistics.fmean(r["trainer/is/masked_fraction"] for r in trained[e])
+                  for e in ENGINES}
+        ratio = f"{std['vllm'] / std['embedded']:.3g}x" if std["embedded"] else "inf"
+        print(f"\nover trained steps: ratio std embedded {std['embedded']:.3g}, vllm "
+              f"{std['vllm']:.3g} (vllm / embedded {ratio}); masked fraction embedded "
+              f"{masked['embedded']:.4f}, vllm {masked['vllm']:.4f}")
 
 
 def main() -> None:
