@@ -61,6 +61,15 @@ def train_command(
                                "(default: --tau x --sync-every steps' worth, at least "
                                "--groups)"),
     model: str = typer.Option(None, help="HF model folder (default: the bundled model)"),
+    engine: str = typer.Option("embedded", help="what samples: embedded (the gateway's own "
+                               "engine) or vllm (a real vLLM server from vLLM's virtualenv, "
+                               "bash scripts/vllm_venv.sh; weights pushed through its RL "
+                               "routes; --model must be one vLLM runs)"),
+    engine_url: str = typer.Option(None, help="with --engine vllm: a vLLM server already "
+                                   "running (VLLM_SERVER_DEV_MODE=1, serving --model, able to "
+                                   "read OUT/weights) instead of starting one"),
+    engine_start_timeout: float = typer.Option(900.0, min=1, help="seconds the started vLLM "
+                                               "server may take to become ready"),
     agent: str = typer.Option("tool", help="tool (the built-in agent) or a command line "
                               "(any agent using OPENAI_BASE_URL / OPENAI_API_KEY; it runs inside "
                               "the rollout's sandbox)"),
@@ -127,6 +136,8 @@ def train_command(
 
     if chains not in ("all", "main"):
         _fail(f"--chains {chains!r}: use all or main")
+    if engine not in ("embedded", "vllm"):
+        _fail(f"--engine {engine!r}: use embedded or vllm")
     if model is not None and not Path(model).is_dir():
         _fail(f"--model {model} is not a folder; pass a Hugging Face model folder")
     if precision not in ("fp32", "bf16"):
@@ -144,7 +155,9 @@ def train_command(
     try:
         cfg = TrainLoopConfig(envs=choices, steps=steps, seed=seed, out=Path(out),
                               groups=groups, k=k, concurrency=concurrency, lr=lr, tau=tau,
-                              sync=sync, window=window, buffer=buffer, model=model, agent=agent,
+                              sync=sync, window=window, buffer=buffer, model=model,
+                              engine=engine, engine_url=engine_url,
+                              engine_start_timeout=engine_start_timeout, agent=agent,
                               agent_install=agent_install or [], agent_on_host=agent_on_host,
                               max_turns=max_turns, tasks=tasks, keep_weights=keep_weights,
                               sync_every=sync_every, reset_optimizer=reset_optimizer,
@@ -162,25 +175,32 @@ def train_command(
         from envhub.envs.agents import make_agent
         from envhub.envs.runner.executor import make_executor
         from envhub.envs.runner.scheduling import make_policy
+        from envhub.training.engines import check_engine
 
         make_agent(agent, agent_install or [], agent_on_host)
         make_executor(executor)  # only loads it: reaching its machines is train's first act
         make_policy(schedule)
         load_training_envs(cfg)
-    except Exception as e:  # unknown env, agent or executor, bad manifest, bad split: the fix
-        _fail(str(e))  # is in it
+        check_engine(cfg)
+    except Exception as e:  # unknown env, agent, executor or engine, bad manifest, bad split:
+        _fail(str(e))  # the fix is in it
     if nproc_per_node > 1 and "WORLD_SIZE" not in os.environ:
         from envhub.train import torchrun_argv
 
         # the same command line again, each rank sees WORLD_SIZE and trains its shard
         code = subprocess.call(torchrun_argv(nproc_per_node, sys.argv[1:]))
         raise typer.Exit(code)
+    from envhub.training.engines import EngineError
+
     try:
         train(cfg, log=typer.echo)
     # e.g. LoRA targets the model does not have; no Ray to reach, or none of its nodes can run
     # a rollout (before anything is written)
     except (TrainerError, RunConfigError) as e:
         _fail(str(e))
+    except EngineError as e:  # vLLM did not start: not the command line's fault
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from None
 
 
 @app.command("export")

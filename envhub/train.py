@@ -1,7 +1,7 @@
 """`envhub train ENV [ENV=WEIGHT ...]`: the whole RL loop on one machine.
 
-    gateway (embedded engine, SQLite pool) <- rollouts of the agent (envs/runner, a thread of
-        their own: envhub/training/producer.py)
+    gateway (embedded engine or a real vLLM: envhub/training/engines.py; SQLite pool)
+        <- rollouts of the agent (envs/runner, a thread of their own: envhub/training/producer.py)
         -> finished groups read back over the gateway's HTTP API, windowed FIFO over the
            generation order (envhub/training/source.py)
         -> Trainer.step (filters, GRPO + reward-to-go, IS-masked loss, prefix-tree packing)
@@ -65,6 +65,14 @@ class TrainLoopConfig(BaseModel):
                                "is not made stale by the wait; 3 x groups without tau); "
                                "bounds how far rollouts run ahead of the trainer")
     model: str | None = Field(None, description="HF model folder (default: the bundled one)")
+    engine: Literal["embedded", "vllm"] = Field("embedded", description="what samples: the "
+                                                "gateway's embedded engine, or a real vLLM "
+                                                "server (envhub/training/engines.py)")
+    engine_url: str | None = Field(None, pattern=r"^https?://\S+$", description="with vllm: "
+                                   "an already running vLLM server (VLLM_SERVER_DEV_MODE=1, "
+                                   "serving --model) instead of starting one")
+    engine_start_timeout: float = Field(900.0, gt=0, description="seconds the started vLLM "
+                                        "server may take to answer /health")
     agent: str = Field("tool", description="the agent: tool (built-in) or a command line")
     agent_install: list[str] = Field(default_factory=list, description="how a command agent's "
                                      "programs get into the sandbox: pip:REQ | script:PATH")
@@ -129,6 +137,8 @@ class TrainLoopConfig(BaseModel):
         if not refs or len(set(refs)) != len(refs):
             raise ValueError(f"give each environment once (got {', '.join(refs) or 'none'}), "
                              "with a weight if wanted: arith=3 swe-task=1")
+        if self.engine_url is not None and self.engine != "vllm":
+            raise ValueError("--engine-url names a vLLM server: add --engine vllm")
         if self.buffer is not None and self.buffer < self.groups:
             raise ValueError(f"buffer {self.buffer} < groups {self.groups}: the trainer needs "
                              "`groups` finished groups per step; raise buffer")
@@ -200,6 +210,7 @@ def train(cfg: TrainLoopConfig, log: Callable[[str], Any] = print,
     )
     from envhub.trainer.distributed import DataParallel
     from envhub.trainer.trainer import Trainer
+    from envhub.training.engines import serving
     from envhub.training.ranks import RankLeader, follow
 
     disable_progress_bars()
@@ -232,7 +243,9 @@ def train(cfg: TrainLoopConfig, log: Callable[[str], Any] = print,
         return []
     leader = RankLeader(trainer, dp) if dp is not None else None
     try:
-        return _lead(cfg, leader or trainer, gw_config, admin, envs, agent, log, on_wait)
+        with serving(cfg, gw_config, log) as engine_config:  # vLLM stops when this ends
+            return _lead(cfg, leader or trainer, engine_config, admin, envs, agent, log,
+                         on_wait)
     finally:
         if leader is not None:  # the other ranks stop following, also when this failed
             leader.stop()

@@ -2,7 +2,7 @@
 
     python scripts/build_tiny64_model.py --out DIR [--seed 0]
 
-Why a second tiny model: vLLM's CPU attention serves head_dim 32/64/128 only, and the bundled
+Why a second tiny model: vLLM's CPU attention serves head_dim 32, 64, 80, ... 512, and the bundled
 model (gateway/engine/tiny, fine-tuned for the arith environment) has head_dim 16. This one
 exists to run a real vLLM behind the gateway in tests: token-exactness and weight updates need
 a real tokenizer, not trained weights. Qwen3 takes `head_dim` apart from `hidden_size`, so the
