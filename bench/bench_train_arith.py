@@ -147,9 +147,10 @@ def summarise(runs: dict[int, tuple[list[dict], list[dict]]], window: int,
                 n, a, b = paired(tally)
                 if n:
                     gains.append(b - a)
-                print(f"  seed {seed}: same {n} tasks {a:.3f} -> {b:.3f} ({b - a:+.3f}); "
-                      + ", ".join(f"{f} {x:.2f} -> {y:.2f}"
-                                  for f, (x, y) in by_family(tally).items()))
+                same = (f"same {n} tasks {a:.3f} -> {b:.3f} ({b - a:+.3f})" if n
+                        else "no task trained on in both windows")
+                print(f"  seed {seed}: {same}; " + ", ".join(
+                    f"{f} {x:.2f} -> {y:.2f}" for f, (x, y) in by_family(tally).items()))
         if gains:
             print(f"  paired gain over {len(gains)} seeds: {statistics.fmean(gains):+.3f}, "
                   f"min {min(gains):+.3f}, max {max(gains):+.3f}")
