@@ -34,6 +34,16 @@ if TYPE_CHECKING:
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
+def default_sigint() -> None:
+    """`preexec_fn` for a child a test interrupts with SIGINT: Ctrl-C's default action even when
+    the test process ignores SIGINT at that moment (an ignored signal is inherited across exec,
+    and a Python started with SIGINT ignored never raises KeyboardInterrupt; under CI both
+    SIGINT tests once saw their child ignore the signal while the SIGTERM ones passed)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def require(condition: bool, what: str) -> None:
     """Skip (locally) or fail (in CI) when `what` is not available."""
     if condition:

@@ -41,6 +41,9 @@ ROOT = Path(__file__).resolve().parents[2]  # the repository (where scripts/vllm
 VLLM_CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 MAX_MODEL_LEN = 8192  # vLLM's context limit here (or the model's own, if smaller)
 HEARTBEAT_TIMEOUT_S = 30.0  # vLLM answers /health late while the trainer holds the CPU
+HEARTBEAT_MISSES = 10  # the one engine leaves rotation only after this many late beats or failed
+# calls in a row: under CI load two were enough to take it out and fail rollouts with 503 (envhub
+# itself watches the process, so a dead vLLM is noticed anyway)
 STOP_WAIT_S = 60.0
 LOG_TAIL = 3000
 BUILD_TINY64 = ("python scripts/build_tiny64_model.py --out /tmp/tiny64 && "
@@ -142,7 +145,7 @@ def serving(cfg: TrainLoopConfig, gw_config: GatewayConfig, log: Any = print
 def _fleet_of(gw_config: GatewayConfig, url: str, max_len: int) -> GatewayConfig:
     return gw_config.model_copy(update={
         "backend": "vllm", "upstreams": [f"vllm={url}"], "max_model_len": max_len,
-        "heartbeat_timeout": HEARTBEAT_TIMEOUT_S})
+        "heartbeat_timeout": HEARTBEAT_TIMEOUT_S, "heartbeat_misses": HEARTBEAT_MISSES})
 
 
 def _model_max_len(model: str) -> int:

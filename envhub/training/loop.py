@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from envhub.training.tasks import EnvTasks
 
 POLL_S = 2.0  # longest wait between two looks at the window (a safety net: completions notify)
+PUSH_ATTEMPTS = 8  # a weight push the gateway answers 503/429 is retried (about 2.5 min in all)
 
 
 class Loop:
@@ -96,9 +97,16 @@ class Loop:
 
     def push(self) -> None:
         import httpx
+        from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
         from envhub.train import prune_weights
 
+        def busy(e: BaseException) -> bool:  # 503: no engine in rotation (a heartbeat the
+            # loaded machine answered late took it out until the next one); 429: still draining
+            return isinstance(e, httpx.HTTPStatusError) and e.response.status_code in (429, 503)
+
+        @retry(retry=retry_if_exception(busy), stop=stop_after_attempt(PUSH_ATTEMPTS),
+               wait=wait_exponential(min=2, max=30), reraise=True)
         def post(path: str) -> None:
             r = httpx.post(self.push_url, json={"path": path},
                            headers={"authorization": f"Bearer {self.admin_key}"}, timeout=600)

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from envhub.cli import app
 from tests.envs.runtime_fixtures.gateway import ADMIN_KEY, FIXTURES, start_gateway
-from tests.support import envhub, require_docker, require_tool, run_leftovers
+from tests.support import default_sigint, envhub, require_docker, require_tool, run_leftovers
 
 BAD_MANIFEST = 'name = "bad"\nversion = "one"\nentrypoint = "env:Env"\n'
 
@@ -91,7 +91,7 @@ def test_list_and_info():
     assert listed.exit_code == 0 and "arith" in {r["name"] for r in json.loads(listed.stdout)}
     info = runner.invoke(app, ["info", "arith", "--json"])
     data = json.loads(info.stdout)
-    assert data["task_count"] == 64 and data["tools"] == ["calculator", "submit"]
+    assert data["task_count"] == 512 and data["tools"] == ["calculator", "submit"]
     assert data["rewards"] == {"outcome": 1.0, "process": 0.1, "time": 0.05}
 
 
@@ -201,7 +201,8 @@ def test_interrupted_run_leaves_nothing_behind(tmp_path, sig):
         [sys.executable, "-m", "envhub", "run", "arith", "-n", "1", "--agent", agent,
          "--agent-on-host",
          "--gateway", gw.url, "--admin-key", ADMIN_KEY, "-q"],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=default_sigint)
     try:
         for _ in range(600):  # wait (up to ~5 min) until the agent is mid-rollout
             if info_file.exists() or proc.poll() is not None:
