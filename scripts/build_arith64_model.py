@@ -22,10 +22,13 @@ Byte-reproducible (the bundled weights in, tensors in name order out, config wit
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import shutil
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from build_tiny64_model import digest  # noqa: E402 - the same folder digest for both models
 
 ROOT = Path(__file__).resolve().parent.parent
 BUNDLED = ROOT / "gateway" / "engine" / "tiny"
@@ -103,10 +106,7 @@ def build(out: Path, base: Path = BUNDLED) -> str:
     tensors = weights(load_file(str(base / "model.safetensors")), base_config)
     save_file(dict(sorted(tensors.items())), str(out / "model.safetensors"),
               metadata={"format": "pt"})
-    h = hashlib.sha256()
-    for path in sorted(p for p in out.iterdir() if p.is_file()):
-        h.update(path.name.encode() + b"\0" + path.read_bytes())
-    return h.hexdigest()
+    return digest(out)
 
 
 def main() -> None:
