@@ -336,6 +336,10 @@ _register_all()
 
 
 def main() -> None:
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # a torchrun rank (--nproc-per-node)
+        from envhub.trainer.distributed import run_rank
+
+        run_rank(app)
     app()
 
 

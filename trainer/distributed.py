@@ -16,10 +16,16 @@ sharded checkpoints (checkpoint.py, DCP) and the full-state gather for the weigh
 
 from __future__ import annotations
 
+import atexit
 import os
-from typing import TYPE_CHECKING, Any
+import sys
+import threading
+import traceback
+from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import torch
 
 # The method FSDP2 treats as a forward of the root (see `shard_model`, forward.py).
@@ -103,6 +109,40 @@ class DataParallel:
     def loss_scale(self) -> float:
         """Factor on the loss: FSDP2 averages gradients over ranks, the trainer wants sums."""
         return float(self.world)
+
+
+def run_rank(main: Callable[[], Any]) -> NoReturn:
+    """Run a torchrun rank's `main` and end the process with its exit status (0, the code of
+    a `SystemExit`, 1 with the traceback for any other exception) *without* the interpreter's
+    final teardown: threads are joined and `atexit` handlers (logging, temporary folders,
+    Ray) run, then `os._exit`.
+
+    Why: `destroy_process_group` does not end gloo's worker threads (FSDP2's device meshes
+    keep the process group alive), and a worker that drops the last reference to a
+    Python-created tensor (e.g. `broadcast_object_list`'s) after the interpreter began
+    finalising tries to take the GIL, is ended by CPython mid-destructor, and the process
+    aborts ("terminate called without an active exception", SIGABRT) though every rank
+    finished: torchrun then reports the run failed. Seen here in about 1 in 4 two-rank runs
+    under load; pytorch/pytorch#190489 (open) has the same backtrace."""
+    code: int = 0
+    try:
+        main()
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            code = exc.code or 0
+        else:
+            print(exc.code, file=sys.stderr)
+            code = 1
+    except BaseException:  # noqa: BLE001 (reported as the interpreter would, then exit 1)
+        traceback.print_exc()
+        code = 1
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _cpu() -> torch.device:

@@ -21,7 +21,7 @@ import torch
 from envhub.sdk.types import Trajectory
 from envhub.trainer.batch import build_batch
 from envhub.trainer.config import LoraSettings, OptimConfig, TrainerConfig
-from envhub.trainer.distributed import DataParallel
+from envhub.trainer.distributed import DataParallel, run_rank
 from envhub.trainer.errors import TrainerError
 from envhub.trainer.prefix_tree import plan_trees
 from envhub.trainer.source import Group
@@ -175,5 +175,5 @@ def main(work: Path, mode: str) -> None:
             torch.distributed.destroy_process_group()
 
 
-if __name__ == "__main__":
-    main(Path(sys.argv[1]), sys.argv[2])
+if __name__ == "__main__":  # as `envhub train`'s ranks end (see run_rank)
+    run_rank(lambda: main(Path(sys.argv[1]), sys.argv[2]))
