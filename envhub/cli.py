@@ -92,7 +92,7 @@ def train_command(
                                      "drawn as in training (eval/resolved_rate: their mean)"),
     eval_greedy: bool = typer.Option(False, "--eval-greedy", help="evaluate with one greedy "
                                      "(temperature 0) sample per held-out task instead"),
-    eval_tasks: int = typer.Option(16, min=1, help="held-out tasks per environment (its last N, "
+    eval_tasks: int = typer.Option(32, min=1, help="held-out tasks per environment (its last N, "
                                    "never trained on)"),
     no_std_norm: bool = typer.Option(False, "--no-std-norm", help="GRPO advantages r - mean "
                                      "(not divided by the group's std)"),

@@ -93,7 +93,7 @@ class TrainLoopConfig(BaseModel):
                               "temperature); eval/resolved_rate is their mean")
     eval_greedy: bool = Field(False, description="evaluate greedily instead: one sample per "
                               "held-out task at temperature 0 (built-in agent)")
-    eval_tasks: int = Field(16, ge=1, description="held-out tasks per environment: its last N, "
+    eval_tasks: int = Field(32, ge=1, description="held-out tasks per environment: its last N, "
                             "never trained on")
     std_norm: bool = Field(True, description="GRPO advantages divided by the group's reward "
                            "std; off: plain r - mean (GLM-5's formula)")
@@ -315,7 +315,12 @@ def load_training_envs(cfg: TrainLoopConfig) -> list[Any]:
         loaded = load_env(choice.ref)
         heldout = cfg.eval_tasks if cfg.eval_every else 0
         train_tasks, held = split_tasks(loaded.env.load_tasks(), cfg.tasks, heldout)
-        envs.append(EnvTasks(choice.ref, loaded.name, choice.weight, train_tasks, held))
+        stratify = loaded.manifest.tasks.stratify
+        if stratify and not any(stratify in t.data for t in train_tasks):
+            raise ValueError(f"{choice.ref}: envhub.toml's [tasks] stratify = {stratify!r} names "
+                             "no field of its tasks' rows; name one they have, or drop it")
+        envs.append(EnvTasks(choice.ref, loaded.name, choice.weight, train_tasks, held,
+                             stratify))
     return envs
 
 

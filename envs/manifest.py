@@ -107,6 +107,11 @@ class TasksSource(BaseModel):
     path: str | None = Field(None, description="JSONL/Parquet file in the package")
     dataset: str | None = Field(None, description="a `datasets` hub id (needs network)")
     split: str = "train"
+    stratify: str | None = Field(
+        None, description="a field of each task's row (e.g. a problem family or difficulty): "
+        "`envhub train` interleaves its values by their share within each pass over the tasks, "
+        "so every stretch of steps trains on the whole mix (without it a stretch can draw "
+        "mostly one kind, and its mean reward moves with the draw rather than with learning)")
 
 
 class Manifest(BaseModel):

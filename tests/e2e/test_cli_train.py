@@ -140,6 +140,46 @@ def test_task_stream_interleaves_environments_by_weight_and_holds_out_tasks():
     assert [next(one)[1].id for _ in range(16)] == sum(task_schedule(ids, 4, 4, 5), [])
 
 
+def test_task_stream_interleaves_a_stratified_environments_kinds_by_share(tmp_path):
+    """arith's manifest stratifies by `family`: every stretch of the stream holds each family
+    within two tasks of its share (across a pass boundary too), each pass still covers every
+    training task once, in a seeded order; a field no task has is refused with the fix."""
+    import dataclasses
+    import shutil
+
+    from envhub.envs.loader import load_env
+    from envhub.train import TrainLoopConfig, load_training_envs
+    from envhub.training.tasks import task_stream
+
+    (env,) = load_training_envs(TrainLoopConfig(envs=["arith"]))
+    assert env.stratify == "family"
+    n = len(env.train)
+    family = {t.id: t.data["family"] for t in env.train}
+    share = {f: list(family.values()).count(f) / n for f in set(family.values())}
+    assert len(share) == 3 and max(share.values()) - min(share.values()) > 0.01  # unequal
+    stream = task_stream([env], seed=3)
+    drawn = [next(stream)[1].id for _ in range(2 * n)]
+    for p in (drawn[:n], drawn[n:]):
+        assert sorted(p) == sorted(family)  # a pass is every task once
+    assert drawn[:n] != drawn[n:]  # in a fresh order
+    for start, length in ((0, 80), (80, 80), (n - 40, 80), (3, 7)):  # stretches, across passes
+        seen = [family[i] for i in drawn[start:start + length]]
+        for f, s in share.items():
+            assert abs(seen.count(f) - length * s) <= 2, (start, f, seen.count(f), length * s)
+    assert drawn == [next(s)[1].id for s in [task_stream([env], seed=3)] for _ in range(2 * n)]
+    # without stratification a stretch of 80 strays far further from the shares
+    plain = task_stream([dataclasses.replace(env, stratify=None)], seed=3)
+    window = [family[next(plain)[1].id] for _ in range(80)]
+    assert any(abs(window.count(f) - 80 * s) > 2 for f, s in share.items())
+
+    copy = tmp_path / "arith-colour"
+    shutil.copytree(load_env("arith").folder, copy)
+    manifest = copy / "envhub.toml"
+    manifest.write_text(manifest.read_text().replace('stratify = "family"', 'stratify = "colour"'))
+    with pytest.raises(ValueError, match="stratify = 'colour' names no field"):
+        load_training_envs(TrainLoopConfig(envs=[str(copy)]))
+
+
 @pytest.mark.slow
 def test_async_train_on_two_environments_by_weight_with_held_out_eval(tmp_path):
     """Asynchronous (the default) on arith and a copy of it (weights 2:1): per-environment

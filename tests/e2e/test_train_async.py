@@ -25,11 +25,11 @@ AGENT = Path(__file__).parent / "data" / "hold_agent.py"
 
 def first_task(seed: int) -> str:
     """The task of the first group a run with `--tasks 2` launches (the seeded task order)."""
-    from envhub.envs.loader import load_env
-    from envhub.train import task_schedule
+    from envhub.train import TrainLoopConfig, load_training_envs
+    from envhub.training.tasks import task_stream
 
-    ids = [t.id for t in load_env("arith").env.load_tasks()[:2]]
-    return task_schedule(ids, steps=1, groups=1, seed=seed)[0][0]
+    (env,) = load_training_envs(TrainLoopConfig(envs=["arith"], tasks=2, eval_every=0))
+    return next(task_stream([env], seed))[1].id
 
 
 def config(out: Path, hold_mode: str, arg: str, **over: object):
