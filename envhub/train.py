@@ -196,7 +196,7 @@ def train(cfg: TrainLoopConfig, log: Callable[[str], Any] = print,
     which group heads the window and which finished groups lie beyond it."""
     import torch
     from huggingface_hub.utils import disable_progress_bars
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     from envhub.envs.agents import make_agent
@@ -226,6 +226,9 @@ def train(cfg: TrainLoopConfig, log: Callable[[str], Any] = print,
                               model=cfg.model)
     model = AutoModelForCausalLM.from_pretrained(str(gw_config.model_path()),
                                                  dtype=torch.float32)
+    # Saved beside each pushed version: OUT/weights/vN is then a model folder `envhub run
+    # --model` and the gateway can serve as it is (tokenizer and chat template included).
+    tokenizer = AutoTokenizer.from_pretrained(str(gw_config.tokenizer_path()))
     lora = None
     if cfg.lora_rank is not None:
         lora = LoraSettings(rank=cfg.lora_rank, alpha=cfg.lora_alpha or 2 * cfg.lora_rank,
@@ -236,7 +239,8 @@ def train(cfg: TrainLoopConfig, log: Callable[[str], Any] = print,
         filters=FilterConfig(tau=cfg.tau, group_size=cfg.k, drop_no_signal=True,
                              chains=cfg.chains),
         gradient_checkpointing=cfg.gradient_checkpointing,
-        precision=cfg.precision, lora=lora), data_parallel=dp)  # type: ignore[arg-type]
+        precision=cfg.precision, lora=lora), data_parallel=dp,  # type: ignore[arg-type]
+        tokenizer=tokenizer)
     if not rank0:  # follow rank 0's steps and pushes until it stops
         assert dp is not None
         follow(trainer, cfg.out / "weights")

@@ -6,10 +6,17 @@ FSDP2-sharded, so every rank must join each step's and each push's collectives: 
 `sync(root)` to the other ranks (a pickled broadcast), which run the same call in `follow`.
 A `stop` (always sent, also when rank 0 fails) ends the followers; a follower waits for it
 also after rank 0's weight push failed, so that rank 0 lives to report the error.
+
+The commands travel on their own gloo group whose timeout is `COMMAND_TIMEOUT`, not the
+process group's (gloo's default 30 min, NCCL's 10): between two commands rank 0 runs
+rollouts, evaluations or starts an engine, which may take longer, and a follower waiting for
+the next command must not give up then. A rank 0 that dies does not leave followers waiting
+out this timeout: torchrun ends the other ranks when one exits with an error.
 """
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,11 +28,21 @@ if TYPE_CHECKING:
     from envhub.trainer.trainer import Trainer
 
 
-def _broadcast(message: Any) -> Any:
+COMMAND_TIMEOUT = timedelta(days=7)
+
+
+def _command_group() -> Any:
+    """The group commands travel on (collective: every rank calls it once, at the start)."""
+    import torch.distributed as dist
+
+    return dist.new_group(backend="gloo", timeout=COMMAND_TIMEOUT)
+
+
+def _broadcast(group: Any, message: Any) -> Any:
     import torch.distributed as dist
 
     box = [message]
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, src=0, group=group)
     return box[0]
 
 
@@ -36,31 +53,33 @@ class RankLeader:
         self.trainer = trainer
         self.ranks = dp.world
         self._stopped = False
+        self._commands = _command_group()
 
     @property
     def version(self) -> int:
         return self.trainer.version
 
     def step(self, groups: list[Group]) -> dict[str, Any]:
-        _broadcast(("step", groups))
+        _broadcast(self._commands, ("step", groups))
         return self.trainer.step(groups)
 
     def sync(self, root: str | Path, push: Any = None) -> Path | None:
-        _broadcast(("sync", str(root)))
+        _broadcast(self._commands, ("sync", str(root)))
         return self.trainer.sync(root, push=push)
 
     def stop(self) -> None:
         if not self._stopped:
             self._stopped = True
-            _broadcast(("stop", None))
+            _broadcast(self._commands, ("stop", None))
             _close(together=True)
 
 
 def follow(trainer: Trainer, weights: Path) -> None:
     """A non-zero rank: run rank 0's steps and pushes (rank 0 alone writes and pushes)."""
+    commands = _command_group()
     try:
         while True:
-            command, arg = _broadcast(None)
+            command, arg = _broadcast(commands, None)
             if command == "step":
                 trainer.step(arg)
             elif command == "sync":

@@ -38,6 +38,11 @@ def test_train_arith_runs_the_loop_and_the_engine_samples_the_new_weights(tmp_pa
             r["trainer/step/skipped"] == 1 and r["trainer/drop_groups/no_signal"] == 2), r
     kept = sorted(p.name for p in (out / "weights").iterdir())
     assert kept == ["v000002"]  # the pushed weights: the newest kept, older ones pruned
+    # a model folder the gateway serves as it is: the tokenizer and chat template came along
+    from envhub.gateway.render.chat_template import ChatRenderer
+
+    renderer = ChatRenderer.from_pretrained(out / "weights" / "v000002")
+    assert renderer.chat_template
     with StoreSource(f"sqlite:///{out / 'pool.db'}") as pool:
         groups = pool.list_groups()
         assert len(groups) == 6 and all(g.finished() for g in groups)

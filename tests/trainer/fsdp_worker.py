@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import socket
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -123,6 +124,27 @@ def push_fails(work: Path, dp: DataParallel) -> None:
     (work / f"push_fails.{dp.rank}.json").write_text(json.dumps(seen))
 
 
+# Rank 0's pause before its first command in `slow_leader`, beyond that launch's process-group
+# timeout (PG_TIMEOUT_S), as rollouts, an evaluation or an engine's start-up can be.
+PG_TIMEOUT_S, SLOW_LEADER_S = 15, 35
+
+
+def slow_leader(work: Path, dp: DataParallel) -> None:
+    """Rank 0 leads one step after a pause longer than the process group's timeout; rank 1
+    waits for it on ranks.py's command group. Each writes the steps it made."""
+    trainer = Trainer(tiny_model("qwen2"), config("plain"), data_parallel=dp)
+    if dp.rank != 0:
+        follow(trainer, work / "weights")
+    else:
+        leader = RankLeader(trainer, dp)
+        try:
+            time.sleep(SLOW_LEADER_S)
+            leader.step(load_groups(work)[:2])
+        finally:
+            leader.stop()
+    (work / f"slow_leader.{dp.rank}.json").write_text(json.dumps({"steps": trainer.steps}))
+
+
 def resume_first_half(work: Path, dp: DataParallel) -> None:
     groups = load_groups(work)
     trainer = Trainer(tiny_model("qwen2"), config("plain"), data_parallel=dp)
@@ -149,7 +171,8 @@ def _finish(trainer: Trainer, groups: list[Group], out: Path, dp: DataParallel) 
 def main(work: Path, mode: str) -> None:
     torch.set_num_threads(1)
     # a collective one rank misses fails in two minutes instead of gloo's default 30
-    dp = DataParallel.init(timeout=timedelta(seconds=120))
+    dp = DataParallel.init(timeout=timedelta(seconds=PG_TIMEOUT_S if mode == "slow_leader"
+                                             else 120))
     try:
         if mode == "equivalence":
             groups = load_groups(work)
@@ -166,6 +189,9 @@ def main(work: Path, mode: str) -> None:
             if dp.rank == 0:
                 torch.save(results, work / "uneven.pt")
             push_fails(work, dp)  # last: RankLeader.stop and follow close the process group
+            return
+        elif mode == "slow_leader":
+            slow_leader(work, dp)  # RankLeader.stop and follow close the process group
             return
         else:
             raise SystemExit(f"unknown mode {mode!r}")

@@ -2,7 +2,8 @@
 parameters), with and without gradient checkpointing, with LoRA, in bf16 mixed precision;
 a DCP checkpoint written on 2 ranks resumes on 2 ranks (a fresh torchrun) exactly; steps where
 one rank has fewer packed trees or none, and a weight push that fails on rank 0 only, end on
-both ranks instead of hanging."""
+both ranks instead of hanging; a follower outwaits the process group's timeout for rank 0's
+next command."""
 
 from __future__ import annotations
 
@@ -140,3 +141,12 @@ def test_dcp_checkpoint_on_two_ranks_resumes_exactly(work) -> None:
     assert b["metrics"]["grad/norm"] == a["metrics"]["grad/norm"]
     assert _max_diff(a["params"], b["params"]) == 0
     assert torch.equal(a["rng"], b["rng"])
+
+
+def test_a_follower_waits_for_rank_0_beyond_the_process_groups_timeout(tmp_path) -> None:
+    """Between commands rank 0 runs rollouts and evaluations: a follower waiting longer than
+    the process group's collective timeout (15 s here, 30 min by default) must keep waiting."""
+    work = _groups(tmp_path)
+    _torchrun(work, "slow_leader")
+    for rank in (0, 1):
+        assert json.loads((work / f"slow_leader.{rank}.json").read_text()) == {"steps": 1}
