@@ -94,8 +94,9 @@ def train_command(
                                      "(temperature 0) sample per held-out task instead"),
     eval_tasks: int = typer.Option(32, min=1, help="held-out tasks per environment (its last N, "
                                    "never trained on)"),
-    no_std_norm: bool = typer.Option(False, "--no-std-norm", help="GRPO advantages r - mean "
-                                     "(not divided by the group's std)"),
+    std_norm: bool = typer.Option(False, "--std-norm/--no-std-norm", help="divide GRPO "
+                                  "advantages by the group's reward std (default: r - mean, "
+                                  "so a reward's weight keeps its meaning)"),
     gradient_checkpointing: bool = typer.Option(False, "--gradient-checkpointing",
                                                 help="recompute activations in the backward "
                                                 "pass (less memory, more compute)"),
@@ -163,7 +164,7 @@ def train_command(
                               sync_every=sync_every, reset_optimizer=reset_optimizer,
                               eval_every=eval_every, eval_tasks=eval_tasks,
                               eval_samples=eval_samples, eval_greedy=eval_greedy,
-                              std_norm=not no_std_norm,
+                              std_norm=std_norm,
                               gradient_checkpointing=gradient_checkpointing, chains=chains,
                               precision=precision, lora_rank=lora_rank, lora_alpha=lora_alpha,
                               lora_targets=targets, executor=executor, schedule=schedule)

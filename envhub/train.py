@@ -95,8 +95,12 @@ class TrainLoopConfig(BaseModel):
                               "held-out task at temperature 0 (built-in agent)")
     eval_tasks: int = Field(32, ge=1, description="held-out tasks per environment: its last N, "
                             "never trained on")
-    std_norm: bool = Field(True, description="GRPO advantages divided by the group's reward "
-                           "std; off: plain r - mean (GLM-5's formula)")
+    std_norm: bool = Field(False, description="GRPO advantages divided by the group's reward "
+                           "std; off (default): plain r - mean (GLM-5's formula, Dr. GRPO), so "
+                           "a reward's weight keeps its meaning. With it on, a group whose "
+                           "outcomes tie has its advantages scaled to unit size from whatever "
+                           "differs: for arith, the 0.05-weighted time reward's jitter of a "
+                           "few ms between samples run together (trainer/README.md)")
     gradient_checkpointing: bool = Field(False, description="recompute activations in the "
                                          "backward pass (less memory, more compute)")
     precision: str = Field("fp32", pattern="^(fp32|bf16)$", description="bf16: bfloat16 "

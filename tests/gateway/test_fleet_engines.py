@@ -25,6 +25,9 @@ from envhub.gateway.server import GatewayHandle, run_in_thread
 pytestmark = pytest.mark.slow
 
 HEARTBEAT = 0.5
+# Healthy engines answering 200 sessions on a loaded 2-core box can miss one or two beats (seen:
+# a CI run beside three training jobs took every engine out of rotation at 2 misses).
+HEARTBEAT_MISSES = 4
 ZERO = ["--zero", "--zero-length", "4"]
 
 
@@ -46,7 +49,8 @@ def zero_engines(tmp_path: Path) -> Iterator[list[EngineProcess]]:
 def start_gateway(tmp_path: Path, engines: list[EngineProcess]) -> GatewayHandle:
     return run_in_thread(GatewayConfig(
         port=0, db=f"sqlite:///{tmp_path}/pool.db", backend="vllm",
-        upstreams=[e.url for e in engines], heartbeat_interval=HEARTBEAT, heartbeat_misses=2,
+        upstreams=[e.url for e in engines], heartbeat_interval=HEARTBEAT,
+        heartbeat_misses=HEARTBEAT_MISSES,
         default_max_tokens=16))
 
 
@@ -158,7 +162,7 @@ def test_sticky_sessions_and_kill_9_failover(zero_engines: list[EngineProcess],
         asyncio.run(check_turns(gw, agents))  # none lost, none twice
         dead = fleet.instances[victim.url]
         assert not dead.in_rotation and dead.removed_at_beat is not None
-        assert dead.removed_at_beat - killed_at["beat"] <= 2, dead.describe()
+        assert dead.removed_at_beat - killed_at["beat"] <= HEARTBEAT_MISSES, dead.describe()
 
         # Restart on the same port: the heartbeat re-admits it and new sessions reach it.
         restarted = EngineProcess(ZERO, port=victim.port, log_path=tmp_path / "restart.log")
