@@ -33,6 +33,8 @@ class TwoNodeCluster:
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.nodes: dict[str, subprocess.Popen[bytes]] = {}
+        self.marks = root / "marks"  # see `_start`
+        self.marks.mkdir(parents=True, exist_ok=True)
         self.env = {**os.environ, "RAY_ADDRESS": self.address,
                     "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
 
@@ -53,7 +55,9 @@ class TwoNodeCluster:
         self.nodes[name] = subprocess.Popen(
             [RAY, "start", *args, *COMMON, "--resources", json.dumps({name: 1}),
              "--temp-dir", str(tmp)],
-            env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            # processes Ray starts on the node (a host agent's too) can tell which node they are on
+            env={**self.env, "ENVHUB_TEST_NODE": name, "ENVHUB_TEST_MARKS": str(self.marks)},
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def alive_nodes(self) -> list[dict]:
         try:  # ray.init keeps trying while the head is still starting: bounded, then retried

@@ -22,7 +22,8 @@ from tests.support import require, run_leftovers
 pytestmark = pytest.mark.slow
 
 # A command agent that makes one real chat call through its session, then works for a while
-# (long enough for a node to be killed under it).
+# (long enough for a node to be killed under it), a file in the cluster's marks folder saying
+# so meanwhile.
 AGENT = """\
 import json, os, time, urllib.request
 req = urllib.request.Request(
@@ -32,7 +33,12 @@ req = urllib.request.Request(
     headers={"authorization": "Bearer " + os.environ["OPENAI_API_KEY"],
              "content-type": "application/json"})
 urllib.request.urlopen(req, timeout=60).read()
+# while it works, a file says on which node (tests/ray_cluster.py sets both variables)
+mark = os.path.join(os.environ["ENVHUB_TEST_MARKS"], os.environ["ENVHUB_TEST_NODE"] + "-" +
+                    str(os.getpid()))
+open(mark, "w").close()
 time.sleep(float(os.environ.get("AGENT_WORK_S", "3")))
+os.remove(mark)
 """
 ROLLOUTS = 8
 
@@ -55,6 +61,18 @@ def cluster() -> Iterator[object]:
 
 def _records(out: Path) -> list[dict]:
     return [json.loads(f.read_text()) for f in sorted((out / "rollouts").glob("*.json"))]
+
+
+def _finished_on(out: Path, node: str) -> bool:
+    """While the run goes on: has a rollout record from `node` been written? (pathlib's glob
+    also lists the results writer's `.tmp-*.json`, which may not parse yet.)"""
+    for f in (out / "rollouts").glob("*.json"):
+        try:
+            if json.loads(f.read_text())["node"].get("resources") == node:
+                return True
+        except (ValueError, KeyError):
+            continue
+    return False
 
 
 def test_a_rollout_no_node_can_place_stops_the_run_up_front(cluster, tmp_path: Path,
@@ -80,13 +98,14 @@ def test_run_spreads_over_two_nodes_and_survives_losing_one(cluster, tmp_path: P
          "--agent-on-host", "--out", str(out), "-q"],
         env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        # Kill node_b as soon as one rollout has finished there: it is running another by then
-        # (4 in flight, 1 CPU per node, 3 s each).
+        # Kill node_b once a rollout has finished there and while another works there (its
+        # agent's file is in the marks folder; it works 3 s). Waiting only for a finished one
+        # was a race: on a loaded machine node_b sometimes had nothing running at the kill.
         deadline = time.monotonic() + 240
-        while not any(r["node"].get("resources") == "node_b" for r in _records(out)):
+        while not (_finished_on(out, "node_b") and any(cluster.marks.glob("node_b-*"))):
             assert proc.poll() is None, proc.communicate()[0][-3000:]
-            assert time.monotonic() < deadline, "no rollout finished on node_b"
-            time.sleep(0.2)
+            assert time.monotonic() < deadline, "no rollout finished, then ran, on node_b"
+            time.sleep(0.1)
         cluster.kill("node_b")
         output, _ = proc.communicate(timeout=300)
     finally:
