@@ -60,19 +60,10 @@ def cluster() -> Iterator[object]:
 
 
 def _records(out: Path) -> list[dict]:
-    return [json.loads(f.read_text()) for f in sorted((out / "rollouts").glob("*.json"))]
-
-
-def _finished_on(out: Path, node: str) -> bool:
-    """While the run goes on: has a rollout record from `node` been written? (pathlib's glob
-    also lists the results writer's `.tmp-*.json`, which may not parse yet.)"""
-    for f in (out / "rollouts").glob("*.json"):
-        try:
-            if json.loads(f.read_text())["node"].get("resources") == node:
-                return True
-        except (ValueError, KeyError):
-            continue
-    return False
+    """The rollout records written so far; not the results writer's `.tmp-*.json` (pathlib's
+    glob lists them; one being written may not parse yet), which it renames into place."""
+    return [json.loads(f.read_text()) for f in sorted((out / "rollouts").glob("*.json"))
+            if not f.name.startswith(".")]
 
 
 def test_a_rollout_no_node_can_place_stops_the_run_up_front(cluster, tmp_path: Path,
@@ -102,7 +93,8 @@ def test_run_spreads_over_two_nodes_and_survives_losing_one(cluster, tmp_path: P
         # agent's file is in the marks folder; it works 3 s). Waiting only for a finished one
         # was a race: on a loaded machine node_b sometimes had nothing running at the kill.
         deadline = time.monotonic() + 240
-        while not (_finished_on(out, "node_b") and any(cluster.marks.glob("node_b-*"))):
+        while not (any(r["node"].get("resources") == "node_b" for r in _records(out))
+                   and any(cluster.marks.glob("node_b-*"))):
             assert proc.poll() is None, proc.communicate()[0][-3000:]
             assert time.monotonic() < deadline, "no rollout finished, then ran, on node_b"
             time.sleep(0.1)
