@@ -46,8 +46,8 @@ def train_command(
     steps: int = typer.Option(20, min=1, help="optimizer steps"),
     seed: int = typer.Option(0, help="seed for torch, task order and sampling"),
     out: str = typer.Option("runs/train", help="folder for metrics.jsonl, pool.db, weights/"),
-    groups: int = typer.Option(8, min=1, help="groups (tasks) per optimizer step"),
-    k: int = typer.Option(8, min=2, help="samples per task (group size)"),
+    groups: int = typer.Option(16, min=1, help="groups (tasks) per optimizer step"),
+    k: int = typer.Option(4, min=2, help="samples per task (group size)"),
     concurrency: int = typer.Option(16, min=1, help="rollouts in flight"),
     lr: float = typer.Option(1e-4, min=0, help="AdamW learning rate (see trainer/README.md: "
                              "1e-3 breaks the bundled model's tool-call format)"),
@@ -86,14 +86,15 @@ def train_command(
     reset_optimizer: bool = typer.Option(None, "--reset-optimizer/--no-reset-optimizer",
                                          help="clear AdamW's moments after each weight push "
                                          "(default: on, off with --sync)", show_default=False),
-    eval_every: int = typer.Option(5, min=0, help="held-out evaluation every E steps, "
+    eval_every: int = typer.Option(10, min=0, help="held-out evaluation every E steps, "
                                    "before the first and after the last; 0: none"),
     eval_samples: int = typer.Option(4, min=1, help="samples per held-out task and evaluation, "
                                      "drawn as in training (eval/resolved_rate: their mean)"),
     eval_greedy: bool = typer.Option(False, "--eval-greedy", help="evaluate with one greedy "
                                      "(temperature 0) sample per held-out task instead"),
-    eval_tasks: int = typer.Option(32, min=1, help="held-out tasks per environment (its last N, "
-                                   "never trained on)"),
+    eval_tasks: int = typer.Option(64, min=1, help="held-out tasks per environment (its last N, "
+                                   "or each [tasks] stratify kind's last, by share; never "
+                                   "trained on)"),
     std_norm: bool = typer.Option(False, "--std-norm/--no-std-norm", help="divide GRPO "
                                   "advantages by the group's reward std (default: r - mean, "
                                   "so a reward's weight keeps its meaning)"),

@@ -50,8 +50,8 @@ class TrainLoopConfig(BaseModel):
     steps: int = Field(20, ge=1, description="optimizer steps")
     seed: int = Field(0, description="seeds torch, task order and sampling")
     out: Path = Field(Path("runs/train"), description="metrics.jsonl, pool.db, weights/")
-    groups: int = Field(8, ge=1, description="groups (tasks x k samples) per optimizer step")
-    k: int = Field(8, ge=2, description="samples per task (group size)")
+    groups: int = Field(16, ge=1, description="groups (tasks x k samples) per optimizer step")
+    k: int = Field(4, ge=2, description="samples per task (group size)")
     concurrency: int = Field(16, ge=1, description="rollouts in flight")
     lr: float = Field(1e-4, gt=0, description="AdamW learning rate")
     tau: int | None = Field(2, ge=0, description="staleness bound (versions)")
@@ -86,14 +86,15 @@ class TrainLoopConfig(BaseModel):
     reset_optimizer: bool | None = Field(None, description="clear AdamW's moments after each "
                                          "push (None: on asynchronous, as GLM-5 does at every "
                                          "weight sync; off with --sync)")
-    eval_every: int = Field(5, ge=0, description="held-out evaluation every E steps (and before "
+    eval_every: int = Field(10, ge=0, description="held-out evaluation every E steps (and before "
                             "the first and after the last); 0: none, and no task held out")
     eval_samples: int = Field(4, ge=1, description="samples of each held-out task per "
                               "evaluation, drawn as training samples them (the agent's "
                               "temperature); eval/resolved_rate is their mean")
     eval_greedy: bool = Field(False, description="evaluate greedily instead: one sample per "
                               "held-out task at temperature 0 (built-in agent)")
-    eval_tasks: int = Field(32, ge=1, description="held-out tasks per environment: its last N, "
+    eval_tasks: int = Field(64, ge=1, description="held-out tasks per environment: its last N "
+                            "(with a [tasks] stratify field: each kind's last, by its share), "
                             "never trained on")
     std_norm: bool = Field(False, description="GRPO advantages divided by the group's reward "
                            "std; off (default): plain r - mean (GLM-5's formula, Dr. GRPO), so "
@@ -322,11 +323,12 @@ def load_training_envs(cfg: TrainLoopConfig) -> list[Any]:
     for choice in cfg.envs:
         loaded = load_env(choice.ref)
         heldout = cfg.eval_tasks if cfg.eval_every else 0
-        train_tasks, held = split_tasks(loaded.env.load_tasks(), cfg.tasks, heldout)
+        tasks = loaded.env.load_tasks()
         stratify = loaded.manifest.tasks.stratify
-        if stratify and not any(stratify in t.data for t in train_tasks):
+        if stratify and not any(stratify in t.data for t in tasks):
             raise ValueError(f"{choice.ref}: envhub.toml's [tasks] stratify = {stratify!r} names "
                              "no field of its tasks' rows; name one they have, or drop it")
+        train_tasks, held = split_tasks(tasks, cfg.tasks, heldout, stratify)
         envs.append(EnvTasks(choice.ref, loaded.name, choice.weight, train_tasks, held,
                              stratify))
     return envs

@@ -31,29 +31,55 @@ class EnvTasks:
     stratify: str | None = None  # a key of Task.data whose values each pass interleaves
 
 
-def split_tasks(tasks: list[Task], limit: int | None, heldout: int) -> tuple[list[Task],
-                                                                              list[Task]]:
+def split_tasks(tasks: list[Task], limit: int | None, heldout: int,
+                stratify: str | None = None) -> tuple[list[Task], list[Task]]:
     """(training tasks, held-out tasks): the last `heldout` tasks are held out, the first
-    `limit` of the others are trained on (all of them without a limit). ValueError (with the
-    fix) when nothing would be left to train on."""
+    `limit` of the others are trained on (all of them without a limit). With `stratify` (a key
+    of the tasks' data) each stratum gives its last tasks, as many as its share of `heldout`
+    (largest remainders), so the held-out set has the training mix. ValueError (with the fix)
+    when nothing would be left to train on."""
     if heldout and heldout >= len(tasks):
         raise ValueError(f"--eval-tasks {heldout}: the environment has only {len(tasks)} tasks; "
                          "hold out fewer (or --eval-every 0 to train on all of them)")
-    train, held = (tasks[:-heldout], tasks[-heldout:]) if heldout else (tasks, [])
-    return train[:limit], held
+    if not heldout:
+        return tasks[:limit], []
+    if not stratify:
+        return tasks[:-heldout][:limit], tasks[-heldout:]
+    strata: dict[str, list[Task]] = {}
+    for task in tasks:
+        strata.setdefault(str(task.data.get(stratify, "")), []).append(task)
+    quota = {k: heldout * len(v) / len(tasks) for k, v in strata.items()}
+    counts = {k: int(q) for k, q in quota.items()}
+    for k in sorted(quota, key=lambda k: counts[k] - quota[k])[:heldout - sum(counts.values())]:
+        counts[k] += 1
+    held_ids = {t.id for k, v in strata.items() for t in v[len(v) - counts[k]:]}
+    return ([t for t in tasks if t.id not in held_ids][:limit],
+            [t for t in tasks if t.id in held_ids])
 
 
 def task_stream(envs: list[EnvTasks], seed: int) -> Iterator[tuple[EnvTasks, Task]]:
     """Endless (environment, task) pairs. Each environment walks passes over its training
     tasks, each pass in a fresh order from its own seeded generator; environments take turns at
-    their weighted pace (the one furthest behind its share goes next, ties in listed order).
-    With one environment the order is `task_schedule`'s, flattened."""
+    their weighted pace (`by_share`). With one environment the order is `task_schedule`'s,
+    flattened."""
     orders = [_passes(e.train, random.Random(seed), e.stratify) for e in envs]
-    progress = [0.0] * len(envs)
-    while True:
-        i = min(range(len(envs)), key=lambda j: (progress[j], j))
-        progress[i] += 1.0 / envs[i].weight
+    for i in by_share([e.weight for e in envs]):
         yield envs[i], next(orders[i])
+
+
+def by_share(shares: list[float], counts: list[int] | None = None) -> Iterator[int]:
+    """Indices into `shares`, each taken at the pace of its share: the next is the one least
+    far through, (taken + 1/2) / share, ties to the lower index. Any stretch holds each index
+    within about one of its share. With `counts`, index j is taken at most counts[j] times
+    (the stream ends when all are)."""
+    taken = [0] * len(shares)
+    while True:
+        open_ = [j for j in range(len(shares)) if counts is None or taken[j] < counts[j]]
+        if not open_:
+            return
+        i = min(open_, key=lambda j: ((taken[j] + 0.5) / shares[j], j))
+        taken[i] += 1
+        yield i
 
 
 def _passes(tasks: list[Task], rng: random.Random, stratify: str | None) -> Iterator[Task]:
@@ -72,12 +98,6 @@ def interleave_strata(order: list[Task], key: str) -> list[Task]:
     strata: dict[str, list[Task]] = {}
     for task in order:
         strata.setdefault(str(task.data.get(key, "")), []).append(task)
-    queues = list(strata.values())
-    taken = [0] * len(queues)
-    out: list[Task] = []
-    for _ in order:
-        i = min((j for j, q in enumerate(queues) if taken[j] < len(q)),
-                key=lambda j: ((taken[j] + 0.5) / len(queues[j]), j))
-        out.append(queues[i][taken[i]])
-        taken[i] += 1
-    return out
+    queues = [iter(q) for q in strata.values()]
+    sizes = [len(q) for q in strata.values()]
+    return [next(queues[i]) for i in by_share([float(n) for n in sizes], sizes)]

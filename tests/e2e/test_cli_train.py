@@ -148,13 +148,14 @@ def test_task_stream_interleaves_environments_by_weight_and_holds_out_tasks():
 def test_task_stream_interleaves_a_stratified_environments_kinds_by_share(tmp_path):
     """arith's manifest stratifies by `family`: every stretch of the stream holds each family
     within two tasks of its share (across a pass boundary too), each pass still covers every
-    training task once, in a seeded order; a field no task has is refused with the fix."""
+    training task once, in a seeded order; the held-out tasks are each family's last, by its
+    share; a field no task has is refused with the fix."""
     import dataclasses
     import shutil
 
     from envhub.envs.loader import load_env
     from envhub.train import TrainLoopConfig, load_training_envs
-    from envhub.training.tasks import task_stream
+    from envhub.training.tasks import split_tasks, task_stream
 
     (env,) = load_training_envs(TrainLoopConfig(envs=["arith"]))
     assert env.stratify == "family"
@@ -177,6 +178,21 @@ def test_task_stream_interleaves_a_stratified_environments_kinds_by_share(tmp_pa
     window = [family[next(plain)[1].id] for _ in range(80)]
     assert any(abs(window.count(f) - 80 * s) > 2 for f, s in share.items())
 
+    # the held-out tasks have the training mix too: each family's last tasks, by its share
+    everything = load_env("arith").env.load_tasks()
+    held = {t.id: t.data["family"] for t in env.heldout}
+    assert len(held) == 64 and not held.keys() & family.keys()
+    assert len(held) + n == len(everything)
+    for f, s in share.items():
+        assert abs(list(held.values()).count(f) - 64 * s) <= 1, f
+        last = [t.id for t in everything if t.data["family"] == f][-list(held.values()).count(f):]
+        assert {i for i, g in held.items() if g == f} == set(last)
+    # an environment without the field holds out its last tasks, as before
+    plain_split = split_tasks(everything, None, 64)
+    assert [t.id for t in plain_split[1]] == [t.id for t in everything[-64:]]
+    assert [t.id for t in split_tasks(everything, 5, 64, "family")[0]] == [
+        t.id for t in everything if t.id not in held][:5]
+
     copy = tmp_path / "arith-colour"
     shutil.copytree(load_env("arith").folder, copy)
     manifest = copy / "envhub.toml"
@@ -193,6 +209,7 @@ def test_async_train_on_two_environments_by_weight_with_held_out_eval(tmp_path):
     import shutil
 
     from envhub.envs.loader import load_env
+    from envhub.train import TrainLoopConfig, load_training_envs
 
     copy = tmp_path / "arith2"
     shutil.copytree(load_env("arith").folder, copy)
@@ -224,7 +241,8 @@ def test_async_train_on_two_environments_by_weight_with_held_out_eval(tmp_path):
     assert sum(g.split(":")[1] == "arith" for g in launched) == 4  # 2:1 over 6 groups
     with StoreSource(f"sqlite:///{out / 'pool.db'}") as pool:
         infos = pool.list_groups()
-    held = {load_env(ref).env.load_tasks()[-1].id for ref in ("arith", str(copy))}
+    held = {t.id for e in load_training_envs(TrainLoopConfig(envs=["arith", str(copy)],
+                                                            eval_tasks=1)) for t in e.heldout}
     eval_tasks = {s.task_id for g in infos if ":eval:" in g.group_id for s in g.sessions}
     trained = {s.task_id for g in infos if ":eval:" not in g.group_id for s in g.sessions}
     assert eval_tasks == held and not trained & held
