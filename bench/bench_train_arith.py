@@ -11,8 +11,14 @@ groups trained on in each window on the same tasks (the task mix of a window is 
 of arith's problems, the word family, are never solved by the bundled model) and per family.
 
     .venv/bin/python bench/bench_train_arith.py [--seeds 0 1 2] [--steps 30] [--window 10]
-        [--jobs J] [--load N] [-- more envhub train options]
-    .venv/bin/python bench/bench_train_arith.py --runs DIR   # summarise runs already made
+        [--jobs J] [--load N] [--baseline K] [-- more envhub train options]
+    .venv/bin/python bench/bench_train_arith.py --runs DIR [--baseline K]   # runs already made
+
+A 30-step run sees each training task about once, so the first and the last window train on
+different tasks, and which tasks a window drew moves its mean by about as much as 20 steps of
+learning (±0.03 at 16 tasks a step). `--baseline K` takes that out: the initial policy is run K
+times on every task of both windows (`envhub run arith`, into DIR/seed-S/baseline, once), and
+each window's solved rate is reported over the initial policy's on the same tasks.
 
 `--load N` runs N busy processes (one core each) beside the runs, `--jobs J` runs J seeds at
 once (each loads the others): "the same with another job loading the machine". The load
@@ -94,6 +100,35 @@ def paired(tally: dict[str, dict[str, list[int]]]) -> tuple[int, float, float]:
             statistics.fmean(v["last"][1] / v["last"][0] for v in both))
 
 
+def baseline_rates(folder: Path, tasks: list[str], k: int, model: str | None) -> dict[str, float]:
+    """Per task: the solved rate of the initial policy (`envhub run arith` with the model the
+    run started from, k samples a task), run once into folder/baseline and read back after."""
+    out = folder / "baseline"
+    if not (out / "summary.json").is_file():
+        cmd = [sys.executable, "-m", "envhub", "run", "arith", "-k", str(k), "-c", "16",
+               "--out", str(out), *(["--model", model] if model else [])]
+        for task in tasks:
+            cmd += ["-t", task]
+        print(f"{folder.name}: the initial policy on the windows' {len(tasks)} tasks, k={k}",
+              flush=True)
+        with open(folder / "baseline.log", "w") as log:
+            subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=True, cwd=ROOT)
+    solved: dict[str, list[float]] = {}
+    for path in (out / "rollouts").glob("*.json"):
+        row = json.loads(path.read_text())
+        if row["outcome"] is not None:  # None: an env_failure, no verdict
+            solved.setdefault(row["task_id"], []).append(float(row["outcome"] >= 1.0))
+    return {task: statistics.fmean(v) for task, v in solved.items()}
+
+
+def lift(tally: dict[str, dict[str, list[int]]], base: dict[str, float], end: str) -> float:
+    """Solved rate of a window's trained rollouts minus the initial policy's rate on the same
+    tasks (rollout-weighted): what the window gained, with its task draw taken out."""
+    n = sum(v[end][0] for t, v in tally.items() if end in v and t in base)
+    return sum(v[end][1] - v[end][0] * base[t] for t, v in tally.items()
+               if end in v and t in base) / n
+
+
 def eval_ends(evals: list[dict], steps: int, window: int) -> tuple[float, float, float, float]:
     """Held-out eval (solved rate): before the first step, after the last, and the means of
     the evaluations made within the first `window` steps (before step `window`) and the
@@ -106,7 +141,8 @@ def eval_ends(evals: list[dict], steps: int, window: int) -> tuple[float, float,
 
 
 def summarise(runs: dict[int, tuple[list[dict], list[dict]]], window: int,
-              folders: dict[int, Path] | None = None) -> None:
+              folders: dict[int, Path] | None = None, baseline: int = 0,
+              model: str | None = None) -> None:
     print(f"\n{'seed':>4} {'steps':>5} {'first':>6} {'last':>6} {'margin':>7} "
           f"{'solved':>13}   {'eval 0':>6} {'eval N':>6} {'eval first':>10} {'eval last':>9}"
           f" {'margin':>7}   {'IS masked':>9} {'s/step':>6}")
@@ -139,7 +175,7 @@ def summarise(runs: dict[int, tuple[list[dict], list[dict]]], window: int,
     if folders:
         print(f"\nsolved rate, first {window} steps -> last {window}: on the same tasks "
               "(those trained on in both windows, mean of per-task rates), and by family:")
-        gains = []
+        gains, lifts = [], []
         for seed, folder in sorted(folders.items()):
             rows = runs[seed][0]
             if len(rows) >= 2 * window and (folder / "pool.db").is_file():
@@ -151,9 +187,18 @@ def summarise(runs: dict[int, tuple[list[dict], list[dict]]], window: int,
                         else "no task trained on in both windows")
                 print(f"  seed {seed}: {same}; " + ", ".join(
                     f"{f} {x:.2f} -> {y:.2f}" for f, (x, y) in by_family(tally).items()))
+                if baseline:
+                    base = baseline_rates(folder, sorted(tally), baseline, model)
+                    first, last = lift(tally, base, "first"), lift(tally, base, "last")
+                    lifts.append(last - first)
+                    print(f"          over the initial policy on the same tasks: first window "
+                          f"{first:+.3f}, last {last:+.3f}, margin {last - first:+.3f}")
         if gains:
             print(f"  paired gain over {len(gains)} seeds: {statistics.fmean(gains):+.3f}, "
                   f"min {min(gains):+.3f}, max {max(gains):+.3f}")
+        if lifts:
+            print(f"  margin over the initial policy ({len(lifts)} seeds): "
+                  f"{statistics.fmean(lifts):+.3f}, min {min(lifts):+.3f}, max {max(lifts):+.3f}")
     print("\nreward per step (mean of the step's rollouts), and held-out solved rate "
           "(after step):")
     for seed, (rows, evals) in sorted(runs.items()):
@@ -212,14 +257,19 @@ def main() -> None:
     ap.add_argument("--load", type=int, default=0, help="busy processes beside the runs")
     ap.add_argument("--runs", type=Path, help="folder of seed-S runs: summarise, run nothing")
     ap.add_argument("--out", type=Path, help="where the runs go (default runs/bench-train-*)")
+    ap.add_argument("--baseline", type=int, default=0, metavar="K",
+                    help="also run the initial policy K times on each task of the two windows "
+                    "and report each window's solved rate over it (the task draw taken out)")
     ap.add_argument("extra", nargs="*", help="more `envhub train` options, after --")
     args = ap.parse_args()
+    model = args.extra[args.extra.index("--model") + 1] if "--model" in args.extra else None
     if args.runs is not None:
         folders = {int(p.name.split("-", 1)[1]): p for p in sorted(args.runs.glob("seed-*"))
                    if (p / "metrics.jsonl").is_file()}
         if not folders:
             ap.error(f"--runs {args.runs}: no seed-*/metrics.jsonl inside")
-        summarise({s: read_rows(p) for s, p in folders.items()}, args.window, folders)
+        summarise({s: read_rows(p) for s, p in folders.items()}, args.window, folders,
+                  args.baseline, model)
         return
     out = args.out or ROOT / "runs" / time.strftime("bench-train-%Y%m%d-%H%M%S")
     watch = LoadWatch(args.load)
@@ -229,7 +279,8 @@ def main() -> None:
                                                      args.seeds), strict=True))
     finally:
         print(watch.close())
-    summarise(results, args.window, {seed: out / f"seed-{seed}" for seed in results})
+    summarise(results, args.window, {seed: out / f"seed-{seed}" for seed in results},
+              args.baseline, model)
 
 
 if __name__ == "__main__":
