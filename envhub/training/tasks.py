@@ -13,7 +13,7 @@ stretch)."""
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from envhub.envs.environment import Task
@@ -45,9 +45,7 @@ def split_tasks(tasks: list[Task], limit: int | None, heldout: int,
         return tasks[:limit], []
     if not stratify:
         return tasks[:-heldout][:limit], tasks[-heldout:]
-    strata: dict[str, list[Task]] = {}
-    for task in tasks:
-        strata.setdefault(str(task.data.get(stratify, "")), []).append(task)
+    strata = _strata(tasks, stratify)
     quota = {k: heldout * len(v) / len(tasks) for k, v in strata.items()}
     counts = {k: int(q) for k, q in quota.items()}
     for k in sorted(quota, key=lambda k: counts[k] - quota[k])[:heldout - sum(counts.values())]:
@@ -67,7 +65,7 @@ def task_stream(envs: list[EnvTasks], seed: int) -> Iterator[tuple[EnvTasks, Tas
         yield envs[i], next(orders[i])
 
 
-def by_share(shares: list[float], counts: list[int] | None = None) -> Iterator[int]:
+def by_share(shares: Sequence[float], counts: Sequence[int] | None = None) -> Iterator[int]:
     """Indices into `shares`, each taken at the pace of its share: the next is the one least
     far through, (taken + 1/2) / share, ties to the lower index. Any stretch holds each index
     within about one of its share. With `counts`, index j is taken at most counts[j] times
@@ -95,9 +93,16 @@ def interleave_strata(order: list[Task], key: str) -> list[Task]:
     next task comes from the stratum least far through (taken + 1/2) / size, ties to the one
     first seen in `order`. Any stretch of the result holds each stratum within about one
     task of its share."""
+    strata = _strata(order, key).values()
+    queues = [iter(q) for q in strata]
+    sizes = [len(q) for q in strata]
+    return [next(queues[i]) for i in by_share(sizes, sizes)]
+
+
+def _strata(tasks: list[Task], key: str) -> dict[str, list[Task]]:
+    """`tasks` grouped by `data[key]` (a task without it is its own kind, ""), each group in
+    the tasks' order, groups in order of first appearance."""
     strata: dict[str, list[Task]] = {}
-    for task in order:
+    for task in tasks:
         strata.setdefault(str(task.data.get(key, "")), []).append(task)
-    queues = [iter(q) for q in strata.values()]
-    sizes = [len(q) for q in strata.values()]
-    return [next(queues[i]) for i in by_share([float(n) for n in sizes], sizes)]
+    return strata
