@@ -85,7 +85,9 @@ def train_command(
     sync_every: int = typer.Option(1, min=1, help="push weights every K optimizer steps"),
     reset_optimizer: bool = typer.Option(None, "--reset-optimizer/--no-reset-optimizer",
                                          help="clear AdamW's moments after each weight push "
-                                         "(default: on, off with --sync)", show_default=False),
+                                         "(default: on with --sync-every 2 or more; off at 1, "
+                                         "where it would make every step a sign step, and "
+                                         "with --sync)", show_default=False),
     eval_every: int = typer.Option(10, min=0, help="held-out evaluation every E steps, "
                                    "before the first and after the last; 0: none"),
     eval_samples: int = typer.Option(4, min=1, help="samples per held-out task and evaluation, "

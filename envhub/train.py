@@ -14,9 +14,9 @@ longest-first): envhub/training/producer.py.
 Asynchronous by default: N rollouts stay in flight while the trainer trains; the trainer takes
 `groups` finished groups per step from the window (the oldest unconsumed group is its head; it
 moves only when that group is consumed), drops samples more than `tau` versions old, pushes
-every `sync_every` steps and then resets AdamW's moments (GLM-5). Rollouts running across a
-push keep going: their later turns carry the new version. `--sync` runs today's loop instead:
-roll out one step's groups, wait for all, train, push.
+every `sync_every` steps and then, when that is 2 or more, resets AdamW's moments (GLM-5).
+Rollouts running across a push keep going: their later turns carry the new version. `--sync`
+runs today's loop instead: roll out one step's groups, wait for all, train, push.
 
 Rows of `OUT/metrics.jsonl`: one per step (`"phase": "train"`), and one per held-out
 evaluation (`"phase": "eval"`, before training and every `eval_every` steps).
@@ -84,8 +84,9 @@ class TrainLoopConfig(BaseModel):
     sync_every: int = Field(1, ge=1, description="push the weights to the engine every K "
                             "optimizer steps (and after the last one)")
     reset_optimizer: bool | None = Field(None, description="clear AdamW's moments after each "
-                                         "push (None: on asynchronous, as GLM-5 does at every "
-                                         "weight sync; off with --sync)")
+                                         "push (None: on when a push follows several optimizer "
+                                         "steps, --sync-every >= 2, as GLM-5 does at every "
+                                         "weight sync; off at --sync-every 1 and with --sync)")
     eval_every: int = Field(10, ge=0, description="held-out evaluation every E steps (and before "
                             "the first and after the last); 0: none, and no task held out")
     eval_samples: int = Field(4, ge=1, description="samples of each held-out task per "
@@ -168,7 +169,12 @@ class TrainLoopConfig(BaseModel):
 
     @property
     def resets_optimizer(self) -> bool:
-        return (not self.sync) if self.reset_optimizer is None else self.reset_optimizer
+        """By default after a push that follows several optimizer steps (async, K >= 2). With
+        K = 1 a reset before every step leaves AdamW no memory: each step is lr * sign(g) of one
+        batch's gradient, mostly noise (trainer/README.md measures it)."""
+        if self.reset_optimizer is not None:
+            return self.reset_optimizer
+        return not self.sync and self.sync_every > 1
 
 
 def prune_weights(folder: Path, keep: int) -> None:

@@ -91,7 +91,7 @@ def test_list_and_info():
     assert listed.exit_code == 0 and "arith" in {r["name"] for r in json.loads(listed.stdout)}
     info = runner.invoke(app, ["info", "arith", "--json"])
     data = json.loads(info.stdout)
-    assert data["task_count"] == 512 and data["tools"] == ["calculator", "submit"]
+    assert data["task_count"] == 224 and data["tools"] == ["calculator", "submit"]
     assert data["rewards"] == {"outcome": 1.0, "process": 0.1, "time": 0.05}
 
 

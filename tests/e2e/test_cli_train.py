@@ -121,6 +121,19 @@ def test_task_schedule_passes_over_every_task_once_per_epoch():
     assert steps == task_schedule(ids, steps=6, groups=4, seed=1)  # and seeded
 
 
+def test_optimizer_reset_defaults_to_pushes_after_several_steps():
+    """A reset before every step (--sync-every 1) would make each AdamW step lr * sign(g): by
+    default the moments are cleared only after a push that follows two or more steps."""
+    from envhub.train import TrainLoopConfig
+
+    def resets(**kw):
+        return TrainLoopConfig(envs=["arith"], **kw).resets_optimizer
+
+    assert not resets() and resets(sync_every=2) and resets(sync_every=4)
+    assert not resets(sync=True, sync_every=2)
+    assert resets(reset_optimizer=True) and not resets(sync_every=4, reset_optimizer=False)
+
+
 def test_task_stream_interleaves_environments_by_weight_and_holds_out_tasks():
     from envhub.envs.environment import Task
     from envhub.training.tasks import EnvTasks, split_tasks, task_stream

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from envhub.envs.builtin.arith.problems import generate
 from envhub.envs.errors import EnvLoadError, EnvNotFound
 from envhub.envs.loader import available_envs, load_env, resolve_folder, rows_to_tasks, task_rows
 from envhub.envs.manifest import ManifestError, TasksSource, load_manifest
@@ -18,7 +19,10 @@ def test_builtin_arith_is_listed_and_loads():
     assert available_envs()["arith"] == "builtin"
     loaded = load_env("arith")
     tasks = loaded.env.load_tasks()
-    assert loaded.name == "arith" and len(tasks) == 512
+    assert loaded.name == "arith" and len(tasks) == 224  # 160 training + 64 held-out
+    # 0.3's 224 problems are 0.2's first 224 (a smaller count drops problems from the end)
+    seed = loaded.manifest.metadata["seed"]
+    assert [t.data["question"] for t in tasks] == [p.question for p in generate(seed, 512)[:224]]
     assert loaded.manifest.sandbox.kind == "none"
 
 
