@@ -14,11 +14,13 @@ of arith's problems, the word family, are never solved by the bundled model) and
         [--jobs J] [--load N] [--baseline K] [-- more envhub train options]
     .venv/bin/python bench/bench_train_arith.py --runs DIR [--baseline K]   # runs already made
 
-A 30-step run sees each training task about once, so the first and the last window train on
-different tasks, and which tasks a window drew moves its mean by about as much as 20 steps of
-learning (±0.03 at 16 tasks a step). `--baseline K` takes that out: the initial policy is run K
-times on every task of both windows (`envhub run arith`, into DIR/seed-S/baseline, once), and
-each window's solved rate is reported over the initial policy's on the same tasks.
+arith (0.3.0) trains on 160 tasks, 10 steps' worth at 16 a step, so the first and the last
+window train on the same problems and their margin is learning plus sampling noise (±0.015).
+Where the windows draw different tasks (a larger task set, other `--groups`), which tasks a
+window drew moves its mean by about as much as 20 steps of learning (±0.03 with 0.2's 448 tasks
+at 16 a step); `--baseline K` takes that out: the initial policy is run K times on every task of
+both windows (`envhub run arith`, into DIR/seed-S/baseline, once), and each window's solved rate
+is reported over the initial policy's on the same tasks.
 
 `--load N` runs N busy processes (one core each) beside the runs, `--jobs J` runs J seeds at
 once (each loads the others): "the same with another job loading the machine". The load
