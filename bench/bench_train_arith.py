@@ -264,7 +264,10 @@ def main() -> None:
                     "and report each window's solved rate over it (the task draw taken out)")
     ap.add_argument("extra", nargs="*", help="more `envhub train` options, after --")
     args = ap.parse_args()
-    model = args.extra[args.extra.index("--model") + 1] if "--model" in args.extra else None
+    # the model the runs start from, in either form `envhub train` takes (--model DIR, --model=DIR)
+    train_opts = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    train_opts.add_argument("--model")
+    model = train_opts.parse_known_args(args.extra)[0].model
     if args.runs is not None:
         folders = {int(p.name.split("-", 1)[1]): p for p in sorted(args.runs.glob("seed-*"))
                    if (p / "metrics.jsonl").is_file()}
