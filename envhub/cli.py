@@ -91,7 +91,9 @@ def train_command(
     eval_every: int = typer.Option(10, min=0, help="held-out evaluation every E steps, "
                                    "before the first and after the last; 0: none"),
     eval_samples: int = typer.Option(4, min=1, help="samples per held-out task and evaluation, "
-                                     "drawn as in training (eval/resolved_rate: their mean)"),
+                                     "drawn as in training (eval/resolved_rate: their mean), "
+                                     "with the same random numbers in every evaluation of the "
+                                     "run (seeds from --seed)"),
     eval_greedy: bool = typer.Option(False, "--eval-greedy", help="evaluate with one greedy "
                                      "(temperature 0) sample per held-out task instead"),
     eval_tasks: int = typer.Option(64, min=1, help="held-out tasks per environment (its last N, "

@@ -91,7 +91,10 @@ class TrainLoopConfig(BaseModel):
                             "the first and after the last); 0: none, and no task held out")
     eval_samples: int = Field(4, ge=1, description="samples of each held-out task per "
                               "evaluation, drawn as training samples them (the agent's "
-                              "temperature); eval/resolved_rate is their mean")
+                              "temperature); eval/resolved_rate is their mean. The built-in "
+                              "agent draws them with the same random numbers in every "
+                              "evaluation of a run (sampling seeds from --seed, per task, "
+                              "sample and turn), so two evaluations differ by the weights")
     eval_greedy: bool = Field(False, description="evaluate greedily instead: one sample per "
                               "held-out task at temperature 0 (built-in agent)")
     eval_tasks: int = Field(64, ge=1, description="held-out tasks per environment: its last N "

@@ -6,8 +6,17 @@ Sampled by default: RL on a policy that already solves a task greedily mostly sh
 sampled success rises towards its greedy one), which a greedy evaluation cannot see; the
 mean over several samples per task (avg@n) measures the policy that training optimises.
 `greedy=True` runs one temperature-0 sample per task instead (the same weights always give the
-same answers). The completion-time component is relative within a task's samples (0 with one
-sample); `eval/resolved_rate` is the plain solved fraction.
+same answers).
+
+The sampled evaluations of a run share their random numbers (`seed`: the built-in agent asks
+for a sampling seed per task, sample and turn; the engine samples by inverse CDF from a
+generator with that seed): evaluation after step N samples the same uniforms as the one before
+the first step, so a token changes only where the weights moved its probabilities across the
+draw. Each evaluation is still avg@n of the policy; the difference between two is much less
+noisy than with fresh draws (bench/bench_eval_noise.py).
+
+The completion-time component is relative within a task's samples (0 with one sample);
+`eval/resolved_rate` is the plain solved fraction.
 """
 
 from __future__ import annotations
@@ -24,13 +33,14 @@ from envhub.training.tasks import EnvTasks
 
 async def evaluate(runner: GroupRunner, envs: list[EnvTasks], version: int,
                    concurrency: int, agent: Any = None, samples: int = 1,
-                   greedy: bool = False) -> dict[str, Any]:
+                   greedy: bool = False, seed: int | None = None) -> dict[str, Any]:
     """Run every held-out task `samples` times (a task's samples together, at most
     `concurrency` rollouts at a time); `eval/` metrics overall and, with several environments,
     per environment. `agent` defaults to the built-in agent (at temperature 0 with `greedy`,
-    then one sample per task); a command-line agent samples however it asks."""
+    then one sample per task; sampled with `seed`'s random numbers when given); a command-line
+    agent samples however it asks."""
     if agent is None:
-        agent = ToolCallingAgent(temperature=0.0) if greedy else ToolCallingAgent()
+        agent = ToolCallingAgent(temperature=0.0) if greedy else ToolCallingAgent(seed=seed)
     n = 1 if greedy else samples
     sem = asyncio.Semaphore(max(1, concurrency // n))
 

@@ -154,7 +154,7 @@ class Loop:
         metrics = self.producer.call(evaluate(self.producer.runner, self.envs,
                                               self.trainer.version, self.cfg.concurrency,
                                               self.eval_agent, self.cfg.eval_samples,
-                                              self.cfg.eval_greedy))
+                                              self.cfg.eval_greedy, seed=self.cfg.seed))
         row = {"phase": "eval", "after_step": after_step,
                "weight_version": self.trainer.version, **metrics,
                "eval_s": round(time.perf_counter() - t0, 3)}

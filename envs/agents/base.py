@@ -27,6 +27,7 @@ class AgentContext:
     gateway_url: str  # root URL, no /v1
     model: str = "default"
     state: dict[str, Any] = field(default_factory=dict)  # shared with the tools (submission, ...)
+    sample: int = 0  # this rollout's index among its task's samples in the group
 
 
 @dataclass

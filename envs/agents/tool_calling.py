@@ -6,10 +6,17 @@ caused them (the gateway records malformed_tool_call and unknown_tool itself).
 Stops on submit, on a reply without tool calls when there is no submit tool, or at the turn,
 token or time limit. Gateway failures are infrastructure (EnvFailure); a request the gateway
 rejects as bad is the agent's own error (AgentError).
+
+With a `seed`, each call asks for a sampling seed drawn from it, the task, the sample's index
+in its group and the turn: the same weights then give the same rollout (up to the engine's
+batch numerics), and two weight versions are sampled with the same random numbers (common
+random numbers: a held-out evaluation before and after training differs by what the weights
+changed, not by a fresh draw of noise).
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 from typing import Any
 
@@ -32,9 +39,10 @@ class ToolCallingAgent:
     name = "tool"
 
     def __init__(self, context: str = "drop", keep_last: int = 2,
-                 temperature: float = 1.0) -> None:
+                 temperature: float = 1.0, seed: int | None = None) -> None:
         self.strategy = ContextStrategy(context, keep_last)  # type: ignore[arg-type]
         self.temperature = temperature
+        self.seed = seed
 
     async def run(self, ctx: AgentContext) -> AgentResult:
         # No client retries: the gateway's router owns retries (STYLE: retry in one place), and
@@ -70,7 +78,8 @@ class ToolCallingAgent:
                     action.kind, removed=action.removed, added=action.added,
                     tokens_before=action.tokens_before, tokens_after=action.tokens_after)
             max_new = max(1, min(limits.max_tokens_per_turn, limits.max_tokens - used_tokens))
-            reply = await self._complete(client, ctx, messages, toolbox, max_new, remaining_s)
+            reply = await self._complete(client, ctx, messages, toolbox, max_new, remaining_s,
+                                         self._turn_seed(ctx, seq))
             if reply is None:  # the call outlived the agent's time budget
                 return AgentResult("time_limit", seq, info)
             message = reply.choices[0].message
@@ -104,13 +113,15 @@ class ToolCallingAgent:
                 return AgentResult("submitted", seq, info)
 
     async def _complete(self, client: Any, ctx: AgentContext, messages: list[dict[str, Any]],
-                        toolbox: Toolbox, max_new: int, timeout_s: float) -> Any | None:
+                        toolbox: Toolbox, max_new: int, timeout_s: float,
+                        seed: int | None) -> Any | None:
         import openai
 
         try:
             return await client.chat.completions.create(
                 model=ctx.model, messages=messages, tools=toolbox.schemas or openai.NOT_GIVEN,
-                max_tokens=max_new, temperature=self.temperature, timeout=max(1.0, timeout_s))
+                max_tokens=max_new, temperature=self.temperature, timeout=max(1.0, timeout_s),
+                seed=openai.NOT_GIVEN if seed is None else seed)
         except openai.APIStatusError as e:
             if e.status_code in (400, 413, 422):
                 raise AgentError(f"the gateway rejected the agent's request "
@@ -120,6 +131,12 @@ class ToolCallingAgent:
             return None  # timed out at the agent's remaining time: its limit, not the gateway's
         except openai.APIConnectionError as e:
             raise EnvFailure(f"gateway unreachable: {type(e).__name__}: {e}") from None
+
+    def _turn_seed(self, ctx: AgentContext, turn: int) -> int | None:
+        if self.seed is None:
+            return None
+        key = f"{self.seed}:{ctx.task.id}:{ctx.sample}:{turn}".encode()
+        return int.from_bytes(hashlib.sha256(key).digest()[:4], "big") >> 1  # 31 bits
 
     async def _signal(self, ctx: AgentContext, info: dict[str, Any], name: str, seq: int,
                       extra: dict[str, Any] | None = None) -> None:

@@ -189,7 +189,8 @@ async def _run_phases(p: PendingRollout, loaded: LoadedEnv, task: Task, rs: Roll
 
     limits = loaded.manifest.agent.model_copy(update=rs.limits_override)
     actx = AgentContext(task=task, env=env, sandbox=sandbox, run=ctx, limits=limits,
-                        session=p.session, gateway_url=rs.link.url, model=rs.model)
+                        session=p.session, gateway_url=rs.link.url, model=rs.model,
+                        sample=p.key.sample)
     if tracker.agent_box is not None:
         if not await _agent_sandbox(p, actx, tracker, rs):
             return

@@ -147,3 +147,38 @@ def test_random_base_model_fails_the_same_check(tmp_path):
     tally = run_agent(base, tmp_path, tasks=2, max_turns=3, max_tokens_per_turn=64)
     assert tally.turns == 2 * 3, tally  # never submits: runs out of turns
     assert tally.well_formed == 0 and tally.calculator_ok == 0, tally
+
+
+def test_a_seeded_agent_draws_the_same_rollout_again_and_another_for_another_sample(tmp_path):
+    """ToolCallingAgent(seed=...) asks the engine for a sampling seed per task, sample and turn
+    (what makes a run's held-out evaluations share their random numbers): the same sample of
+    the same task repeats its tokens exactly at temperature 1, another sample index draws
+    others. Without the seed the engine's shared generator would give every run new tokens."""
+    loaded = load_env("arith")
+    env, task = loaded.env, loaded.env.load_tasks()[0]
+    gw = run_in_thread(GatewayConfig(port=0, db=f"sqlite:///{tmp_path}/pool.db",
+                                     admin_key=ADMIN_KEY, model=str(BUNDLED_MODEL)))
+
+    async def rollout(agent: ToolCallingAgent, sample: int) -> list[list[int]]:
+        session = await AsyncSession.open(gw.url, admin_key=ADMIN_KEY, task_id=task.id,
+                                          env="arith", sample_index=sample)
+        run = RunContext("test", "none", lambda spec: None, tmp_path)  # type: ignore[arg-type]
+        ctx = AgentContext(task=task, env=env, sandbox=MemorySandbox(), run=run,
+                           limits=loaded.manifest.agent.model_copy(update={"max_turns": 3}),
+                           session=session, gateway_url=gw.url, sample=sample)
+        await agent.run(ctx)
+        traj = await session.trajectory()
+        await session.aclose("done")
+        return [t.completion_ids for t in traj.turns]
+
+    async def go() -> tuple[list[list[int]], ...]:
+        seeded = ToolCallingAgent(temperature=1.0, seed=7)
+        return (await rollout(seeded, 0), await rollout(seeded, 0), await rollout(seeded, 1),
+                await rollout(ToolCallingAgent(temperature=1.0, seed=8), 0))
+
+    try:
+        first, again, other_sample, other_seed = asyncio.run(go())
+    finally:
+        gw.close()
+    assert first and first == again
+    assert other_sample != first and other_seed != first
