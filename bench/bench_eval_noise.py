@@ -12,7 +12,7 @@ it reaches the difference. Two ways to draw the samples:
   same uniforms and a token differs only where the weights moved its probabilities across the
   draw.
 
-This runs the held-out evaluation of arith (64 tasks x 4 samples, as `envhub train` does) with
+This runs the held-out evaluation of arith as `envhub train` does (64 tasks x --eval-samples) with
 the starting model A and a trained model B (`--trained DIR`, an `OUT/weights/vN` folder of
 `envhub train`; default: 10 steps of `envhub train arith` first), each with seeds 1..R, and
 prints side by side: each model's mean and spread over the seeds (one evaluation's noise, the
@@ -38,7 +38,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-async def _evaluations(model: str | None, seeds: list[int], scratch: Path) -> list[float]:
+async def _evaluations(model: str | None, seeds: list[int], scratch: Path,
+                       samples: int | None) -> list[float]:
     """The held-out solved rate of `model` once per seed (in order), through a gateway of its
     own, as `envhub train`'s evaluation runs it."""
     from envhub.envs.agents.tool_calling import ToolCallingAgent
@@ -49,7 +50,7 @@ async def _evaluations(model: str | None, seeds: list[int], scratch: Path) -> li
     from envhub.train import TrainLoopConfig, load_training_envs
     from envhub.training.evaluate import evaluate
 
-    cfg = TrainLoopConfig(out=scratch)
+    cfg = TrainLoopConfig(out=scratch, **({} if samples is None else {"eval_samples": samples}))
     envs = load_training_envs(cfg)
     admin = "envhub-admin-" + secrets.token_urlsafe(16)
     db = scratch / f"pool-{secrets.token_hex(4)}.db"
@@ -94,6 +95,8 @@ def main() -> None:
     ap.add_argument("--base", default=None, help="model A (default: the bundled model)")
     ap.add_argument("--repeats", type=int, default=4, help="evaluation seeds per model")
     ap.add_argument("--train-steps", type=int, default=10)
+    ap.add_argument("--eval-samples", type=int, default=None,
+                    help="samples per held-out task (default: envhub train's)")
     args = ap.parse_args()
     if args.repeats < 2:
         ap.error("--repeats must be at least 2: the fresh pairs need another seed")
@@ -101,9 +104,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="envhub-evalnoise-") as tmp:
         scratch = Path(tmp)
         trained = args.trained or _train(scratch / "train", args.train_steps)
-        a = asyncio.run(_evaluations(args.base, seeds + [seeds[0]], scratch))
+        a = asyncio.run(_evaluations(args.base, seeds + [seeds[0]], scratch, args.eval_samples))
         a, again = a[:-1], a[-1]
-        b = asyncio.run(_evaluations(str(trained), seeds, scratch))
+        b = asyncio.run(_evaluations(str(trained), seeds, scratch, args.eval_samples))
     n = len(seeds)
     common = [b[i] - a[i] for i in range(n)]
     fresh = [b[i] - a[(i + 1) % n] for i in range(n)]

