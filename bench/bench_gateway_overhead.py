@@ -5,7 +5,8 @@ Targets, all in front of the same `envhub engine --model zero` process:
   envhub   — POST /v1/chat/completions through `envhub gateway` (render + record in SQLite)
   responses — POST /v1/responses through the same gateway, resending the conversation's items
              each turn as the OpenAI Agents SDK does (+ storing the response object)
-  litellm  — LiteLLM's proxy (if `litellm[proxy]` is installed), /v1/completions passthrough
+  litellm  — LiteLLM's proxy from its own venv (`bash scripts/bench_venv.sh` makes .venv-bench
+             from locks/bench.txt; LITELLM=PATH another `litellm`), /v1/completions passthrough
 
 At concurrency 1: p50 latency and what each proxy adds over direct. At concurrency 64: req/s.
 The load generator is one asyncio process (aiohttp) shared by all targets.
@@ -28,15 +29,16 @@ from common import envhub, free_port, load, start
 PROMPT_IDS = list(range(1000, 1100))
 
 
-def litellm_available() -> bool:
-    if shutil.which("litellm") is None and not os.path.exists(
-            os.path.join(os.path.dirname(os.sys.executable), "litellm")):
-        return False
-    try:
-        import litellm.proxy.proxy_server  # noqa: F401
-    except Exception:
-        return False
-    return True
+BENCH_VENV = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".venv-bench")
+
+
+def litellm_exe() -> str | None:
+    """The proxy's `litellm` command: $LITELLM, the bench venv's, or one on PATH."""
+    for exe in (os.environ.get("LITELLM"), os.path.join(BENCH_VENV, "bin", "litellm"),
+                shutil.which("litellm")):
+        if exe and os.access(exe, os.X_OK):
+            return exe
+    return None
 
 
 def _median(rounds: list[dict]) -> dict:
@@ -105,13 +107,13 @@ def main() -> None:
         targets["direct"] = direct
         targets["envhub"] = gateway
         targets["responses"] = responses
-        if litellm_available():
+        exe = litellm_exe()
+        if exe is not None:
             cfg = os.path.join(tmp, "litellm.yaml")
             with open(cfg, "w") as f:
                 f.write("model_list:\n  - model_name: zero\n    litellm_params:\n"
                         f"      model: text-completion-openai/zero\n      api_base: "
                         f"{engine_url}/v1\n      api_key: none\n")
-            exe = os.path.join(os.path.dirname(os.sys.executable), "litellm")
             procs.append(start([exe, "--config", cfg, "--port", str(lp), "--num_workers", "1"],
                                f"{ll_url}/health/liveliness",
                                env={"LITELLM_LOCAL_MODEL_COST_MAP": "True",
@@ -127,7 +129,7 @@ def main() -> None:
 
             targets["litellm"] = litellm
         else:
-            print("litellm proxy not installed (pip install 'litellm[proxy]'): column skipped")
+            print("litellm proxy not installed (bash scripts/bench_venv.sh): column skipped")
 
         # New sessions every 20 calls, first turns only: every target's request stays the same
         # size. Warm up every target first.

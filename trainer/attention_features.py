@@ -19,7 +19,7 @@ from envhub.trainer.errors import TrainerError
 # Arguments layers pass that the tree attention uses or may ignore: positions are already in
 # the rotary embedding, the cache is off in training.
 USED = {"sliding_window", "softcap"}
-IGNORED = {"position_ids", "cache_position", "use_cache", "past_key_values"}
+IGNORED = {"position_ids", "cache_position", "use_cache", "past_key_values", "cache"}
 
 # Attention arguments that carry a feature the tree path does not implement, with its name.
 REFUSED_KWARGS = {

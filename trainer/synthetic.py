@@ -10,6 +10,7 @@ the gateway records. Shapes of the arrays follow sdk/types.py.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -50,14 +51,17 @@ def _sample(model: Any, history: list[int], n: int, gen: torch.Generator
     ids: list[int] = []
     lps: list[float] = []
     with torch.no_grad():
+        # newer transformers call the KV cache `cache` (`past_key_values` warns there)
+        name = "cache" if "cache" in inspect.signature(model.forward).parameters \
+            else "past_key_values"
         out = model(input_ids=torch.tensor([history]), use_cache=True)
         for _ in range(n):
             logp = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
             tok = int(torch.multinomial(logp.exp(), 1, generator=gen))
             ids.append(tok)
             lps.append(float(logp[tok]))
-            out = model(input_ids=torch.tensor([[tok]]), past_key_values=out.past_key_values,
-                        use_cache=True)
+            out = model(input_ids=torch.tensor([[tok]]), use_cache=True,
+                        **{name: getattr(out, name)})
     return ids, lps
 
 

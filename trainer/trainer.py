@@ -78,14 +78,14 @@ class Trainer:
     def _prepare_models(self) -> None:
         """Tree attention on (refusing models it cannot keep exact) and, if configured,
         activation checkpointing; both stay on for the Trainer's life."""
-        from envhub.trainer.distributed import causal_lm
+        from envhub.trainer.distributed import causal_lm, set_activation_checkpointing
         from envhub.trainer.tree_attention import check_tree_forward
 
         for m in (self.model, self.reference):
             if m is not None:
                 check_tree_forward(causal_lm(m), self.config.sparse_attention)
         if self.config.gradient_checkpointing:
-            self.model.activation_checkpointing_enable({"use_reentrant": False})
+            set_activation_checkpointing(self.model, True)
 
     def _new_optimizer(self) -> torch.optim.Optimizer:
         import torch

@@ -8,12 +8,21 @@ We only touch full-attention dynamic caches; both the layer API of transformers 
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
 from transformers import DynamicCache
 
 Layers = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def cache_name(model: Any) -> str:
+    """What `model` calls its KV cache, as forward's argument and as the output's field: newer
+    transformers renamed `past_key_values` to `cache` (the old name warns on every model call
+    there); 5.17 knows only `past_key_values`."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters \
+        else "past_key_values"
 
 
 def read_layers(cache: Any) -> Layers:

@@ -72,6 +72,7 @@ class Scheduler:
     def __init__(self, model: Any, device: torch.device, eos_ids: set[int], decoder: Decoder,
                  max_batch_size: int, max_prefill_tokens: int, version: int, seed: int):
         self.model = model
+        self._kv_name = kv.cache_name(model)  # forward's cache argument, the output's field
         self.device = device
         self.eos_ids = eos_ids
         self.decoder = decoder
@@ -189,12 +190,12 @@ class Scheduler:
         ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                         past_key_values=kv.DynamicCache(), use_cache=True, logits_to_keep=1)
+                         use_cache=True, logits_to_keep=1, **{self._kv_name: kv.DynamicCache()})
         self.stats.prefills += 1
         keep = self._sample(rows, out.logits[:, -1, :].float())
         if not keep:
             return
-        cache, mask = kv.select(out.past_key_values, mask, keep)
+        cache, mask = kv.select(getattr(out, self._kv_name), mask, keep)
         new_rows = [rows[i] for i in keep]
         if self._rows:
             assert self._mask is not None
@@ -215,12 +216,13 @@ class Scheduler:
                                  device=self.device)
         mask = torch.cat([self._mask, self._mask.new_ones(len(rows), 1)], dim=1)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                         past_key_values=self._cache, use_cache=True, logits_to_keep=1)
+                         use_cache=True, logits_to_keep=1, **{self._kv_name: self._cache})
+        cache = getattr(out, self._kv_name)
         keep = self._sample(rows, out.logits[:, -1, :].float())
         if len(keep) == len(rows):
-            self._cache, self._mask = out.past_key_values, mask
+            self._cache, self._mask = cache, mask
         elif keep:
-            self._cache, self._mask = kv.select(out.past_key_values, mask, keep)
+            self._cache, self._mask = kv.select(cache, mask, keep)
             self._rows = [rows[i] for i in keep]
         else:
             self._cache, self._mask, self._rows = None, None, []

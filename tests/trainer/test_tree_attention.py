@@ -11,6 +11,7 @@ import torch
 
 from envhub.trainer.attention_features import UnsupportedAttention
 from envhub.trainer.config import TrainerConfig
+from envhub.trainer.distributed import set_activation_checkpointing
 from envhub.trainer.errors import TrainerError
 from envhub.trainer.forward import tree_logprobs
 from envhub.trainer.prefix_tree import pack
@@ -23,10 +24,7 @@ from tests.trainer.models import tiny_model
 def _tree_grads(model: Any, sparse: bool, checkpointing: bool) -> tuple[torch.Tensor, dict]:
     traj = sample_group(model, "g", RolloutShape(sessions=4, turns=4, prompt_len=20), seed=2)
     seqs = [s.token_ids for t in traj for s in t.segments]
-    if checkpointing:
-        model.activation_checkpointing_enable({"use_reentrant": False})
-    else:
-        model.activation_checkpointing_disable()
+    set_activation_checkpointing(model, checkpointing)
     model.train()  # checkpointing only acts in training mode; the test models have no dropout
     model.zero_grad(set_to_none=True)
     out = tree_logprobs(model, pack(seqs), sparse_attention=sparse)

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The floors: a virtualenv (.venv-floors; FLOORS_VENV=DIR elsewhere) holding the lowest versions
+# pyproject.toml declares for the packages that matter most, and the core tests run on it (the
+# SDK, the trainer, the gateway's rendering, engine and client APIs). CI runs it after the
+# suite (scripts/test.sh); its versions come from locks/floors.txt, which `bash scripts/lock.sh
+# floors` resolves with those packages held at their declared floors.
+#
+#   bash scripts/floors.sh [pytest arguments...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv="${FLOORS_VENV:-.venv-floors}"
+py="${PYTHON:-$(command -v python3.11 || command -v python3)}"
+# The packages whose floors are tested. torch: the oldest a CPU build of reaches this machine is
+# the lock's (pyproject.toml says where 2.11 ran).
+FLOORED="transformers pydantic fastapi openai"
+TEST_TOOLS="pytest pytest-xdist pytest-timeout anthropic jsonschema"
+key=$(cat pyproject.toml scripts/floors.sh scripts/pip_locked.sh locks/floors.txt | sha256sum)
+stamp="$venv/.envhub-floors-${key:0:16}"
+if [ ! -f "$stamp" ] || [ "${ENVHUB_LOCK_REFRESH:-}" = 1 ]; then
+  [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
+  # "name==floor" for each floored package, read from pyproject's own ranges
+  floors=$("$py" - $FLOORED <<'PY'
+import re, sys, tomllib
+deps = tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]
+for name in sys.argv[1:]:
+    spec = next(d for d in deps if re.match(rf"{name}\b", d))
+    print(f"{name}=={re.search(r'>=([0-9][0-9.]*)', spec).group(1)}")
+PY
+)
+  bash scripts/pip_locked.sh floors "$venv" --upgrade pip setuptools wheel
+  bash scripts/pip_locked.sh floors "$venv" --no-build-isolation -e ".[engine,train]" \
+    $floors $TEST_TOOLS
+  "$venv/bin/python" -c "
+import importlib.metadata as m
+print('floors:', ', '.join(f'{p} {m.version(p)}' for p in '$FLOORED torch'.split()))"
+  rm -f "$venv"/.envhub-floors-*
+  touch "$stamp"
+fi
+[ "${ENVHUB_LOCK_REFRESH:-}" = 1 ] && exit 0
+exec "$venv/bin/python" -m pytest -p no:cacheprovider -n "${ENVHUB_TEST_WORKERS:-2}" \
+  --dist loadfile tests/sdk tests/trainer tests/gateway/test_openai_client.py \
+  tests/gateway/test_anthropic_client.py tests/gateway/test_render.py \
+  tests/gateway/test_engine.py tests/gateway/test_backend_local.py \
+  tests/gateway/test_responses_api.py tests/gateway/test_sessions_api.py \
+  tests/gateway/test_chains.py tests/gateway/test_bad_input.py \
+  tests/gateway/test_structured_outputs.py "$@"
