@@ -339,13 +339,14 @@ def _check_pool_file(db: str) -> None:
 
 
 def _register_all() -> None:
+    from envhub import machine_cli
     from envhub.envs import cli as envs_cli
     from envhub.gateway import cli as gateway_cli
     from envhub.registry import cli as registry_cli
     from envhub.trainer import cli as trainer_cli
     from envhub.viewer import cli as viewer_cli
 
-    for module in (gateway_cli, envs_cli, registry_cli, trainer_cli, viewer_cli):
+    for module in (gateway_cli, envs_cli, registry_cli, trainer_cli, viewer_cli, machine_cli):
         module.register(app)
 
 

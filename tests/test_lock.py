@@ -14,16 +14,13 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
+from envhub.doctor import locked_versions
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def locked(name: str = "envhub") -> dict[str, str]:
-    pins = {}
-    for line in (ROOT / "locks" / f"{name}.txt").read_text().splitlines():
-        if line and not line.startswith("#"):
-            package, _, version = line.partition("==")
-            pins[canonicalize_name(package)] = version
-    return pins
+def locked() -> dict[str, str]:
+    return locked_versions(ROOT / "locks" / "envhub.txt")
 
 
 def fake_wheel(folder: Path, name: str, version: str) -> None:

@@ -157,16 +157,25 @@ def causal_lm(model: Any) -> Any:
     return get_base() if callable(get_base) else model
 
 
-def set_activation_checkpointing(model: Any, on: bool) -> None:
-    """Recompute each decoder layer's activations in the backward (non-reentrant) or stop.
-    transformers after 5.17 renamed the switch (`activation_checkpointing_enable`; the old
-    `gradient_checkpointing_enable` warns there); 5.17, which CUDA images ship, has the old one."""
-    name = "activation_checkpointing" if hasattr(model, "activation_checkpointing_enable") \
+def _checkpointing_name(model: Any) -> str:
+    """transformers after 5.17 renamed gradient checkpointing `activation_checkpointing` (the old
+    names warn there); 5.17, which CUDA images ship, has only the old ones."""
+    return "activation_checkpointing" if hasattr(model, "activation_checkpointing_enable") \
         else "gradient_checkpointing"
+
+
+def set_activation_checkpointing(model: Any, on: bool) -> None:
+    """Recompute each decoder layer's activations in the backward (non-reentrant) or stop."""
+    name = _checkpointing_name(model)
     if on:
         getattr(model, f"{name}_enable")({"use_reentrant": False})
     else:
         getattr(model, f"{name}_disable")()
+
+
+def activation_checkpointing(model: Any) -> bool:
+    """Whether `model` recomputes its layers' activations in the backward."""
+    return bool(getattr(model, f"is_{_checkpointing_name(model)}"))
 
 
 def shard_model(model: Any, param_dtype: torch.dtype | None = None) -> Any:

@@ -27,6 +27,7 @@ from envhub.envs.sandbox.engine import docker_client, import_docker
 from envhub.envs.sandbox.errors import ImageBuildError
 
 ENV_REPOSITORY = "envhub/env"
+BASE_LABEL = "envhub.base"  # the base image tag an environment image was built on (envhub gc)
 PLACEHOLDER = "{{envhub_base}}"
 GENERATED_DOCKERFILE = ".envhub.Dockerfile"
 MAX_CONTEXT_BYTES = 512 << 20  # contexts are held in memory; beyond this, use a base `image`
@@ -156,7 +157,8 @@ def _docker_build(context: bytes, tag: str, base_tag: str) -> None:
         docker_client().images.build(
             fileobj=io.BytesIO(context), custom_context=True, dockerfile=GENERATED_DOCKERFILE,
             tag=tag, pull=False, network_mode="none", rm=True, forcerm=True,
-            buildargs={"ENVHUB_BASE": base_tag}, labels={"envhub.image": "1"},
+            buildargs={"ENVHUB_BASE": base_tag},
+            labels={"envhub.image": "1", BASE_LABEL: base_tag},
         )
     except docker.errors.BuildError as e:
         lines = [str(chunk.get("stream") or chunk.get("error") or "") for chunk in e.build_log]

@@ -337,14 +337,19 @@ class DockerSandbox:
         await in_thread(_remove, self.id)
 
 
+def docker_sandboxes(run_id: str | None = None, stale_only: bool = False) -> list[Any]:
+    """envhub's containers (by label): of one run, or all, or (stale_only) those whose owner
+    process is dead."""
+    filters = {"label": [f"{LABEL_SANDBOX}=1"] + ([f"{LABEL_RUN}={run_id}"] if run_id else [])}
+    return [c for c in docker_client().containers.list(all=True, filters=filters)
+            if not (stale_only and owner_alive(c.labels.get(LABEL_OWNER, "")))]
+
+
 def reap_docker(run_id: str | None = None, stale_only: bool = False) -> list[str]:
     """Remove envhub containers: of one run, or all, or (stale_only) those whose owner process
     is dead. Returns the removed container ids."""
-    filters = {"label": [f"{LABEL_SANDBOX}=1"] + ([f"{LABEL_RUN}={run_id}"] if run_id else [])}
     removed = []
-    for container in docker_client().containers.list(all=True, filters=filters):
-        if stale_only and owner_alive(container.labels.get(LABEL_OWNER, "")):
-            continue
+    for container in docker_sandboxes(run_id, stale_only):
         _remove(container.id)
         untrack(container.id)
         removed.append(container.id)

@@ -311,10 +311,10 @@ def _prefix(run_id: str) -> str:
     return f"envhub-local-{re.sub(r'[^A-Za-z0-9_.-]', '_', run_id)[:24]}-"
 
 
-def reap_local(run_id: str | None = None, stale_only: bool = False) -> list[str]:
-    """Remove local workdirs left behind (owner killed with SIGKILL): of `run_id`, or all, or
-    (stale_only) those whose owner process is gone. Returns the removed paths."""
-    removed = []
+def local_workdirs(run_id: str | None = None, stale_only: bool = False) -> list[Path]:
+    """Local sandbox workdirs: of `run_id`, or all, or (stale_only) those whose owner process
+    is gone."""
+    found = []
     pattern = (_prefix(run_id) if run_id else "envhub-local-*-") + "p*-*"
     for path in Path(tempfile.gettempdir()).glob(pattern):
         match = re.search(r"-p(\d+)-[^-]*$", path.name)
@@ -322,6 +322,15 @@ def reap_local(run_id: str | None = None, stale_only: bool = False) -> list[str]
             continue
         if stale_only and owner_alive(f"{socket.gethostname()}:{match.group(1)}"):
             continue
+        found.append(path)
+    return found
+
+
+def reap_local(run_id: str | None = None, stale_only: bool = False) -> list[str]:
+    """Remove local workdirs left behind (owner killed with SIGKILL): of `run_id`, or all, or
+    (stale_only) those whose owner process is gone. Returns the removed paths."""
+    removed = []
+    for path in local_workdirs(run_id, stale_only):
         shutil.rmtree(path, ignore_errors=True)
         untrack(f"local-{path.name}")
         removed.append(str(path))

@@ -122,6 +122,29 @@ def test_main_script_provisions_and_keeps_a_run_on_a_clean_machine(tmp_path: Pat
     [record] = (run / "rollouts").iterdir()
     problems = " ".join(json.loads(record.read_text())["verdict"].get("problems", []))
     assert "no pytest summary" not in problems and "no sealed record" not in problems, problems
+    # quiet: nothing but main.sh's own lines and the run's progress before the results table
+    before = ran.stdout.split("envhub run results")[0] + ran.stderr
+    for noise in ["Traceback", "Warning", "deprecated", "Loading weights", "!!"]:
+        assert noise not in before, before[-3000:]
+    doctor_names_what_is_missing(image, src)
+
+
+def doctor_names_what_is_missing(image: str, src: Path) -> None:
+    """`envhub doctor` on a fresh container of the clean image (main.sh's venv in the mounted
+    checkout; no dockerd, bubblewrap or Chromium there): each missing, with its fix; exit 1."""
+    ran = subprocess.run(["docker", "run", "--rm", "-v", f"{src}:/src", "-w", "/src", image,
+                          ".venv/bin/envhub", "doctor"], capture_output=True, text=True,
+                         timeout=300, check=False)
+    assert ran.returncode == 1, ran.stdout + ran.stderr
+    lines = ran.stdout.splitlines()
+    for name, fix in [("docker", "apt-get install -y docker.io"),
+                      ("bubblewrap", "apt-get install -y bubblewrap"),
+                      ("chromium", "apt-get install chromium"),
+                      ("postgresql", "apt-get install -y postgresql")]:
+        [i] = [i for i, line in enumerate(lines) if line.split()[1:2] == [name]]
+        assert lines[i].startswith("MISSING"), ran.stdout
+        assert fix in lines[i + 1] and "fix:" in lines[i + 1], ran.stdout
+    assert any(line.startswith("ok") and " python " in line for line in lines), ran.stdout
 
 
 def test_main_script_without_root_stops_before_the_run_with_the_command(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ import torch
 
 from envhub.trainer.attention_features import UnsupportedAttention
 from envhub.trainer.config import TrainerConfig
-from envhub.trainer.distributed import set_activation_checkpointing
+from envhub.trainer.distributed import activation_checkpointing, set_activation_checkpointing
 from envhub.trainer.errors import TrainerError
 from envhub.trainer.forward import tree_logprobs
 from envhub.trainer.prefix_tree import pack
@@ -41,7 +41,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(arch: str, sparse: bool
     model = tiny_model(arch)
     lp_plain, g_plain = _tree_grads(model, sparse, checkpointing=False)
     lp_ckpt, g_ckpt = _tree_grads(model, sparse, checkpointing=True)
-    assert model.is_activation_checkpointing
+    assert activation_checkpointing(model)
     assert torch.allclose(lp_plain, lp_ckpt, atol=1e-6)
     assert g_plain.keys() == g_ckpt.keys() and len(g_plain) > 10
     for name, g in g_plain.items():
@@ -52,7 +52,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(arch: str, sparse: bool
 def test_trainer_applies_gradient_checkpointing() -> None:
     model = tiny_model("llama")
     Trainer(model, TrainerConfig(gradient_checkpointing=True))
-    assert model.is_activation_checkpointing
+    assert activation_checkpointing(model)
     assert model.config._attn_implementation == "envhub_tree/sdpa"
 
 

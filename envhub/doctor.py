@@ -1,0 +1,202 @@
+"""`envhub doctor`: what this machine has for envhub, each missing piece with the command that
+provides it. Every check is read-only and answers in a few seconds."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import platform
+import resource
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.utils import canonicalize_name
+
+CHECKOUT = Path(__file__).resolve().parents[1]  # a checkout's root; a wheel has no locks/ here
+KEY_PACKAGES = ("torch", "transformers", "tokenizers", "pydantic", "fastapi", "openai")
+APT = "sudo apt-get install -y"
+FDS_BASE, FDS_PER_ROLLOUT = 256, 32  # gateway, pool and engine; a rollout's sockets and pipes
+DISK_WANTED = 10 << 30  # base images ~0.3 GB, the browser image ~1 GB, vLLM's venv 3.4 GB, runs
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # ok | warn | missing
+    detail: str
+    fix: str = ""
+
+
+def _run(argv: list[str], timeout: float = 20) -> subprocess.CompletedProcess[str] | None:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def locked_versions(lock: Path) -> dict[str, str]:
+    """{normalised name: version} of a lock file (locks/*.txt)."""
+    pins: dict[str, str] = {}
+    for line in lock.read_text().splitlines():
+        if line and not line.startswith("#") and "==" in line:
+            name, _, version = line.partition("==")
+            pins[canonicalize_name(name)] = version.strip()
+    return pins
+
+
+def check_python() -> Check:
+    """Informational: envhub does not install, let alone run, below its requires-python."""
+    return Check("python", "ok", f"{platform.python_version()} at {sys.executable}")
+
+
+def check_packages(lock: Path = CHECKOUT / "locks" / "envhub.txt") -> Iterator[Check]:
+    installed: dict[str, str] = {canonicalize_name(d.metadata["Name"]): d.version
+                                 for d in importlib.metadata.distributions()}
+    pins = locked_versions(lock) if lock.is_file() else {}
+    refresh = "bash scripts/venv.sh all,dev (installs the lock's versions)"
+    for name in KEY_PACKAGES:
+        have, want = installed.get(name), pins.get(name)
+        if have is None:
+            yield Check(name, "missing", "not installed", refresh)
+        elif want is not None and have.split("+")[0] != want:
+            yield Check(name, "warn", f"{have}, the lock has {want}", refresh)
+        else:
+            yield Check(name, "ok", have + (" (as locked)" if want else ""))
+    if not pins:
+        yield Check("lock", "warn", f"no {lock} beside this install (a wheel?): versions not "
+                    "compared", "run from a checkout: bash scripts/venv.sh all,dev")
+        return
+    off = sorted(n for n, v in installed.items()
+                 if n in pins and v.split("+")[0] != pins[n])
+    if off:
+        yield Check("lock", "warn", f"{len(off)} package(s) differ from {lock.name}: "
+                    + ", ".join(off[:8]) + (" ..." if len(off) > 8 else ""), refresh)
+    else:
+        yield Check("lock", "ok", f"every locked package installed is at its {lock.name} version")
+
+
+def check_docker() -> Check:
+    from envhub.envs.sandbox.engine import docker_reachable
+
+    if importlib.util.find_spec("docker") is None:
+        return Check("docker", "missing", "the docker SDK is not installed",
+                     "bash scripts/venv.sh engine,docker")
+    if docker_reachable():
+        info = _run(["docker", "info", "--format", "{{.ServerVersion}} at {{.DockerRootDir}}"])
+        return Check("docker", "ok", "engine answers" + (f" ({info.stdout.strip()})"
+                                                         if info and info.returncode == 0 else ""))
+    if shutil.which("dockerd") is None:
+        return Check("docker", "missing", "no Docker engine on this machine",
+                     f"{APT} docker.io && sudo dockerd &")
+    return Check("docker", "missing", "dockerd is installed but not answering",
+                 "sudo dockerd & (or: sudo systemctl start docker; DOCKER_HOST for another)")
+
+
+def check_debootstrap() -> Check:
+    if shutil.which("debootstrap") or Path("/usr/sbin/debootstrap").exists():
+        return Check("debootstrap", "ok", "builds envhub's base images (as root)")
+    return Check("debootstrap", "missing", "docker sandboxes cannot build their base image",
+                 f"{APT} debootstrap")
+
+
+def check_bubblewrap() -> Check:
+    from envhub.envs.sandbox.local import bwrap_path
+
+    bwrap = bwrap_path()
+    if bwrap is None:
+        return Check("bubblewrap", "missing", "local sandboxes would run as plain processes "
+                     "(swe-task refuses them)", f"{APT} bubblewrap")
+    probe = _run([bwrap, "--ro-bind", "/", "/", "--unshare-pid", "--unshare-net", "true"])
+    if probe is None or probe.returncode != 0:
+        why = (probe.stderr.strip().splitlines() or ["no answer"])[0] if probe else "no answer"
+        return Check("bubblewrap", "missing", f"{bwrap} cannot create namespaces here ({why})",
+                     "in a container: start it with --privileged; elsewhere: sysctl "
+                     "kernel.unprivileged_userns_clone=1; or run as root with dockerd")
+    return Check("bubblewrap", "ok", f"{bwrap} creates namespaces")
+
+
+def check_chromium() -> Check:
+    from envhub.envs.browser.chromium import BrowserUnavailable, chromium_path
+
+    try:
+        path = chromium_path()
+    except BrowserUnavailable as e:
+        return Check("chromium", "missing", "slides and webtask cannot render or browse",
+                     str(e).removeprefix("Chromium is missing: "))
+    return Check("chromium", "ok", path)
+
+
+def check_postgres() -> Check:
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
+    if found:
+        return Check("postgresql", "ok", f"server binaries in {found[-1].parent}")
+    return Check("postgresql", "missing", "no server binaries (the pool can use SQLite; "
+                 "many gateways share PostgreSQL)", f"{APT} postgresql")
+
+
+def check_vllm_venv() -> Check:
+    venv = Path(os.environ.get("VLLM_VENV", CHECKOUT / ".venv-vllm"))
+    if not (venv / "bin" / "python").exists() or not list(venv.glob(".envhub-vllm-*")):
+        return Check("vllm venv", "missing", f"no vLLM venv at {venv} (--engine vllm and its "
+                     "tests need it)", "bash scripts/vllm_venv.sh (~5 min, 3.4 GB)")
+    return Check("vllm venv", "ok", f"{venv} (bash scripts/vllm_venv.sh brings it to its lock)")
+
+
+def check_gpus() -> Check:
+    try:
+        import torch
+    except ImportError:
+        return Check("gpu", "warn", "torch is not installed", "bash scripts/venv.sh engine")
+    if not torch.cuda.is_available():
+        return Check("gpu", "ok", "no CUDA device visible: the engine and the trainer use the "
+                     "CPU (fp32)")
+    names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return Check("gpu", "ok", f"{len(names)} CUDA device(s): {', '.join(names)}; the engine "
+                 "uses cuda (bf16), the trainer cuda:LOCAL_RANK (one rank a GPU)")
+
+
+def check_fds(concurrency: int) -> Check:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = FDS_BASE + FDS_PER_ROLLOUT * concurrency
+    detail = f"{soft} open files allowed (hard {hard}); ~{need} for {concurrency} rollouts"
+    if soft != resource.RLIM_INFINITY and soft < need:
+        return Check("file descriptors", "warn", detail,
+                     f"ulimit -n {need * 2} (or lower --concurrency)")
+    return Check("file descriptors", "ok", detail)
+
+
+def check_disk(paths: list[Path]) -> Iterator[Check]:
+    seen: set[int] = set()
+    for path in paths:
+        while not path.exists():
+            path = path.parent
+        device = path.stat().st_dev
+        if device in seen:
+            continue
+        seen.add(device)
+        free = shutil.disk_usage(path).free
+        detail = f"{free / (1 << 30):.1f} GiB free at {path}"
+        if free < DISK_WANTED:
+            yield Check("disk", "warn", detail + f" (want {DISK_WANTED >> 30} GiB)",
+                        "envhub gc --dry-run lists what envhub can remove")
+        else:
+            yield Check("disk", "ok", detail)
+
+
+def checks(concurrency: int, runs: Path) -> Iterator[Check]:
+    from envhub.envs.images.base import cache_dir
+
+    yield check_python()
+    yield from check_packages()
+    steps: list[Callable[[], Check]] = [check_docker, check_debootstrap, check_bubblewrap,
+                                        check_chromium, check_postgres, check_vllm_venv,
+                                        check_gpus]
+    for step in steps:
+        yield step()
+    yield check_fds(concurrency)
+    yield from check_disk([runs.resolve(), cache_dir(), Path("/var/lib/docker")])
