@@ -25,15 +25,18 @@ ENVHUB = [sys.executable, "-m", "envhub"]
 
 @pytest.fixture
 def own_docker() -> Iterator[str]:
-    """DOCKER_HOST of a private dockerd (no bridge, no iptables), stopped and wiped after."""
+    """DOCKER_HOST of a private dockerd, stopped and wiped after. It runs in a network namespace
+    of its own (`unshare --net`): a second dockerd in the host's namespace takes the host
+    daemon's docker0 bridge down with it, and every container the suite starts beside it."""
     dockerd = require_tool("dockerd")
+    unshare = require_tool("unshare")
     require(os.geteuid() == 0, "root, to start a private dockerd")
     root = Path(tempfile.mkdtemp(prefix="dk", dir="/tmp"))  # short: a socket path is <108 bytes
     host = f"unix://{root}/d.sock"
     log = (root / "log").open("w")
-    proc = subprocess.Popen([dockerd, "--data-root", str(root / "data"), "--exec-root",
-                             str(root / "x"), "--pidfile", str(root / "pid"), "--host", host,
-                             "--bridge", "none", "--iptables=false"],
+    proc = subprocess.Popen([unshare, "--net", dockerd, "--data-root", str(root / "data"),
+                             "--exec-root", str(root / "x"), "--pidfile", str(root / "pid"),
+                             "--host", host, "--bridge", "none", "--iptables=false"],
                             stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 90

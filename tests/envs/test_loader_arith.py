@@ -34,6 +34,7 @@ def test_calculator(expr, value):
 @pytest.mark.parametrize("expr", [
     "__import__('os').system('true')", "open('/etc/passwd')", "x + 1", "9 ** 9 ** 9",
     "1 / 0", "10 ** 40", "[1, 2]", "", "1 +", "2 ** 0.5", "'a' * 3",
+    "1e999", "-1e999 + 1", "1e308 * 10",  # past float's range: an error, not an agent_error
 ])
 def test_calculator_refuses_anything_but_bounded_arithmetic(expr):
     with pytest.raises(CalculatorError):
@@ -43,6 +44,18 @@ def test_calculator_refuses_anything_but_bounded_arithmetic(expr):
 def test_answer_parsing_tolerates_formatting_only():
     assert parse_answer(" 1,234. ") == 1234 and parse_answer("$42") == 42
     assert parse_answer("forty two") is None and parse_answer("") is None
+
+
+@pytest.mark.parametrize("answer", ["1e20000000", "1E-20000000", "-3e999999999", "7" * 101,
+                                    "1" + "0" * 200])
+def test_answers_too_large_to_parse_cheaply_are_not_numbers(answer):
+    """Untrusted numbers parse with bounded cost: Fraction("1e20000000") alone held the
+    runner's event loop for 17 s."""
+    assert parse_answer(answer) is None
+
+
+def test_answers_with_small_exponents_still_parse():
+    assert parse_answer("4.2e1") == 42 and parse_answer("1e2") == 100
 
 
 def test_tools_oracle_and_verifier_meet_at_the_answer_file(tmp_path):

@@ -7,12 +7,18 @@ are bounded so `9**9**9` is an error, not a hang.
 from __future__ import annotations
 
 import ast
+import math
 import operator
+import re
 from fractions import Fraction
 
 MAX_EXPRESSION_CHARS = 200
 MAX_EXPONENT = 64
 MAX_MAGNITUDE = Fraction(10) ** 30
+# A submitted answer is read only this long, with a decimal exponent only this large:
+# Fraction("1e20000000") would build a 20-million-digit integer (17 s of the runner's loop).
+MAX_ANSWER_CHARS = 100
+MAX_ANSWER_EXPONENT = 100
 
 _BINARY = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
@@ -40,6 +46,8 @@ def evaluate(expression: str) -> Fraction:
 
 def _eval(node: ast.AST) -> Fraction:
     if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        if not math.isfinite(node.value):  # a literal past float's range: 1e999 is inf
+            raise CalculatorError("result too large (more than 30 digits)")
         return _bounded(Fraction(str(node.value)))
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
         value = _eval(node.operand)
@@ -74,8 +82,13 @@ def format_number(value: Fraction) -> str:
 
 def parse_answer(text: str) -> Fraction | None:
     """A submitted answer as a number: tolerates spaces, thousands separators, a leading '$'
-    and a trailing period; anything else is not a number (None)."""
+    and a trailing period; anything else, and anything too long or with an exponent too large to
+    parse cheaply, is not a number (None)."""
     cleaned = text.strip().replace(",", "").removeprefix("$").rstrip(".").strip()
+    exponent = re.search(r"[eE]([+-]?\d+)", cleaned)
+    if len(cleaned) > MAX_ANSWER_CHARS or (
+            exponent is not None and abs(int(exponent.group(1))) > MAX_ANSWER_EXPONENT):
+        return None
     try:
         return Fraction(cleaned)
     except (ValueError, ZeroDivisionError):
