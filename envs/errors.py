@@ -23,5 +23,11 @@ class AgentError(RuntimeError):
     """The agent failed on its own (crash, bad request it made): the rollout is `agent_error`."""
 
 
+class AgentOutputError(Exception):
+    """What the agent left for grading cannot be graded (a file past the read limit, ...): the
+    agent's doing, so the rollout scores 0 with a process signal naming it, never env_failure
+    (a dropped sample would let a policy escape its bad groups that way)."""
+
+
 class RunConfigError(ValueError):
     """Inconsistent run options (e.g. --resume without --out)."""

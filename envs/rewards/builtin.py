@@ -3,7 +3,8 @@
 - outcome: the verifier's score, clamped to [0, 1].
 - process: one event per penalised turn signal (malformed_tool_call from the gateway;
   unknown_tool, tool_error, language_mixing from the agent; grading_tampered from a verifier
-  that caught the agent's code forging test results), value -signal.value;
+  that caught the agent's code forging test results; ungradable_output from the runner when
+  what the agent left could not be graded), value -signal.value;
   `process.<signal>` overrides the `process` weight for one signal (and penalises a signal
   not in the default list).
 - time: completion time relative to the group's median, for resolved samples only (a fast
@@ -21,7 +22,7 @@ from envhub.sdk.types import RewardEvent, Signal
 
 TIME_SCALE_FLOOR_S = 1.0
 PROCESS_SIGNALS = ("malformed_tool_call", "unknown_tool", "tool_error", "language_mixing",
-                   "grading_tampered")
+                   "grading_tampered", "ungradable_output")
 
 
 class Outcome:

@@ -8,8 +8,8 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-from envhub.envs.sandbox.base import ExecResult
-from envhub.envs.sandbox.errors import SandboxClosed, SandboxFileError
+from envhub.envs.sandbox.base import MAX_READ_BYTES, ExecResult
+from envhub.envs.sandbox.errors import FileTooLarge, SandboxClosed, SandboxFileError
 
 
 class MemorySandbox:
@@ -43,10 +43,12 @@ class MemorySandbox:
         return ExecResult(127, "", "this environment has no sandbox to run commands in "
                           "([sandbox] kind = \"none\"); use the environment's own tools")
 
-    async def read_file(self, path: str) -> bytes:
+    async def read_file(self, path: str, limit: int = MAX_READ_BYTES) -> bytes:
         key = self._key(path)
         if key not in self._files:
             raise SandboxFileError(f"{path}: no such file in sandbox {self.id}")
+        if len(self._files[key]) > limit:
+            raise FileTooLarge(path, len(self._files[key]), limit)
         return self._files[key]
 
     async def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:

@@ -20,16 +20,18 @@ from typing import Any
 
 from envhub.envs.agents.base import Agent, AgentContext
 from envhub.envs.environment import EnvFailure, RunContext, Task, Verdict
-from envhub.envs.errors import AgentError
+from envhub.envs.errors import AgentError, AgentOutputError
 from envhub.envs.loader import LoadedEnv
 from envhub.envs.manifest import AgentLimits, SandboxSpec
 from envhub.envs.runner.memory_sandbox import MemorySandbox
 from envhub.envs.runner.plan import RolloutKey
 from envhub.envs.sandbox.base import Sandbox
 from envhub.envs.sandbox.errors import SandboxError
+from envhub.sdk.types import Signal
 
 log = logging.getLogger(__name__)
 AGENT_GRACE_S = 30.0  # beyond the agent's own time limit before the runner stops it
+UNGRADABLE = "ungradable_output"  # process signal of a rollout whose output could not be graded
 
 
 @dataclass
@@ -210,6 +212,9 @@ async def _run_phases(p: PendingRollout, loaded: LoadedEnv, task: Task, rs: Roll
     except TimeoutError:
         p.fail("env_failure", f"grading timed out after {spec.setup_timeout_s:g}s")
         return
+    except AgentOutputError as e:  # the agent's output is what cannot be graded: 0, not dropped
+        verdict = Verdict(0.0, False, {"ungradable": str(e)},
+                          signals=[Signal(name=UNGRADABLE, info={"error": str(e)})])
     except Exception as e:  # noqa: BLE001 - grading that cannot complete is never a score of 0
         p.fail("env_failure", f"grading: {type(e).__name__}: {e}")
         return

@@ -9,6 +9,11 @@ from typing import Protocol, runtime_checkable
 
 from envhub.envs.manifest import SandboxSpec
 
+# What one read_file brings into the host's memory at most: every answer, state file, deck and
+# patch is far smaller; a larger file (a 1 GiB sparse file costs an agent nothing) is refused
+# with FileTooLarge before it is read.
+MAX_READ_BYTES = 64 << 20
+
 
 @dataclass
 class ExecResult:
@@ -40,7 +45,9 @@ class Sandbox(Protocol):
         env: dict[str, str] | None = None,
     ) -> ExecResult: ...
 
-    async def read_file(self, path: str) -> bytes: ...
+    async def read_file(self, path: str, limit: int = MAX_READ_BYTES) -> bytes:
+        """The file's bytes; FileTooLarge (before reading) when it holds more than `limit`."""
+        ...
 
     async def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None: ...
 

@@ -28,10 +28,15 @@ from typing import Any
 
 from envhub.envs.manifest import SandboxSpec
 from envhub.envs.sandbox.archive import extract_as, tar_path
-from envhub.envs.sandbox.base import ExecResult
+from envhub.envs.sandbox.base import MAX_READ_BYTES, ExecResult
 from envhub.envs.sandbox.cgroup import Freezer, carrying, find_freezer, kill_frozen, outside
 from envhub.envs.sandbox.engine import docker_client, docker_reachable, import_docker, in_thread
-from envhub.envs.sandbox.errors import SandboxClosed, SandboxError, SandboxFileError
+from envhub.envs.sandbox.errors import (
+    FileTooLarge,
+    SandboxClosed,
+    SandboxError,
+    SandboxFileError,
+)
 from envhub.envs.sandbox.reaper import (
     LABEL_OWNER,
     LABEL_RUN,
@@ -54,6 +59,7 @@ from envhub.envs.sandbox.shell import (
 WORKDIR = "/workspace"
 PIDS_LIMIT = 1024  # stops fork bombs from taking the host down
 BACKSTOP_S = 30.0  # extra wait beyond the in-container timeout before we sweep from outside
+TAR_OVERHEAD = 64 << 10  # a one-file tar: header blocks and padding around the bytes
 
 
 def _remove(container_id: str) -> None:
@@ -282,15 +288,29 @@ class DockerSandbox:
         except import_docker().errors.APIError as e:
             raise SandboxFileError(f"cannot write into {directory}: {e.explanation or e}") from None
 
-    def _get(self, path: str) -> bytes:
+    def _get(self, path: str, limit: int | None = None) -> bytes:
+        """The tar docker streams for `path`; with `limit`, FileTooLarge as soon as the file's
+        size (docker's stat, then the bytes streamed) passes it."""
         docker = import_docker()
         try:
-            stream, _ = self.container.get_archive(path)
+            stream, stat = self.container.get_archive(path)
         except docker.errors.NotFound:
             raise SandboxFileError(f"{path}: no such file in the sandbox") from None
         except docker.errors.APIError as e:
             raise SandboxFileError(f"cannot read {path}: {e.explanation or e}") from None
-        return b"".join(stream)
+        if limit is None:
+            return b"".join(stream)
+        if int(stat.get("size", 0)) > limit:
+            stream.close()
+            raise FileTooLarge(path, int(stat["size"]), limit)
+        chunks, total = [], 0
+        for chunk in stream:
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > limit + TAR_OVERHEAD:
+                stream.close()
+                raise FileTooLarge(path, total, limit)
+        return b"".join(chunks)
 
     async def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
         """Write `data` to `path` (relative to /workspace), creating parent directories."""
@@ -303,14 +323,16 @@ class DockerSandbox:
             tar.addfile(info, io.BytesIO(data))
         await in_thread(self._put, posixpath.dirname(target), buffer.getvalue())
 
-    async def read_file(self, path: str) -> bytes:
+    async def read_file(self, path: str, limit: int = MAX_READ_BYTES) -> bytes:
         self._check()
         target = self._abs(path)
-        raw = await in_thread(self._get, target)
+        raw = await in_thread(self._get, target, limit)
         with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
             member = tar.next()
             if member is None or not member.isfile():
                 raise SandboxFileError(f"{target} is not a regular file")
+            if member.size > limit:
+                raise FileTooLarge(target, member.size, limit)
             handle = tar.extractfile(member)
             assert handle is not None
             return handle.read()

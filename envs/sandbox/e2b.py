@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import os
 import posixpath
+import shlex
 import time
 import uuid
 from pathlib import Path
@@ -30,8 +31,9 @@ from typing import Any
 
 from envhub.envs.manifest import SandboxSpec
 from envhub.envs.sandbox.archive import extract_as, tar_path
-from envhub.envs.sandbox.base import ExecResult
+from envhub.envs.sandbox.base import MAX_READ_BYTES, ExecResult
 from envhub.envs.sandbox.errors import (
+    FileTooLarge,
     SandboxClosed,
     SandboxError,
     SandboxFileError,
@@ -52,6 +54,7 @@ from envhub.envs.sandbox.shell import EXEC_ID_VAR, SWEEP, SWEEP_TAGGED, timed_ou
 WORKDIR = "/home/user"
 DEFAULT_TEMPLATE = "base"
 BACKSTOP_S = 30.0
+MAX_DOWNLOAD_BYTES = 1 << 30  # a folder download (packed as one tar) brings at most this
 
 
 def import_e2b() -> Any:
@@ -173,11 +176,20 @@ class E2BSandbox:
     def _abs(self, path: str) -> str:
         return posixpath.normpath(posixpath.join(self.workdir, path))
 
-    async def read_file(self, path: str) -> bytes:
+    async def read_file(self, path: str, limit: int = MAX_READ_BYTES) -> bytes:
         self._check()
         e2b = import_e2b()
+        target = self._abs(path)
+        # the size first (the SDK's read buffers the whole file); nothing runs in the sandbox
+        # by grading time (end_processes), so it cannot grow between the two calls
+        code, out, _ = await self._run(f"stat -L -c %s {shlex.quote(target)}", None, 60)
+        if code == 0 and out.strip().isdigit() and int(out) > limit:
+            raise FileTooLarge(target, int(out), limit)
         try:
-            return bytes(await self.sdk.files.read(self._abs(path), format="bytes"))
+            data = bytes(await self.sdk.files.read(target, format="bytes"))
+            if len(data) > limit:
+                raise FileTooLarge(target, len(data), limit)
+            return data
         except e2b.NotFoundException as e:
             raise SandboxFileError(f"{path}: no such file in the sandbox ({e})") from None
         except e2b.InvalidArgumentException as e:
@@ -221,7 +233,7 @@ class E2BSandbox:
         if code != 0:
             raise SandboxFileError(f"{remote_path}: cannot pack it for download: {err.strip()}")
         try:
-            raw = await self.read_file(staging)
+            raw = await self.read_file(staging, limit=MAX_DOWNLOAD_BYTES)
         finally:
             await self._run(f"rm -f '{staging}'", None, 60)
         await asyncio.to_thread(extract_as, raw, Path(local_path))

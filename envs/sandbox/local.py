@@ -31,8 +31,8 @@ import uuid
 from pathlib import Path
 
 from envhub.envs.manifest import SandboxSpec
-from envhub.envs.sandbox.base import ExecResult
-from envhub.envs.sandbox.errors import SandboxClosed, SandboxFileError
+from envhub.envs.sandbox.base import MAX_READ_BYTES, ExecResult
+from envhub.envs.sandbox.errors import FileTooLarge, SandboxClosed, SandboxFileError
 from envhub.envs.sandbox.host_view import host_view_args
 from envhub.envs.sandbox.reaper import install, owner_alive, track, untrack
 from envhub.envs.sandbox.shell import MAX_STREAM_BYTES
@@ -261,11 +261,11 @@ class LocalSandbox:
         await asyncio.to_thread(target.write_bytes, data)
         target.chmod(mode)
 
-    async def read_file(self, path: str) -> bytes:
+    async def read_file(self, path: str, limit: int = MAX_READ_BYTES) -> bytes:
         target = self._host_path(path, for_write=False)
         if not target.is_file():
             raise SandboxFileError(f"{path}: no such file in the sandbox")
-        return await asyncio.to_thread(target.read_bytes)
+        return await asyncio.to_thread(_read_file_capped, target, path, limit)
 
     async def upload(self, local_path: str, remote_path: str) -> None:
         source = Path(local_path)
@@ -303,6 +303,19 @@ class LocalSandbox:
         self._closed = True
         untrack(self.id)
         await asyncio.to_thread(shutil.rmtree, self.host_dir, True)
+
+
+def _read_file_capped(target: Path, path: str, limit: int) -> bytes:
+    """At most `limit` bytes of `target`, refused by its size before any is read (and by what
+    was read, for a file that grows meanwhile)."""
+    with target.open("rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > limit:
+            raise FileTooLarge(path, size, limit)
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise FileTooLarge(path, len(data), limit)
+    return data
 
 
 def _prefix(run_id: str) -> str:

@@ -103,6 +103,20 @@ def test_infrastructure_failures_are_env_failure_never_zero(gateway, tmp_path):
     assert result.summary["overall"]["mean"]["outcome"] == 1.0  # failures are not averaged in
 
 
+def test_output_the_agent_made_ungradable_scores_zero_and_is_kept(gateway, tmp_path):
+    """An answer past the read limit is the agent's doing: the rollout is done with outcome 0
+    and a process signal naming it, not an env_failure that training would drop."""
+    result = asyncio.run(run(config(gateway, CRASHY, agent="oracle", tasks=["oversized-output"],
+                                    k=1), progress=False))
+    [r] = result.records
+    assert r.status == "done" and r.outcome == 0.0 and not r.resolved, r
+    t = trajectory(gateway, r.session_id)
+    assert t["status"] == "done"
+    assert [e["value"] for e in t["rewards"] if e["kind"] == "outcome"] == [0.0]
+    assert any(e["kind"] == "process" and "ungradable_output" in json.dumps(e)
+               for e in t["rewards"]), t["rewards"]
+
+
 def test_resume_skips_finished_rollouts_and_reruns_env_failures(gateway, tmp_path):
     out = tmp_path / "out"
     first = asyncio.run(run(config(gateway, CRASHY, agent="oracle", tasks=["ok", "setup-crash"],

@@ -15,6 +15,7 @@ import pytest
 
 from envhub.envs.manifest import SandboxSpec
 from envhub.envs.sandbox import SandboxClosed, SandboxError, SandboxFileError, open_sandbox, reap
+from tests.envs.bounded_reads import check_bounded_reads
 from tests.support import require_docker
 
 pytestmark = pytest.mark.docker
@@ -181,3 +182,7 @@ def test_base_image_is_cached(base_image: str) -> None:
 
     again = ensure_base_image()
     assert again.cached and again.tag == base_image and again.size_bytes > 0
+
+
+def test_reads_are_bounded_before_the_bytes_arrive(box) -> None:
+    check_bounded_reads(box)

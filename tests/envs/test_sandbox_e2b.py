@@ -11,6 +11,7 @@ import pytest
 
 from envhub.envs.manifest import SandboxSpec
 from envhub.envs.sandbox import SandboxClosed, SandboxFileError, SandboxUnavailable, open_sandbox
+from tests.envs.bounded_reads import check_bounded_reads
 from tests.support import require, require_tool
 
 pytestmark = pytest.mark.bwrap  # the fake's sandboxes are LocalSandboxes under bubblewrap
@@ -155,3 +156,7 @@ def test_wrong_api_key_is_a_clear_error(e2b_env: str, monkeypatch) -> None:
     monkeypatch.setenv("E2B_API_KEY", "e2b_wrong")
     with pytest.raises(SandboxUnavailable, match="E2B_API_KEY"):
         run(open_sandbox("e2b", SandboxSpec()))
+
+
+def test_reads_are_bounded_before_the_bytes_arrive(box) -> None:
+    check_bounded_reads(box)

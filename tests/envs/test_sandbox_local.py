@@ -13,6 +13,7 @@ import pytest
 from envhub.envs.manifest import SandboxSpec
 from envhub.envs.sandbox import SandboxClosed, SandboxFileError, open_sandbox
 from envhub.envs.sandbox.local import LocalSandbox
+from tests.envs.bounded_reads import check_bounded_reads
 from tests.support import host_processes_with, require_tool
 
 pytestmark = pytest.mark.bwrap
@@ -245,3 +246,7 @@ def test_an_envhub_home_under_the_masked_home_folders_does_not_break_calls(monke
         import shutil
 
         shutil.rmtree(home, ignore_errors=True)
+
+
+def test_reads_are_bounded_before_the_bytes_arrive(box) -> None:
+    check_bounded_reads(box)

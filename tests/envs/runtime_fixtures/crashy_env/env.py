@@ -8,6 +8,8 @@ setup-hang       setup never finishes (infra timeout; manifest setup_timeout_s =
 docker-kill      a real container is killed during the agent's work (run with --sandbox
                  docker; the other modes use an in-process sandbox whatever the flag)
 bad-image        the task's Dockerfile fails to build (a real `docker build`, --sandbox docker)
+oversized-output not infrastructure: the agent leaves an answer past the read limit, which
+                 the verifier cannot read (the agent's doing: scored 0, never env_failure)
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 from envhub.envs.environment import RunContext, Task, Verdict
 from envhub.envs.loader import rows_to_tasks, task_rows
 from envhub.envs.manifest import Manifest
-from envhub.envs.sandbox.base import Sandbox
+from envhub.envs.sandbox.base import MAX_READ_BYTES, Sandbox
 from envhub.envs.sandbox.errors import SandboxError
 
 
@@ -50,6 +52,8 @@ class CrashyEnv:
         mode = task.data["mode"]
         if mode == "sandbox-crash":
             await sandbox.close()  # the sandbox is gone, as after an OOM kill
+        if mode == "oversized-output":
+            await sandbox.write_file("/tmp/solved", b"1" * (MAX_READ_BYTES + 1))
         if mode == "docker-kill":
             from envhub.envs.sandbox.engine import docker_client
 
