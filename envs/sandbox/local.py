@@ -176,8 +176,11 @@ class LocalSandbox:
         if self.bwrap is None:
             return limits + shell
         argv = [self.bwrap, *host_view_args(self.spec.network, self.spec.host_paths)]
-        for host, inside in self.binds.items():  # under /run (a tmpfs), before / turns read-only
-            argv += ["--ro-bind", host, inside]
+        # under /run (a tmpfs), before / turns read-only. `-try`: a bind whose host side is gone
+        # is left out, not an error of every later command: the agent channel's folder is
+        # removed when the agent phase ends, and grading still runs commands here.
+        for host, inside in self.binds.items():
+            argv += ["--ro-bind-try", host, inside]
         for path in PROC_READ_ONLY:
             argv += ["--ro-bind-try", path, path]
         argv += ["--bind", str(self.host_dir), self.mount, "--remount-ro", "/", "--chdir", cwd,

@@ -80,6 +80,10 @@ async def agent_diff(sandbox: Sandbox, task: SWETask, base: str) -> tuple[str, s
            f"--no-renames {shlex.quote(base)} > {out} && wc -c < {out}")
     result = await sandbox.exec(cmd, timeout=120, env=GIT_ENV)
     if result.timed_out or result.exit_code != 0:
+        probe = await sandbox.exec("true", timeout=60)
+        if probe.exit_code != 0:  # the sandbox runs nothing at all: not the agent's repository
+            raise EnvFailure(f"{task.instance_id}: the sandbox cannot run commands to read the "
+                             f"changes (exit {probe.exit_code}: {probe.stderr.strip()[-300:]})")
         return "", (f"could not read the changes (git exit {result.exit_code}: "
                     f"{result.stderr.strip()[-300:]})")
     size = int(result.stdout.strip() or 0)
