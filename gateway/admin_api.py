@@ -136,9 +136,18 @@ async def trajectory(request: Request, session_id: str) -> Response:
     return json_response(await asyncio.to_thread(build))
 
 
+async def _runner_only(request: Request, session_id: str) -> LiveSession:
+    """The session, for a write only the runner makes (rewards, the close): with an admin key
+    configured, the admin key; the session's own key, which its agent holds, is refused (403):
+    an agent could score itself or close itself as env_failure to be dropped from training.
+    Without an admin key (single-user mode) every token reaches every session anyway."""
+    await _require_admin(request)
+    return await request.app.state.gw.sessions.get(session_id)
+
+
 @router.post("/sessions/{session_id}/reward", openapi_extra=body_of(RewardBody))
 async def reward(request: Request, session_id: str) -> Response:
-    live = await _session_for(request, session_id)
+    live = await _runner_only(request, session_id)
     body = await read_json(request)
     events = parse(RewardBatch, body).events if "events" in body else [parse(RewardEvent, body)]
     await request.app.state.gw.store.write(
@@ -168,7 +177,7 @@ async def context_action(request: Request, session_id: str) -> Response:
 
 @router.post("/sessions/{session_id}/close", openapi_extra=body_of(CloseSession))
 async def close(request: Request, session_id: str) -> Response:
-    live = await _session_for(request, session_id)
+    live = await _runner_only(request, session_id)
     spec = parse(CloseSession, await read_json(request))
     await request.app.state.gw.store.write(op_update_session(
         live.id, status=spec.status.value, reason=spec.reason, closed_at=time.time()),

@@ -57,10 +57,16 @@ def _close_body(status: str | SessionStatus, reason: str | None) -> dict:
 
 
 class _Base:
-    def __init__(self, gateway_url: str, session_id: str, api_key: str):
+    """`admin_key`: kept by a session opened with it (`open(admin_key=...)`, the runner's): a
+    gateway with an admin key takes rewards and closes from it only, never from the session's
+    own key, which the agent holds (it could score itself or hide its failures)."""
+
+    def __init__(self, gateway_url: str, session_id: str, api_key: str,
+                 admin_key: str | None = None):
         self.gateway_url = gateway_url.rstrip("/")
         self.id = session_id
         self.api_key = api_key
+        self._admin_key = admin_key
         self._closed = False  # close()/aclose() reached for the gateway once already
 
     @property
@@ -71,6 +77,17 @@ class _Base:
     def _headers(self) -> dict[str, str]:
         return {"authorization": f"Bearer {self.api_key}"}
 
+    def _writer_headers(self) -> dict[str, str]:
+        """For rewards and the close: the admin key when this session holds it."""
+        return {"authorization": f"Bearer {self._admin_key or self.api_key}"}
+
+    def _close_answer(self, resp: httpx.Response) -> None:
+        """A close refused because only the session's key was sent (403 from a gateway with an
+        admin key, where the runner decides the status) ends the client all the same."""
+        if resp.status_code == 403 and self._admin_key is None:
+            return
+        _check(resp)
+
     def _path(self, what: str) -> str:
         return f"{self.gateway_url}/sessions/{self.id}/{what}"
 
@@ -79,8 +96,8 @@ class Session(_Base):
     """Synchronous session; `AsyncSession` is its async twin."""
 
     def __init__(self, gateway_url: str, session_id: str, api_key: str,
-                 http: httpx.Client | None = None):
-        super().__init__(gateway_url, session_id, api_key)
+                 http: httpx.Client | None = None, admin_key: str | None = None):
+        super().__init__(gateway_url, session_id, api_key, admin_key)
         self._http = http or httpx.Client(timeout=60)
 
     @classmethod
@@ -97,7 +114,7 @@ class Session(_Base):
         except BaseException:
             http.close()
             raise
-        return cls(gateway_url, data["session_id"], data["api_key"], http)
+        return cls(gateway_url, data["session_id"], data["api_key"], http, admin_key)
 
     @property
     def _client(self) -> httpx.Client:
@@ -112,7 +129,7 @@ class Session(_Base):
 
     def reward(self, kind: str, value: float, *, name: str = "", seq: int | None = None,
                info: dict | None = None, weight: float | None = None) -> None:
-        _check(self._client.post(self._path("reward"), headers=self._headers(),
+        _check(self._client.post(self._path("reward"), headers=self._writer_headers(),
                                  json=_reward_body(kind, value, name, seq, info, weight)))
 
     def signal(self, name: str, *, seq: int | None = None, value: float = 1.0,
@@ -137,8 +154,9 @@ class Session(_Base):
         try:
             if not self._closed:
                 self._closed = True
-                _check(self._http.post(self._path("close"), headers=self._headers(),
-                                       json=_close_body(status, reason)))
+                self._close_answer(self._http.post(self._path("close"),
+                                                   headers=self._writer_headers(),
+                                                   json=_close_body(status, reason)))
         finally:
             self._http.close()
 
@@ -154,8 +172,8 @@ class AsyncSession(_Base):
     """Async twin of `Session`."""
 
     def __init__(self, gateway_url: str, session_id: str, api_key: str,
-                 http: httpx.AsyncClient | None = None):
-        super().__init__(gateway_url, session_id, api_key)
+                 http: httpx.AsyncClient | None = None, admin_key: str | None = None):
+        super().__init__(gateway_url, session_id, api_key, admin_key)
         self._http = http or httpx.AsyncClient(timeout=60)
 
     @classmethod
@@ -173,7 +191,7 @@ class AsyncSession(_Base):
         except BaseException:
             await http.aclose()
             raise
-        return cls(gateway_url, data["session_id"], data["api_key"], http)
+        return cls(gateway_url, data["session_id"], data["api_key"], http, admin_key)
 
     @property
     def _client(self) -> httpx.AsyncClient:
@@ -188,7 +206,7 @@ class AsyncSession(_Base):
 
     async def reward(self, kind: str, value: float, *, name: str = "", seq: int | None = None,
                      info: dict | None = None, weight: float | None = None) -> None:
-        _check(await self._client.post(self._path("reward"), headers=self._headers(),
+        _check(await self._client.post(self._path("reward"), headers=self._writer_headers(),
                                        json=_reward_body(kind, value, name, seq, info, weight)))
 
     async def signal(self, name: str, *, seq: int | None = None, value: float = 1.0,
@@ -212,8 +230,9 @@ class AsyncSession(_Base):
         try:
             if not self._closed:
                 self._closed = True
-                _check(await self._http.post(self._path("close"), headers=self._headers(),
-                                             json=_close_body(status, reason)))
+                self._close_answer(await self._http.post(self._path("close"),
+                                                         headers=self._writer_headers(),
+                                                         json=_close_body(status, reason)))
         finally:
             await self._http.aclose()
 

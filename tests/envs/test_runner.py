@@ -271,22 +271,25 @@ def test_a_time_limit_in_an_environment_limited_by_turns_is_env_failure(tmp_path
 
 
 SELF_CLOSING_AGENT = """
-import json, os, urllib.request
+import json, os, urllib.error, urllib.request
 root = os.environ["OPENAI_BASE_URL"].removesuffix("/v1")
 req = urllib.request.Request(
     f"{root}/sessions/{os.environ['ENVHUB_SESSION_ID']}/close", method="POST",
     data=json.dumps({"status": "env_failure", "reason": "not my fault"}).encode(),
     headers={"authorization": "Bearer " + os.environ["OPENAI_API_KEY"],
              "content-type": "application/json"})
-print(urllib.request.urlopen(req).read().decode())
+try:
+    print("close answered", urllib.request.urlopen(req).status)
+except urllib.error.HTTPError as e:
+    print("close answered", e.code)
 """
 
 
 def test_an_agent_closing_its_own_session_does_not_decide_its_status(gateway, tmp_path):
     """An agent that holds its session key (here a host process) closes its session as
-    env_failure (which training would exclude: a way to hide its failures). Its own close
-    revokes the key, so the runner's close with the session key is refused; the runner closes
-    again with the admin key, and the pool carries the runner's verdict, not the agent's."""
+    env_failure (which training would exclude: a way to hide its failures). The gateway takes a
+    close from the admin key only (403), the runner closes with it, and the pool carries the
+    runner's verdict, not the agent's."""
     script = tmp_path / "self_close.py"
     script.write_text(SELF_CLOSING_AGENT)
     result = asyncio.run(run(config(gateway, "arith", agent=f"{sys.executable} {script}",
@@ -294,5 +297,6 @@ def test_an_agent_closing_its_own_session_does_not_decide_its_status(gateway, tm
     assert [r.status for r in result.records] == ["done", "done"]  # exited 0, graded 0
     for r in result.records:
         assert not r.resolved
+        assert "close answered 403" in r.agent_info["stdout_tail"], r.agent_info
         session = trajectory(gateway, r.session_id)["session"]
         assert session["status"] == "done" and session["reason"] != "not my fault"

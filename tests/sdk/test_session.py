@@ -149,16 +149,49 @@ def test_bad_keys_are_refused_with_what_to_fix(gw: GatewayHandle) -> None:
     mine = Session.open(gw.url, admin_key=ADMIN)
     theirs = Session.open(gw.url, admin_key=ADMIN)
     stolen = Session(gw.url, theirs.id, mine.api_key)  # my key, their session
-    for call in (stolen.trajectory, lambda: stolen.reward("outcome", 1.0),
-                 lambda: stolen.signal("x"), lambda: stolen.context_action("reset")):
+    for call in (stolen.trajectory, lambda: stolen.signal("x"),
+                 lambda: stolen.context_action("reset")):
         with pytest.raises(GatewayError) as e:
             call()
         assert e.value.status == 403 and "does not belong to that session" in str(e.value)
+    with pytest.raises(GatewayError) as e:  # rewards: the admin key only, whoever's key it is
+        stolen.reward("outcome", 1.0)
+    assert e.value.status == 403 and "admin key" in str(e.value)
     with pytest.raises(openai.AuthenticationError):
         Session(gw.url, mine.id, "made-up-key").openai(max_retries=0).chat.completions.create(
             model="default", messages=QUESTION)
     mine.close()
     theirs.close()
+
+
+def test_an_agent_holding_its_own_key_cannot_score_or_close_its_session(
+        gw: GatewayHandle) -> None:
+    """The key an agent holds reaches its model calls and its own trajectory, never its reward
+    or its status: a reward with a large weight (its composite would be whatever it posts) and a
+    close as env_failure (dropped from training) are 403; the runner's admin-key session writes
+    both, and what the pool holds is the runner's."""
+    runner = Session.open(gw.url, admin_key=ADMIN)
+    agent = Session(gw.url, runner.id, runner.api_key)  # what the agent is given
+    with pytest.raises(GatewayError) as e:
+        agent.reward("outcome", 1.0, weight=1000.0)
+    assert e.value.status == 403 and "admin key" in str(e.value)
+    for body in ({"events": [{"kind": "custom", "value": 50.0, "weight": 20.0}]},
+                 {"kind": "outcome", "value": 1.0}):
+        forged = httpx.post(f"{gw.url}/sessions/{runner.id}/reward", json=body,
+                            headers={"authorization": f"Bearer {runner.api_key}"})
+        assert forged.status_code == 403, forged.text
+    forged = httpx.post(f"{gw.url}/sessions/{runner.id}/close",
+                        json={"status": "env_failure", "reason": "not my fault"},
+                        headers={"authorization": f"Bearer {runner.api_key}"})
+    assert forged.status_code == 403, forged.text
+    agent.close("env_failure", "not my fault")  # releases the client; the status is not its call
+    assert agent.trajectory().session.status.value == "open"
+    agent.signal("tool_error")  # a process signal only ever lowers its own reward: allowed
+    runner.reward("outcome", 0.0)
+    runner.close("done")
+    traj = runner.trajectory()
+    assert traj.session.status.value == "done" and traj.session.reason is None
+    assert [(r.kind, r.value, r.weight) for r in traj.rewards] == [("outcome", 0.0, None)]
 
 
 def test_bad_requests_name_the_field(gw: GatewayHandle) -> None:
