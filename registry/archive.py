@@ -83,10 +83,11 @@ def check_dependencies(deps: list[str], source: str) -> list[Requirement]:
         except InvalidRequirement as e:
             raise BadPackage(f"{source}: dependency '{dep}' is not a pip requirement ({e}); "
                              "use e.g. 'numpy>=1.26,<3'") from None
-        if req.url and req.url.startswith("file:"):
-            raise BadPackage(f"{source}: dependency '{dep}' points at a local file, which other "
-                             "machines do not have; publish it to an index or ship it in the "
-                             "package")
+        if req.url:  # `name @ https://...`, `git+...`, `file:...`: code from anywhere
+            raise BadPackage(f"{source}: dependency '{dep}' is a direct URL or VCS reference, "
+                             "which installs whatever that address serves; name a package on "
+                             "an index with a version range (e.g. 'numpy>=1.26,<3') or ship "
+                             "the code in the package")
         out.append(req)
     return out
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -117,8 +118,10 @@ def install_cmd(
     ref: Annotated[str, typer.Argument(help="owner/name@version (or a range, or latest)")],
     registry: RegistryOpt = None,
     token: TokenOpt = None,
-    no_deps: Annotated[bool, typer.Option(
-        "--no-deps", help="do not pip-install the declared dependencies")] = False,
+    deps: Annotated[bool, typer.Option(
+        "--deps/--no-deps", help="pip-install the declared dependencies into the interpreter "
+        "running envhub (off by default: an environment's requirements run code there)")
+    ] = False,
     force: Annotated[bool, typer.Option("--force", help="reinstall even if installed")] = False,
 ) -> None:
     """Download, verify and unpack an environment into ENVHUB_HOME/envs."""
@@ -128,15 +131,16 @@ def install_cmd(
     async def go() -> Any:
         reg = open_registry(registry, token)
         try:
-            return await install(ref, reg, install_deps=not no_deps, force=force)
+            return await install(ref, reg, install_deps=deps, force=force)
         finally:
             await reg.aclose()
 
     env = _run(go())
     typer.echo(f"{env.ref} installed at {env.path}")
     if env.missing_dependencies:
-        typer.echo("warning: not installed (--no-deps): " + " ".join(env.missing_dependencies)
-                   + "; pip install them before running", err=True)
+        typer.echo("warning: not installed: " + " ".join(env.missing_dependencies) + f"; "
+                   f"`envhub install {env.ref} --deps --force` pip-installs them into "
+                   f"{sys.executable}, or install them yourself before running", err=True)
 
 
 @_errors_exit_2

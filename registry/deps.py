@@ -40,4 +40,4 @@ def pip_install(requirements: list[str], python: str | None = None) -> None:
         tail = (proc.stderr or proc.stdout).strip()[-1500:]
         raise DependencyError(
             f"pip could not install {', '.join(requirements)}:\n{tail}\n"
-            "fix: install them yourself (pip install ...) and retry with --no-deps")
+            "fix: install them yourself (pip install ...) and retry without --deps")

@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from envhub.registry.archive import sha256_file
+from envhub.registry.archive import check_dependencies, sha256_file
 from envhub.registry.blobs import check_digest
 from envhub.registry.catalog import check_version
 from envhub.registry.deps import pip_install, unsatisfied
@@ -53,7 +53,8 @@ class InstalledEnv(BaseModel):
     installed_at: float = 0.0
     dependencies: list[str] = Field(default_factory=list)
     missing_dependencies: list[str] = Field(
-        default_factory=list, description="declared but not installed (--no-deps)")
+        default_factory=list, description="declared but not installed (installed only with "
+        "--deps)")
 
     @property
     def ref(self) -> str:
@@ -141,6 +142,8 @@ async def install(ref: str | PackageRef, registry: Registry, home: Path | None =
         if (m.name, m.version) != (info.name, info.version):
             raise BadPackage(f"{info.ref}: the archive's envhub.toml says {m.name}@{m.version}; "
                              "refused (the registry entry does not match its content)")
+        # a registry that skipped this at publish (another server, an old one) is not trusted
+        check_dependencies(m.dependencies, source=f"{info.ref}'s envhub.toml")
         missing = unsatisfied(m.dependencies)
         if missing and install_deps:
             await asyncio.to_thread(pip_install, missing)
@@ -164,13 +167,14 @@ def resolve(ref: str, registry: str | None = None, token: str | None = None,
     """The folder of `owner/name@version`, installing it first if needed (for `envhub run`).
 
     Exact installed versions resolve offline; ranges and `latest` ask the registry.
-    `install_deps=None` installs dependencies unless `ENVHUB_NO_DEPS=1`.
+    `install_deps=None` installs missing dependencies only with `ENVHUB_INSTALL_DEPS=1`:
+    running an environment never pip-installs into envhub's interpreter unasked.
     """
     pref = PackageRef.parse(ref)
     if (have := find_installed(pref, home)) is not None:
         return have.path
     if install_deps is None:
-        install_deps = os.environ.get("ENVHUB_NO_DEPS", "") not in ("1", "true", "yes")
+        install_deps = os.environ.get("ENVHUB_INSTALL_DEPS", "") in ("1", "true", "yes")
 
     async def go() -> Path:
         reg = open_registry(registry, token, home)

@@ -1,5 +1,5 @@
-"""Declared Python dependencies: skipped when satisfied, pip-installed when missing
-(a real pip run, offline, from a wheel built here), opt-out with --no-deps."""
+"""Declared Python dependencies: skipped when satisfied, pip-installed when missing only on
+request (--deps: a real pip run, offline, from a wheel built here), never from a direct URL."""
 
 from __future__ import annotations
 
@@ -71,13 +71,14 @@ def test_missing_dependency_is_pip_installed(home: Path, tmp_path: Path,
     env = make_env(tmp_path / "env", extra=f'dependencies = ["packaging>=20", "{DEP}==0.1.0"]')
     assert runner.invoke(app, ["publish", str(env), "--owner", "alice"]).exit_code == 0
 
-    result = runner.invoke(app, ["install", "alice/my-env@1.2.0", "--no-deps"])
-    assert result.exit_code == 0
-    assert f"not installed (--no-deps): {DEP}==0.1.0" in result.output
-    assert installed()[0].missing_dependencies == [f"{DEP}==0.1.0"]
-    assert unsatisfied([f"{DEP}==0.1.0"]) == [f"{DEP}==0.1.0"]
+    for flags in ([], ["--no-deps"]):  # nothing is pip-installed unasked
+        result = runner.invoke(app, ["install", "alice/my-env@1.2.0", "--force", *flags])
+        assert result.exit_code == 0, result.output
+        assert f"not installed: {DEP}==0.1.0" in result.output and "--deps" in result.output
+        assert installed()[0].missing_dependencies == [f"{DEP}==0.1.0"]
+        assert unsatisfied([f"{DEP}==0.1.0"]) == [f"{DEP}==0.1.0"]
 
-    result = runner.invoke(app, ["install", "alice/my-env@1.2.0", "--force"])
+    result = runner.invoke(app, ["install", "alice/my-env@1.2.0", "--force", "--deps"])
     assert result.exit_code == 0, result.output
     assert "warning" not in result.output
     assert unsatisfied([f"{DEP}==0.1.0", "packaging>=20"]) == []
@@ -91,8 +92,25 @@ def test_pip_failure_is_a_clear_error_and_installs_nothing(home: Path, tmp_path:
                                                            offline_wheel: Path) -> None:
     env = make_env(tmp_path / "env", extra=f'dependencies = ["{DEP}==9.9.9"]')
     assert runner.invoke(app, ["publish", str(env), "--owner", "alice"]).exit_code == 0
-    result = runner.invoke(app, ["install", "alice/my-env@1.2.0"])
+    result = runner.invoke(app, ["install", "alice/my-env@1.2.0", "--deps"])
     assert result.exit_code == 2
-    assert "pip could not install" in result.output and "--no-deps" in result.output
+    assert "pip could not install" in result.output and "without --deps" in result.output
     assert installed() == []
     assert not (home / "envs").exists() or not any((home / "envs").rglob("*"))
+
+
+@pytest.mark.parametrize("dep", [
+    f"{DEP} @ http://127.0.0.1:9/{MODULE}-0.1.0-py3-none-any.whl",
+    f"{DEP} @ https://example.invalid/{MODULE}.whl",
+    f"{DEP} @ git+https://example.invalid/x.git@main",
+    f"{DEP} @ file:///tmp/{MODULE}.whl",
+])
+def test_a_direct_url_dependency_is_refused_at_publish(home: Path, tmp_path: Path,
+                                                       dep: str) -> None:
+    """A requirement naming an address installs whatever that address serves, into envhub's
+    interpreter, where a .pth runs in every later grader and trainer: refused with the fix."""
+    env = make_env(tmp_path / "env", extra=f'dependencies = ["{dep}"]')
+    result = runner.invoke(app, ["publish", str(env), "--owner", "alice"])
+    assert result.exit_code == 2, result.output
+    assert "direct URL or VCS reference" in result.output and "version range" in result.output
+    assert runner.invoke(app, ["install", "alice/my-env@1.2.0"]).exit_code == 2  # not there
