@@ -12,6 +12,8 @@ import pytest
 
 from envhub.envs.builtin.webtask.env import STATE_FILE
 from envhub.envs.loader import load_env
+from envhub.envs.runner.memory_sandbox import MemorySandbox
+from envhub.envs.sandbox.base import MAX_READ_BYTES
 from tests.envs.browser_boxes import KINDS, Boxes, require_kind
 
 pytestmark = pytest.mark.browser
@@ -89,3 +91,18 @@ def test_browser_tools_keep_the_page_between_calls_and_refuse_what_they_must(tmp
         finally:
             await boxes.close()
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("content", [None, b"{not json", b"[1, 2]", b'"a string"',
+                                     b" " * (MAX_READ_BYTES + 1)])
+def test_a_state_the_app_did_not_write_scores_zero_not_env_failure(content, tmp_path):
+    """The app saves its state whole, so a missing, malformed or oversized state file is the
+    agent's doing (a command agent deleting or overwriting it): 0 with the ungradable_output
+    signal, never env_failure, which training would drop."""
+    task = next(iter(TASKS.values()))
+    box = MemorySandbox()
+    if content is not None:
+        asyncio.run(box.write_file(STATE_FILE, content))
+    verdict = asyncio.run(ENV.verify(task, box, None))  # type: ignore[arg-type]
+    assert verdict.env_failure is None and verdict.outcome == 0.0 and not verdict.resolved
+    assert [s.name for s in verdict.signals] == ["ungradable_output"], verdict

@@ -24,6 +24,7 @@ from envhub.envs.loader import task_rows
 from envhub.envs.manifest import Manifest
 from envhub.envs.sandbox.base import Sandbox
 from envhub.envs.sandbox.errors import SandboxFileError
+from envhub.sdk.types import Signal
 
 RUNTIME = Path(__file__).parent / "runtime"
 BROWSER_DIR = ".browser"  # driver.js, app.js, request.json, session.json
@@ -106,10 +107,18 @@ class WebTaskEnv:
                 raise EnvFailure(f"{task.id}: gold step {step} failed: {page['error']}")
 
     async def verify(self, task: Task, sandbox: Sandbox, ctx: RunContext) -> Verdict:
+        """The app writes its state whole (a temporary file renamed into place) and setup saves
+        the first one, so a state file that is missing, too large or not the app's JSON was
+        removed or written by the agent: 0 with the ungradable_output signal, never env_failure
+        (a dropped sample would let a policy escape its bad groups that way)."""
         try:
             state = json.loads(await sandbox.read_file(STATE_FILE))
-        except (SandboxFileError, json.JSONDecodeError) as e:
-            return Verdict(0.0, False, env_failure=f"the app's state is unreadable: {e}")
+            if not isinstance(state, dict):
+                raise ValueError(f"a JSON {type(state).__name__}, not the app's object")
+        except (SandboxFileError, ValueError) as e:  # JSONDecodeError is a ValueError
+            why = f"the app's state is not the app's: {e}"
+            return Verdict(0.0, False, {"problems": [why]},
+                           signals=[Signal(name="ungradable_output", info={"error": why})])
         problems = check_state(state, task.data["expected"])
         return Verdict(0.0 if problems else 1.0, not problems,
                        {"problems": problems[:10], "todos": state.get("todos", [])[:50]})
