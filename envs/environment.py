@@ -37,6 +37,12 @@ class Verdict:
     signals: list[Signal] = field(default_factory=list)
 
 
+# The process signal of a rollout whose output could not be graded because of what the agent
+# left (a file past the read limit, an app state the app did not write, tests its patch made
+# hang): scored 0 with it, never env_failure.
+UNGRADABLE = "ungradable_output"
+
+
 class EnvFailure(Exception):
     """Infrastructure failed (sandbox crash, image build, infra timeout): not the agent's fault."""
 

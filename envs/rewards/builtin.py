@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import statistics
 
+from envhub.envs.environment import UNGRADABLE
 from envhub.envs.rewards.base import SampleScore, weight_of
 from envhub.sdk.types import RewardEvent, Signal
 
 TIME_SCALE_FLOOR_S = 1.0
 PROCESS_SIGNALS = ("malformed_tool_call", "unknown_tool", "tool_error", "language_mixing",
-                   "grading_tampered", "ungradable_output")
+                   "grading_tampered", UNGRADABLE)
 
 
 class Outcome:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from envhub.envs.agents.base import Agent, AgentContext
-from envhub.envs.environment import EnvFailure, RunContext, Task, Verdict
+from envhub.envs.environment import UNGRADABLE, EnvFailure, RunContext, Task, Verdict
 from envhub.envs.errors import AgentError, AgentOutputError
 from envhub.envs.loader import LoadedEnv
 from envhub.envs.manifest import AgentLimits, SandboxSpec
@@ -31,7 +31,6 @@ from envhub.sdk.types import Signal
 
 log = logging.getLogger(__name__)
 AGENT_GRACE_S = 30.0  # beyond the agent's own time limit before the runner stops it
-UNGRADABLE = "ungradable_output"  # process signal of a rollout whose output could not be graded
 
 
 @dataclass

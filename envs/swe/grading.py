@@ -15,7 +15,9 @@ Contract of `grade`:
   the runner in-process; the verdict is then 0 with a `grading_tampered` signal (not an
   env_failure: the agent did it);
 * each test has a time limit (it fails when exceeded); a run that cannot complete (sandbox
-  error, the whole command timing out, test_patch not applying) is `env_failure`, never 0.
+  error, test_patch not applying to the pristine repository) is `env_failure`, never 0; the
+  whole command timing out is `env_failure` only when it times out without the patch too,
+  else 0 with `ungradable_output` (the patch made it hang).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from envhub.envs.environment import EnvFailure, Verdict
+from envhub.envs.environment import UNGRADABLE, EnvFailure, Verdict
 from envhub.envs.sandbox.base import Sandbox
 from envhub.envs.sandbox.errors import SandboxError, SandboxFileError
 from envhub.envs.swe import canary
@@ -129,14 +131,19 @@ async def grade(
     except (SandboxError, EnvFailure) as e:
         return Verdict(0.0, False, info, env_failure=f"opening the grading sandbox: {e}")
     try:
-        ok, error = await apply_patch(sandbox, task.repo_dir, kept, "agent")
-        if not ok:
-            info["problems"] = [f"the patch does not apply: {error}"]
-            return Verdict(0.0, False, info)
+        # The hidden tests first, on the pristine repository: if they do not apply there the
+        # task's data is broken (env_failure); the agent's patch, which never touches the
+        # test_patch's files (filtered above), can then only fail on its own (a 0): applied
+        # second, a file or folder of the agent's in a test_patch path cannot turn its
+        # rollout into a dropped one.
         ok, error = await apply_patch(sandbox, task.repo_dir, task.test_patch, "tests")
         if not ok:
             return Verdict(0.0, False, info, env_failure=f"the task's test_patch does not "
                                                          f"apply (task data broken): {error}")
+        ok, error = await apply_patch(sandbox, task.repo_dir, kept, "agent")
+        if not ok:
+            info["problems"] = [f"the patch does not apply: {error}"]
+            return Verdict(0.0, False, info)
         canaries = await plant_canaries(sandbox, task) if with_canaries else None
         nonce = secrets.token_hex(16)
         record_path = f"{SCRATCH}/record-{secrets.token_hex(8)}.json"
@@ -161,9 +168,7 @@ async def grade(
     info["test_log_tail"] = (result.stdout + result.stderr)[-LOG_TAIL:]
     info["grading_s"] = round(time.monotonic() - start, 3)
     if result.timed_out:
-        return Verdict(0.0, False, info, env_failure=(
-            f"the test command did not finish within {task.timeout:g}s although every test "
-            "has its own time limit; the sandbox is overloaded or the run is stuck"))
+        return await _timed_out(task, open_pristine, info)
     log = parse_log(task.log_parser, result.stdout)
     resolved, judged = judge(task, log, result.exit_code, record)
     info.update(judged)
@@ -177,6 +182,40 @@ async def grade(
         return Verdict(0.0, False, info, signals=[Signal(name=TAMPERED, info={
             "why": tampered[:3]})])
     return Verdict(1.0 if resolved else 0.0, resolved, info)
+
+
+async def _timed_out(task: SWETask, open_pristine: Callable[[], Awaitable[Sandbox]],
+                     info: dict[str, Any]) -> Verdict:
+    """The whole test command outlived `task.timeout` although each test has its own limit
+    (code that spins in C, where the in-process limit cannot reach, does that). Whose doing
+    it is, the same command on the pristine repository with the hidden tests says: finishing
+    there, the patch made it hang (0, ungradable_output); hanging there too, the sandbox is
+    overloaded or broken (env_failure)."""
+    why = (f"the test command did not finish within {task.timeout:g}s although every test "
+           "has its own time limit")
+    try:
+        sandbox = await open_pristine()
+        try:
+            ok, error = await apply_patch(sandbox, task.repo_dir, task.test_patch, "tests")
+            if not ok:
+                raise EnvFailure(f"the task's test_patch does not apply: {error}")
+            control = await sandbox.exec(
+                f"cd {shlex.quote(task.repo_dir)} && {task.in_shell(task.command())}",
+                timeout=task.timeout, env={**await pytest_env(sandbox, task), **GIT_ENV,
+                                           **task.test_env})
+        finally:
+            try:
+                await sandbox.close()
+            except SandboxError:
+                pass
+    except (SandboxError, EnvFailure) as e:
+        return Verdict(0.0, False, info, env_failure=f"{why}; its control run failed: {e}")
+    if control.timed_out:
+        return Verdict(0.0, False, info, env_failure=(
+            f"{why}, nor did it without the patch: the sandbox is overloaded or the run stuck"))
+    problem = f"{why}; without the patch it finishes: the patch makes it hang"
+    info["problems"] = [problem, *info.get("problems", [])]
+    return Verdict(0.0, False, info, signals=[Signal(name=UNGRADABLE, info={"why": problem})])
 
 
 async def plant_canaries(sandbox: Sandbox, task: SWETask) -> canary.Canaries:

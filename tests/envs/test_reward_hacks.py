@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from envhub.envs.environment import Task
+from envhub.envs.environment import UNGRADABLE, Task
 from envhub.envs.sandbox import Sandbox
 from envhub.envs.swe.grading import apply_patch
 from envhub.envs.swe.logparse import PASSED, parse_pytest_log
@@ -412,3 +412,26 @@ def test_patch_breaking_imports_is_a_failure_not_tampering(harness: SWEHarness) 
     verdict = asyncio.run(harness.rollout(TASK, broken))
     assert verdict.env_failure is None and not verdict.resolved
     assert verdict.signals == [] and TAMPERING not in verdict.info, verdict.info
+
+
+def test_a_patch_that_hangs_the_grader_in_c_scores_zero_not_env_failure(tmp_path: Path) -> None:
+    """Code that spins in C only under the grader (sum over a huge range: no Python signal
+    handler, so no per-test limit, reaches it) outlived the whole command: env_failure. The
+    same command on the pristine repository finishes, so the patch did it: 0 with
+    ungradable_output."""
+    kind_available("local")
+    h = SWEHarness("local", tmp_path)
+    h.env._tasks[TASK] = h.swe(TASK).model_copy(update={"timeout": 15.0})
+
+    async def spin(sandbox: Sandbox, harness: SWEHarness, task: Task) -> None:
+        await append(sandbox, harness, SOURCE, '''
+import os as _os
+# the hidden test file exists only when graded
+if _os.path.exists(_os.path.join(_os.path.dirname(__file__), "tests", "test_dicttoolz.py")):
+    sum(range(10 ** 15))
+''')
+
+    verdict = asyncio.run(h.rollout(TASK, spin))
+    assert verdict.env_failure is None and verdict.outcome == 0.0, verdict
+    assert [s.name for s in verdict.signals] == [UNGRADABLE], verdict
+    assert "without the patch it finishes" in verdict.info["problems"][0]

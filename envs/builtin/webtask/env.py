@@ -19,7 +19,14 @@ from typing import Any
 from envhub.envs.browser.chromium import BrowserUnavailable
 from envhub.envs.browser.sandbox import BrowserPaths, browser_spec, paths_in, resolved_kind
 from envhub.envs.builtin.webtask.tools import SCHEMAS, request
-from envhub.envs.environment import EnvFailure, RunContext, Task, ToolResult, Verdict
+from envhub.envs.environment import (
+    UNGRADABLE,
+    EnvFailure,
+    RunContext,
+    Task,
+    ToolResult,
+    Verdict,
+)
 from envhub.envs.loader import task_rows
 from envhub.envs.manifest import Manifest
 from envhub.envs.sandbox.base import Sandbox
@@ -118,7 +125,7 @@ class WebTaskEnv:
         except (SandboxFileError, ValueError) as e:  # JSONDecodeError is a ValueError
             why = f"the app's state is not the app's: {e}"
             return Verdict(0.0, False, {"problems": [why]},
-                           signals=[Signal(name="ungradable_output", info={"error": why})])
+                           signals=[Signal(name=UNGRADABLE, info={"error": why})])
         problems = check_state(state, task.data["expected"])
         return Verdict(0.0 if problems else 1.0, not problems,
                        {"problems": problems[:10], "todos": state.get("todos", [])[:50]})
