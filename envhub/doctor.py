@@ -11,6 +11,7 @@ import resource
 import shutil
 import subprocess
 import sys
+import sysconfig
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,14 +50,22 @@ def locked_versions(lock: Path) -> dict[str, str]:
     return pins
 
 
+def installed_versions() -> dict[str, str]:
+    """{normalised name: version} of what this interpreter's environment has installed: its
+    site-packages only (setuptools puts its vendored copies, `setuptools/_vendor/*.dist-info`,
+    on sys.path once imported; they are not installed packages)."""
+    paths = sorted({sysconfig.get_paths()[key] for key in ("purelib", "platlib")})
+    return {canonicalize_name(d.metadata["Name"]): d.version
+            for d in importlib.metadata.distributions(path=paths)}
+
+
 def check_python() -> Check:
     """Informational: envhub does not install, let alone run, below its requires-python."""
     return Check("python", "ok", f"{platform.python_version()} at {sys.executable}")
 
 
 def check_packages(lock: Path = CHECKOUT / "locks" / "envhub.txt") -> Iterator[Check]:
-    installed: dict[str, str] = {canonicalize_name(d.metadata["Name"]): d.version
-                                 for d in importlib.metadata.distributions()}
+    installed = installed_versions()
     pins = locked_versions(lock) if lock.is_file() else {}
     refresh = "bash scripts/venv.sh all,dev (installs the lock's versions)"
     for name in KEY_PACKAGES:

@@ -3,7 +3,6 @@ upstream cannot change what CI installs; the venv the tests run in is the lock's
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
 import re
@@ -12,9 +11,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from packaging.utils import canonicalize_name
-
-from envhub.doctor import locked_versions
+from envhub.doctor import installed_versions, locked_versions
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -67,13 +64,14 @@ def test_a_newer_release_upstream_does_not_change_what_is_installed(tmp_path: Pa
 def test_the_test_venv_is_the_lock() -> None:
     """Every distribution in the interpreter running the tests at its locked version (this is
     .venv, made by scripts/venv.sh); envhub itself is the checkout."""
+    import setuptools  # noqa: F401 - puts its vendored dist-infos on sys.path: not installed
+
     pins = locked()
     wrong = []
-    for dist in importlib.metadata.distributions():
-        name = canonicalize_name(dist.metadata["Name"])
+    for name, installed in installed_versions().items():
         if name == "envhub":
             continue
-        version = dist.version.split("+")[0]  # local labels are left out of the lock
+        version = installed.split("+")[0]  # local labels are left out of the lock
         if pins.get(name) != version:
             wrong.append(f"{name} {version} (lock: {pins.get(name, 'absent')})")
     assert not wrong, ("installed, not as locked (bash scripts/venv.sh all,dev reinstalls; "
