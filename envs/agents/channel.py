@@ -5,7 +5,9 @@ Each request's head is rewritten: only `/v1/...` paths (OpenAI, Anthropic and Re
 routes of a session) are let through, every credential the agent sent is dropped and the
 session's own key put in its place, and the connection closes after one response. So the
 agent never holds a key that works outside its sandbox (it is given a placeholder), cannot
-reach admin or other sessions' routes, and has no other network at all.
+reach admin or other sessions' routes, and has no other network at all. What an agent can make
+the host hold is bounded too: at most MAX_CONNECTIONS open at once (429 beyond), and a request
+head must arrive within HEAD_TIMEOUT_S (408), so connections that never speak are closed.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from urllib.parse import urlsplit
 SOCKET_NAME = "gateway.sock"
 PLACEHOLDER_KEY = "envhub-sandboxed"  # what the agent sees: worthless anywhere else
 MAX_HEAD_BYTES = 64 << 10
+MAX_CONNECTIONS = 64  # one agent's model calls in flight; a real agent needs a handful
+HEAD_TIMEOUT_S = 30.0
 ALLOWED_PREFIX = b"/v1/"
 DROPPED = {b"authorization", b"x-api-key", b"host", b"connection", b"keep-alive",
            b"proxy-authorization", b"proxy-connection", b"upgrade"}
@@ -27,15 +31,19 @@ DROPPED = {b"authorization", b"x-api-key", b"host", b"connection", b"keep-alive"
 class SessionChannel:
     """Serves `folder/gateway.sock` until `close()`; `folder` is bound into the sandbox."""
 
-    def __init__(self, folder: Path, gateway_url: str, api_key: str) -> None:
+    def __init__(self, folder: Path, gateway_url: str, api_key: str, *,
+                 max_connections: int = MAX_CONNECTIONS,
+                 head_timeout_s: float = HEAD_TIMEOUT_S) -> None:
         parts = urlsplit(gateway_url)
         if parts.scheme != "http" or parts.hostname is None:
             raise ValueError(f"in-sandbox agents need an http:// gateway, not {gateway_url!r}")
         self.folder, self.key = folder, api_key
         self.host, self.port = parts.hostname, parts.port or 80
         self.prefix = parts.path.rstrip("/").encode()
+        self.max_connections, self.head_timeout_s = max_connections, head_timeout_s
         self.requests = 0  # forwarded
         self.refused = 0
+        self.open = 0  # connections being served now
         self._server: asyncio.AbstractServer | None = None
 
     @property
@@ -58,9 +66,18 @@ class SessionChannel:
         shutil.rmtree(self.folder, ignore_errors=True)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.open += 1
         try:
+            if self.open > self.max_connections:
+                self.refused += 1
+                return await _answer(writer, 429, f"more than {self.max_connections} "
+                                     "connections open to the gateway from this sandbox")
             try:
-                head = await reader.readuntil(b"\r\n\r\n")
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"),
+                                              self.head_timeout_s)
+            except TimeoutError:
+                return await _answer(writer, 408, f"no request head within "
+                                     f"{self.head_timeout_s:g}s")
             except asyncio.LimitOverrunError:
                 return await _answer(writer, 431, "request head too large")
             except asyncio.IncompleteReadError:
@@ -80,6 +97,7 @@ class SessionChannel:
         except (ConnectionError, OSError):
             pass
         finally:
+            self.open -= 1
             with contextlib.suppress(Exception):
                 writer.close()
         return None
@@ -110,8 +128,8 @@ class SessionChannel:
 
 async def _answer(writer: asyncio.StreamWriter, status: int, message: str) -> None:
     body = ('{"error": {"message": "%s", "type": "envhub_channel"}}' % message).encode()
-    reason = {403: "Forbidden", 431: "Request Header Fields Too Large",
-              502: "Bad Gateway"}[status]
+    reason = {403: "Forbidden", 408: "Request Timeout", 429: "Too Many Requests",
+              431: "Request Header Fields Too Large", 502: "Bad Gateway"}[status]
     writer.write(f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
                  f"content-length: {len(body)}\r\nconnection: close\r\n\r\n".encode() + body)
     with contextlib.suppress(Exception):

@@ -87,3 +87,47 @@ def test_bad_request_heads_get_a_4xx_not_a_hang(gateway, tmp_path):
 def test_channel_refuses_a_gateway_it_cannot_reach_over_plain_http(tmp_path):
     with pytest.raises(ValueError, match="http://"):
         SessionChannel(tmp_path, "https://example.org", "k")
+
+
+def test_connections_that_never_speak_are_bounded_in_number_and_time(gateway, tmp_path):
+    """An agent opening connections and sending nothing: past the cap each new one is told 429
+    at once, and every silent one is answered 408 and closed after the head timeout; a real
+    request still goes through afterwards."""
+    session = Session.open(gateway.url, admin_key=ADMIN_KEY, task_id="t")
+
+    def flood(path: str) -> tuple[list[bytes], list[bytes], int]:
+        silent = []
+        for _ in range(3):
+            s = socket.socket(socket.AF_UNIX)
+            s.settimeout(20)
+            s.connect(path)
+            silent.append(s)
+        extra = []
+        for _ in range(2):
+            with socket.socket(socket.AF_UNIX) as s:
+                s.settimeout(20)
+                s.connect(path)
+                extra.append(s.recv(200))  # answered at once, before any timeout
+        timed_out = [s.recv(200) for s in silent]
+        for s in silent:
+            s.close()
+        transport = httpx.HTTPTransport(uds=path)
+        with httpx.Client(transport=transport, base_url="http://sandbox") as http:
+            ok = http.get("/v1/models").status_code
+        return extra, timed_out, ok
+
+    async def main():
+        channel = await SessionChannel(tmp_path / "ch", gateway.url, session.api_key,
+                                       max_connections=3, head_timeout_s=2.0).start()
+        try:
+            return await asyncio.to_thread(flood, str(channel.socket_path)), channel
+        finally:
+            await channel.close()
+
+    try:
+        (extra, timed_out, ok), channel = asyncio.run(main())
+    finally:
+        session.close()
+    assert all(r.startswith(b"HTTP/1.1 429") for r in extra), extra
+    assert all(r.startswith(b"HTTP/1.1 408") for r in timed_out), timed_out
+    assert ok == 200 and channel.open == 0 and channel.requests == 1
