@@ -18,6 +18,7 @@ The SDK is blocking, so every call runs on the docker thread pool (engine.in_thr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import posixpath
 import tarfile
@@ -49,6 +50,7 @@ from envhub.envs.sandbox.reaper import (
 )
 from envhub.envs.sandbox.shell import (
     EXEC_ID_VAR,
+    MAX_STREAM_BYTES,
     SWEEP_ALL,
     SWEEP_CLEAN,
     sweep_argv,
@@ -60,6 +62,7 @@ WORKDIR = "/workspace"
 PIDS_LIMIT = 1024  # stops fork bombs from taking the host down
 BACKSTOP_S = 30.0  # extra wait beyond the in-container timeout before we sweep from outside
 TAR_OVERHEAD = 64 << 10  # a one-file tar: header blocks and padding around the bytes
+STREAM_CAP = 2 * MAX_STREAM_BYTES + (64 << 10)  # what the wrapper lets through, both streams
 
 
 def _remove(container_id: str) -> None:
@@ -225,7 +228,10 @@ class DockerSandbox:
         try:
             exec_id = api.exec_create(self.id, argv, stdout=True, stderr=True,
                                       environment=env, workdir=workdir)["Id"]
-            out, err = api.exec_start(exec_id, demux=True)
+            out, err, over = _read_capped(api.exec_start(exec_id, stream=True, demux=True))
+            if over and env and EXEC_ID_VAR in env:  # written around the wrapper's cap
+                self._sweep_call_blocking(env[EXEC_ID_VAR])
+                err += b"\nenvhub: output past the cap was dropped and the command killed"
             code = api.exec_inspect(exec_id)["ExitCode"]
         except docker.errors.NotFound:
             raise SandboxClosed(f"container {self.id[:12]} is gone (removed or reaped)") from None
@@ -357,6 +363,21 @@ class DockerSandbox:
         self._closed = True
         untrack(self.id)
         await in_thread(_remove, self.id)
+
+
+def _read_capped(stream: Any) -> tuple[bytes, bytes, bool]:
+    """(stdout, stderr, over) of a demuxed exec stream, read up to the wrapper's own caps plus
+    slack: a command can write past the wrapper (its `/proc/<pid>/fd/1` is the stream itself),
+    and without a cap here 100 MiB of it cost the host 93 s of CPU. Past it, reading stops."""
+    out, err = bytearray(), bytearray()
+    for chunk_out, chunk_err in stream:
+        out += chunk_out or b""
+        err += chunk_err or b""
+        if len(out) + len(err) > STREAM_CAP:
+            with contextlib.suppress(Exception):
+                stream.close()
+            return bytes(out[:MAX_STREAM_BYTES]), bytes(err[:MAX_STREAM_BYTES]), True
+    return bytes(out), bytes(err), False
 
 
 def docker_sandboxes(run_id: str | None = None, stale_only: bool = False) -> list[Any]:

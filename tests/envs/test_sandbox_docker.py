@@ -186,3 +186,21 @@ def test_base_image_is_cached(base_image: str) -> None:
 
 def test_reads_are_bounded_before_the_bytes_arrive(box) -> None:
     check_bounded_reads(box)
+
+
+def test_output_written_around_the_wrapper_is_capped_on_the_host(box) -> None:
+    """The wrapper caps each stream with `head -c`, but its own stdout is the exec's stream and
+    a command can write there directly (/proc/<wrapper pid>/fd/N): 100 MB that way is cut at the
+    cap on the host, the command is killed and told why."""
+    from envhub.envs.sandbox.shell import MAX_STREAM_BYTES
+
+    # the wrapper shell keeps the exec's pipes open (its own stdout, saved while it runs the
+    # command with its output in a file): the first pipe among its fds
+    flood = ("w=$(awk '{print $4}' /proc/$PPID/stat); "
+             "for f in /proc/$w/fd/*; do case $(readlink $f) in pipe:*) p=$f; break;; esac; "
+             "done; head -c 100000000 /dev/zero > $p; echo finished")
+    result = run(box.exec(flood, timeout=60))
+    assert len(result.stdout) <= MAX_STREAM_BYTES, len(result.stdout)
+    assert "output past the cap was dropped" in result.stderr, result.stderr[-500:]
+    assert "finished" not in result.stdout
+    assert run(box.exec("echo still works")).stdout == "still works\n"
