@@ -62,9 +62,10 @@ async def finalize_group(pendings: list[PendingRollout], loaded: LoadedEnv, agen
 
 async def close_session(session: Any, status: str, reason: str | None, link: Any = None
                         ) -> None:
-    """Close with the session's own key; if that does not get through (a timeout on a loaded
-    machine, a dropped connection), again with the admin key through `link`: a session left
-    open would keep its group unfinished, and a trainer waiting for it would wait forever."""
+    """Close through the runner's session (it holds the admin key, which a close needs); if
+    that does not get through (a timeout on a loaded machine, a dropped connection), again
+    through `link`: a session left open would keep its group unfinished, and a trainer waiting
+    for it would wait forever."""
     if session is None:
         return
     try:
