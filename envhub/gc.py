@@ -21,7 +21,6 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 DAY = 86400.0
 
@@ -50,7 +49,7 @@ def folder_size(path: Path) -> int:
 
 def _folder(kind: str, path: Path, why: str) -> Leftover:
     return Leftover(kind, str(path), folder_size(path), why,
-                    lambda: shutil.rmtree(path, ignore_errors=True))
+                    functools.partial(shutil.rmtree, path, ignore_errors=True))
 
 
 def current_base_tags() -> set[str]:
@@ -93,11 +92,8 @@ def docker_leftovers() -> Iterator[Leftover]:
                     why = (f"environment image on an old base ({base})" if base else
                            "environment image built before envhub labelled its base")
             if why:
-                yield Leftover("image", tag, size, why, _untag(client, tag))
-
-
-def _untag(client: Any, tag: str) -> Callable[[], None]:
-    return lambda: client.images.remove(tag, noprune=False)
+                yield Leftover("image", tag, size, why,
+                               functools.partial(client.images.remove, tag, noprune=False))
 
 
 def file_leftovers(runs: Path, older_than_days: float) -> Iterator[Leftover]:
@@ -117,8 +113,9 @@ def file_leftovers(runs: Path, older_than_days: float) -> Iterator[Leftover]:
     if runs.is_dir():
         for path in sorted(runs.iterdir()):
             is_run = (path / "summary.json").is_file() or (path / "pool.db").is_file()
-            if path.is_dir() and is_run and path.stat().st_mtime < cutoff:
-                age = (time.time() - path.stat().st_mtime) / DAY
+            written = path.stat().st_mtime
+            if path.is_dir() and is_run and written < cutoff:
+                age = (time.time() - written) / DAY
                 yield _folder("run", path, f"run last written {age:.0f} days ago")
     for path in local_workdirs(stale_only=True):
         yield _folder("sandbox", path, "local sandbox workdir whose owner process is gone")

@@ -76,9 +76,8 @@ if [ ${#failed[@]} -gt 0 ]; then
   echo "FAILED before the tests: ${failed[*]} (output above)" >&2
   exit 1
 fi
-if ! $ci; then
-  exec "$bin/python" -m pytest -n "${ENVHUB_TEST_WORKERS:-2}" --dist loadfile "$@"
+"$bin/python" -m pytest -n "${ENVHUB_TEST_WORKERS:-2}" --dist loadfile "$@"  # set -e: its status
+if $ci; then
+  echo "== floors: the core tests on pyproject's lowest versions (scripts/floors.sh)"
+  exec bash scripts/floors.sh
 fi
-"$bin/python" -m pytest -n "${ENVHUB_TEST_WORKERS:-2}" --dist loadfile "$@"
-echo "== floors: the core tests on pyproject's lowest versions (scripts/floors.sh)"
-exec bash scripts/floors.sh
