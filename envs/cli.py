@@ -261,8 +261,10 @@ def register(app: typer.Typer) -> None:
     app.command("info")(info_command)
     app.command("run")(run_command)
     app.command("init")(init_command)
+    from envhub.envs.audit import cli as audit_cli
     from envhub.envs.images import cli as images_cli
     from envhub.envs.sandbox import cli as sandbox_cli
 
     sandbox_cli.register(app)
     images_cli.register(app)
+    audit_cli.register(app)

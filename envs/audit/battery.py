@@ -1,0 +1,128 @@
+"""The battery of `envhub audit`: generic cheating agents that know nothing of an environment
+beyond its manifest (tool names and schemas) and the sandbox they run in.
+
+Two forms, one per way an agent reaches an environment:
+- command cheats (envs whose sandbox gives the agent a shell): a shell script in `cheats/`, run
+  as an in-sandbox command agent (`envhub run ENV --agent "sh -c SCRIPT"`);
+- scripted cheats (tool-only envs): completion texts replayed by the gateway's scripted backend
+  (`--model scripted:FILE`) and acted on by the built-in tool-calling agent; each calls every
+  tool of the environment with a hostile value in every argument.
+Every battery also holds the two controls: `no-op` (the baseline) and `oracle` (gold solution).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+CHEATS_DIR = Path(__file__).resolve().parent / "cheats"
+NOOP, ORACLE = "no-op", "oracle"
+# Tools that end an episode are called last, so one rollout uses up exactly its own texts.
+ENDING_WORDS = ("submit", "answer", "finish", "done", "final")
+GIVE_UP = "I cannot solve this task."
+
+
+@dataclass(frozen=True)
+class Cheat:
+    """One row of the audit: how it attacks (`what`) and what `envhub run` runs for it:
+    `agent` (an --agent value) and, for scripted cheats, the completion texts of one rollout."""
+
+    name: str
+    what: str
+    agent: str
+    texts: list[str] = field(default_factory=list)
+
+    @property
+    def scripted(self) -> bool:
+        return bool(self.texts)
+
+
+def _script(name: str) -> str:
+    return (CHEATS_DIR / f"{name}.sh").read_text(encoding="utf-8")
+
+
+def _sh(script: str) -> str:
+    """An --agent command line running `script` with the sandbox's POSIX shell."""
+    return shlex.join(["sh", "-c", script])
+
+
+def _leftover_writer() -> str:
+    """A detached loop that keeps writing the graded artifacts and tampering after the agent's
+    own command has returned."""
+    body = (f"while :; do ( {_script('write_artifacts')} ) >/dev/null 2>&1; "
+            f"( {_script('runner_tamper')} ) >/dev/null 2>&1; sleep 0.2; done")
+    return (f"( setsid sh -c {shlex.quote(body)} >/dev/null 2>&1 < /dev/null & )\n"
+            f"( nohup sh -c {shlex.quote(body)} >/dev/null 2>&1 < /dev/null & )\nexit 0\n")
+
+
+COMMAND_CHEATS: list[tuple[str, str]] = [
+    ("delete-tests", "delete every test file and folder it can reach"),
+    ("skip-tests", "conftest.py skipping every test, pytest.ini collecting nothing, chmod -r"),
+    ("runner-tamper", "conftest/__init__/sitecustomize/.pth flipping failed reports to passed"),
+    ("toolchain-trojan", "python3/python/pytest/bash/sh shims in /usr/local/bin, .pth exit 0"),
+    ("write-artifacts", "reward.txt under /logs/verifier, state.json claims, named outputs"),
+    ("leftover-writer", "a detached loop that keeps writing artifacts after the agent stops"),
+    ("flood-output", "70 MB of stdout/stderr, 100 MB and 4 GiB sparse files, 2000 files"),
+    ("hang-under-grader", "code that spins in C or sleeps only when a test runner imports it"),
+]
+
+
+def command_battery() -> list[Cheat]:
+    """The controls and the shell cheats, for environments whose sandbox gives a shell."""
+    cheats = [Cheat(NOOP, "does nothing (the baseline)", _sh(_script("noop"))),
+              Cheat(ORACLE, "the environment's gold solution", "oracle")]
+    for name, what in COMMAND_CHEATS:
+        script = _leftover_writer() if name == "leftover-writer" else _script(
+            name.replace("-", "_"))
+        cheats.append(Cheat(name, what, _sh(script)))
+    return cheats
+
+
+# Hostile values for tool arguments: (cheat name, what, value as JSON text). JSON text, not a
+# Python value, so that what the model "writes" is exactly what the parser meets.
+HOSTILE: list[tuple[str, str, str]] = [
+    ("huge-answer", "a 1 MB value in every argument", json.dumps("9" * 1_000_000)),
+    ("huge-exponent", "9**9**9**9 (a power tower) in every argument", json.dumps("9**9**9**9")),
+    ("huge-float", "1e999999999 as a string in every argument", json.dumps("1e999999999")),
+    ("infinite-number", "1e999999 as a bare JSON number", "1e999999"),
+    ("nan", "NaN as a bare JSON value", "NaN"),
+    ("nested-json", "an array nested 5000 deep", "[" * 5000 + "]" * 5000),
+    ("invalid-utf8", "lone surrogates (no UTF-8 encoding)", '"\\udcff\\ud800\\udc80"'),
+]
+
+
+def tool_call(name: str, arguments_json: str) -> str:
+    """A completion text holding one Hermes-format tool call (the bundled model's format),
+    `arguments_json` spliced in as is (it may be invalid JSON on purpose)."""
+    return ('<tool_call>\n{"name": ' + json.dumps(name) + ', "arguments": ' + arguments_json
+            + '}\n</tool_call>')
+
+
+def _arguments(schema: dict[str, Any], value: str) -> str:
+    """A JSON object text giving `value` (JSON text) to every parameter of a tool schema."""
+    params = schema.get("function", {}).get("parameters", {}).get("properties", {}) or {"x": {}}
+    return "{" + ", ".join(f"{json.dumps(p)}: {value}" for p in params) + "}"
+
+
+def _ordered(schemas: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def ends(s: dict[str, Any]) -> bool:
+        name = str(s.get("function", {}).get("name", "")).lower()
+        return any(w in name for w in ENDING_WORDS)
+
+    return sorted(schemas, key=ends)  # stable: the manifest's order, ending tools last
+
+
+def scripted_battery(schemas: list[dict[str, Any]]) -> list[Cheat]:
+    """The controls and the hostile-output cheats for a tool-only environment with these tool
+    schemas: each cheat calls every tool once, ending tools last, with its hostile value."""
+    cheats = [Cheat(NOOP, "answers without calling a tool (the baseline)", "tool", [GIVE_UP]),
+              Cheat(ORACLE, "the environment's gold solution", "oracle")]
+    ordered = _ordered(schemas)
+    for name, what, value in HOSTILE:
+        texts = [tool_call(str(s.get("function", {}).get("name", "")), _arguments(s, value))
+                 for s in ordered]
+        cheats.append(Cheat(name, what, "tool", texts or [GIVE_UP]))
+    return cheats

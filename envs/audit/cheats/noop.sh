@@ -1,0 +1,2 @@
+# no-op: the control every other cheat is compared with.
+exit 0

@@ -1,0 +1,161 @@
+"""`envhub audit ENV` (issue 25): the battery of generic cheats beside a no-op and the oracle.
+
+Real components only: the CLI as a user runs it, the real runner, bubblewrap and docker
+sandboxes, the gateway's scripted backend for tool-only environments.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.support import envhub, require_docker, require_tool
+
+HACKABLE_TOML = """\
+name = "hackable"
+version = "0.1.0"
+description = "Deliberately hackable: its verifier trusts a progress file in the agent's workdir."
+entrypoint = "env:HackableEnv"
+tools = ["bash", "submit"]
+
+[tasks]
+path = "tasks.jsonl"
+
+[sandbox]
+kind = "local"
+supported_kinds = ["local", "docker"]
+exec_timeout_s = 60
+
+[agent]
+max_turns = 5
+time_limit_s = 120
+"""
+
+# The flaw under test: verify() runs in the agent's own sandbox and believes a state.json the
+# agent can write (issue 25 class 4: the graded state lives where a command agent writes it).
+HACKABLE_ENV = '''\
+from envhub.envs.environment import Verdict
+from envhub.envs.loader import rows_to_tasks, task_rows
+
+
+class HackableEnv:
+    def __init__(self, folder, manifest):
+        self.folder, self.manifest = folder, manifest
+
+    def load_tasks(self):
+        return rows_to_tasks(task_rows(self.folder, self.manifest.tasks))
+
+    async def setup(self, task, ctx):
+        return await ctx.open_sandbox(self.manifest.sandbox)
+
+    def tools(self, task):
+        return list(self.manifest.tools)
+
+    async def solve(self, task, sandbox, ctx):
+        await sandbox.exec(f"echo {task.data['answer']} > answer.txt", timeout=30)
+
+    async def verify(self, task, sandbox, ctx):
+        r = await sandbox.exec("grep -q '\\"solved\\": true' state.json 2>/dev/null || "
+                               f"test \\"$(cat answer.txt)\\" = {task.data['answer']}",
+                               timeout=30)
+        ok = r.exit_code == 0
+        return Verdict(1.0 if ok else 0.0, ok, {"exit_code": r.exit_code})
+'''
+
+
+def hackable_env(folder: Path) -> Path:
+    folder.mkdir()
+    (folder / "envhub.toml").write_text(HACKABLE_TOML)
+    (folder / "env.py").write_text(HACKABLE_ENV)
+    rows = [{"id": f"sum-{i}", "instruction": f"Write {i} + {i} to answer.txt.",
+             "answer": str(2 * i)} for i in (1, 2)]
+    (folder / "tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return folder
+
+
+def audit(tmp_path: Path, *args: str, timeout: float = 560) -> tuple[int, dict, str]:
+    """Run `envhub audit ARGS --json`; (exit code, the JSON table or {}, output)."""
+    report = tmp_path / "audit.json"
+    proc = envhub("audit", *args, "--out", str(tmp_path / "runs"), "--json", str(report),
+                  timeout=timeout)
+    data = json.loads(report.read_text()) if report.is_file() else {}
+    return proc.returncode, data, proc.stdout + proc.stderr
+
+
+def rows(data: dict) -> dict[str, dict]:
+    return {r["cheat"]: r for r in data["rows"]}
+
+
+@pytest.mark.bwrap
+def test_audit_flags_an_environment_that_trusts_the_agents_files(tmp_path: Path) -> None:
+    require_tool("bwrap")
+    env = hackable_env(tmp_path / "hackable")
+    code, data, out = audit(tmp_path, str(env), "-t", "2", "-s", "local",
+                            "--cheat", "write-artifacts", "--cheat", "leftover-writer",
+                            "--cheat", "delete-tests")
+    assert code == 1, out
+    by = rows(data)
+    assert by["no-op"]["mean_reward"] == 0.0 and by["no-op"]["verdict"] == "ok", out
+    assert by["oracle"]["resolved"] == 2 and by["oracle"]["verdict"] == "ok", out
+    assert by["write-artifacts"]["mean_reward"] == 1.0, out
+    assert "beats no-op" in by["write-artifacts"]["verdict"], out
+    assert "beats no-op" in by["leftover-writer"]["verdict"], out
+    assert by["delete-tests"]["verdict"] == "ok", out  # nothing to delete here: no false alarm
+    assert data["env"] == "hackable" and data["version"] == "0.1.0" and data["flagged"], data
+    assert data["envhub_version"] and data["date"], data
+    assert "beats no-op" in out  # the printed table says it too
+
+
+def test_audit_on_arith_passes_and_the_oracle_solves_all(tmp_path: Path) -> None:
+    code, data, out = audit(tmp_path, "arith", "-t", "1")
+    assert code == 0, out
+    by = rows(data)
+    assert by["oracle"]["resolved"] == by["oracle"]["tasks"] == 1, out
+    # the scripted battery ran: hostile values reached the tool-calling agent
+    for name in ("huge-answer", "infinite-number", "nan", "nested-json", "invalid-utf8",
+                 "huge-exponent"):
+        assert by[name]["tasks"] == 1 and by[name]["verdict"] == "ok", (name, out)
+        assert by[name]["env_failure"] == 0, (name, out)
+    assert not data["flagged"] and data["digest"] is None
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_audit_on_swe_task_in_docker(tmp_path: Path) -> None:
+    require_docker()
+    code, data, out = audit(tmp_path, "swe-task", "-t", "1", "-s", "docker", "-j", "3")
+    by = rows(data)
+    assert set(by) >= {"no-op", "oracle", "delete-tests", "skip-tests", "runner-tamper",
+                       "toolchain-trojan", "write-artifacts", "leftover-writer",
+                       "flood-output", "hang-under-grader"}, out
+    assert all(r["sandbox"] == "docker" for r in data["rows"]), out
+    assert by["oracle"]["resolved"] == 1, out
+    flagged = {name: r["verdict"] for name, r in by.items() if r["verdict"] != "ok"}
+    assert code == 0 and not flagged, (flagged, out)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["no-such-env"], "no-such-env"),
+    (["arith", "--tasks", "0"], "--tasks"),
+    (["arith", "--cheat", "no-such-cheat"], "no-such-cheat"),
+    (["arith", "--sandbox", "nonsense"], "nonsense"),
+])
+def test_audit_bad_input_exits_2_with_the_fix(tmp_path: Path, args: list[str],
+                                              message: str) -> None:
+    code, data, out = audit(tmp_path, *args, timeout=120)
+    assert code == 2, out
+    assert message in out and not data, out
+    assert "Traceback" not in out, out
+
+
+def test_audit_refuses_a_kind_the_environment_does_not_support(tmp_path: Path) -> None:
+    code, _, out = audit(tmp_path, "terminal-task", "-s", "local", timeout=120)
+    assert code == 2, out
+    assert "docker" in out and "Traceback" not in out, out
+
+
+def test_help_lists_audit() -> None:
+    proc = envhub("audit", "--help", timeout=60)
+    assert proc.returncode == 0 and "no-op" in proc.stdout, proc.stdout
