@@ -3,10 +3,19 @@
 `task.toml` follows Harbor's schema: `[task]`/`[metadata]` are free-form, `[verifier]`,
 `[agent]` and `[environment]` carry timeouts and resources. Harbor's older spellings
 (`memory = "4G"`, `storage = "10G"`) are accepted; unknown keys are ignored, as Harbor does.
+
+envhub's own settings live under `[metadata.envhub]` (free-form for Harbor, so the folder stays
+a valid Harbor task):
+
+    [metadata.envhub]
+    artifacts = ["/app"]        # what grading copies from the agent's container (default: the
+                                # Dockerfile's WORKDIR); never the toolchain (/usr, /etc, ...)
+    artifacts_max_mb = 256      # past this the agent's output is ungradable (0, not dropped)
 """
 
 from __future__ import annotations
 
+import posixpath
 import re
 import tomllib
 from dataclasses import dataclass
@@ -65,6 +74,29 @@ class EnvironmentConfig(BaseModel):
         return data
 
 
+# Where the grader's own toolchain lives (interpreters, site-packages, shells, the dynamic
+# loader's config, root's home) and the verifier's own folders: a declared artifact path may
+# not be, hold, or lie inside any of them, or the agent's files would replace the grader's.
+TOOLCHAIN_ROOTS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/usr", "/etc",
+                   "/root", "/proc", "/sys", "/dev", "/boot", "/run", "/var/run", "/tests",
+                   "/logs", "/solution")
+
+
+def overlaps(path: str, root: str) -> bool:
+    """True when `path` is `root`, lies inside it, or holds it (absolute, normalized paths)."""
+    def inside(a: str, b: str) -> bool:
+        return a == b or a.startswith(b.rstrip("/") + "/")
+    return inside(path, root) or inside(root, path)
+
+
+class GradingConfig(BaseModel):
+    """`[metadata.envhub]`: what the fresh grader container receives from the agent's."""
+
+    model_config = ConfigDict(extra="ignore")
+    artifacts: list[str] | None = None  # absolute paths; None: the Dockerfile's WORKDIR
+    artifacts_max_mb: float = Field(256.0, gt=0)
+
+
 class TaskConfig(BaseModel):
     model_config = ConfigDict(extra="ignore")
     task: dict[str, Any] = Field(default_factory=dict)
@@ -82,6 +114,8 @@ class HarborTask:
     instruction: str
     config: TaskConfig
     workdir: str  # the Dockerfile's last WORKDIR (where solve.sh and test.sh start)
+    artifacts: tuple[str, ...] = ()  # copied from the agent's container into the grader's
+    artifacts_max_bytes: int = 256 << 20
 
     @property
     def dockerfile(self) -> Path:
@@ -123,6 +157,34 @@ def _refuse_steps(folder: Path) -> None:
             "step starts from)")
 
 
+def _grading(folder: Path, config: TaskConfig, workdir: str) -> tuple[tuple[str, ...], int]:
+    """The declared artifact paths (checked against the toolchain) and their byte cap."""
+    raw = config.metadata.get("envhub", {})
+    try:
+        grading = GradingConfig.model_validate(raw if isinstance(raw, dict) else {})
+    except ValidationError as e:
+        raise HarborTaskError(f"{folder}/task.toml [metadata.envhub]: {e}") from None
+    declared = grading.artifacts if grading.artifacts is not None else [workdir]
+    where = ("[metadata.envhub] artifacts" if grading.artifacts is not None
+             else "the default artifact path (the Dockerfile's WORKDIR)")
+    paths = []
+    for path in declared:
+        clean = posixpath.normpath(path) if path.startswith("/") else ""
+        if not clean or clean.startswith("//"):
+            raise HarborTaskError(f"{folder}/task.toml: {where} {path!r} is not an absolute "
+                                  "path; list absolute paths such as \"/app\"")
+        bad = [root for root in TOOLCHAIN_ROOTS if overlaps(clean, root)]
+        if clean == "/" or bad:
+            raise HarborTaskError(
+                f"{folder}: {where} {clean!r} overlaps {', '.join(bad) or '/'}: envhub grades "
+                "in a fresh container from the task image with only the agent's output paths "
+                "copied in, never the toolchain or the verifier's folders, so this task cannot "
+                "be graded that way. Set WORKDIR to the folder the agent works in, or list the "
+                "output paths in task.toml: [metadata.envhub] artifacts = [\"/app/out\"]")
+        paths.append(clean)
+    return tuple(dict.fromkeys(paths)), int(grading.artifacts_max_mb * (1 << 20))
+
+
 def load_harbor_task(folder: str | Path) -> HarborTask:
     folder = Path(folder)
     _refuse_steps(folder)
@@ -139,9 +201,12 @@ def load_harbor_task(folder: str | Path) -> HarborTask:
     except (ValidationError, ValueError) as e:
         raise HarborTaskError(f"{folder}/task.toml: {e}") from None
     name = str(config.task.get("name") or folder.name)
+    workdir = _workdir(folder / "environment" / "Dockerfile")
+    artifacts, max_bytes = _grading(folder, config, workdir)
     return HarborTask(folder=folder, name=name,
                       instruction=(folder / "instruction.md").read_text(encoding="utf-8"),
-                      config=config, workdir=_workdir(folder / "environment" / "Dockerfile"))
+                      config=config, workdir=workdir, artifacts=artifacts,
+                      artifacts_max_bytes=max_bytes)
 
 
 def load_harbor_tasks(root: str | Path) -> list[HarborTask]:

@@ -1,25 +1,22 @@
-"""Running a Harbor task's oracle solution and its verifier in a sandbox.
+"""Running a Harbor task's oracle solution, and its tests/test.sh in a grader container.
 
-Verifier contract (Harbor's): tests/ is uploaded to /tests only after the agent finished,
-`bash /tests/test.sh` runs from the task's WORKDIR and writes /logs/verifier/reward.txt (a
-number) or reward.json (`{"reward": x}`, or named rewards that are averaged). Hardening:
-every process left in the sandbox is killed first (a loop rewriting the reward file, started
-through a tool call or `docker exec -d`, must not run beside the verifier), then /tests and
-/logs/verifier are wiped and made again, so files the agent planted there do not count; only
-reward files written after the verifier started (newer than a marker made then) are read;
-a verifier that times out or a sandbox error is `env_failure`, a missing reward is 0.
+Verifier contract (Harbor's): `bash /tests/test.sh` runs from the task's WORKDIR with tests/
+at /tests and writes /logs/verifier/reward.txt (a number) or reward.json (`{"reward": x}`, or
+named rewards that are averaged). Where it runs and what the grader holds: `grader.py`.
+Hardening kept here: the reward folder is emptied and a start marker made before test.sh
+runs; only reward files newer than the marker (regular files, not links) are read; every
+process test.sh started is killed before they are read.
 """
 
 from __future__ import annotations
 
 import json
-import secrets
-import time
 
-from envhub.envs.environment import EnvFailure, Verdict
+from envhub.envs.environment import UNGRADABLE, EnvFailure, Verdict
 from envhub.envs.harbor.task import HarborTask
-from envhub.envs.sandbox.base import Sandbox
+from envhub.envs.sandbox.base import ExecResult, Sandbox
 from envhub.envs.sandbox.errors import SandboxError, SandboxFileError
+from envhub.sdk.types import Signal
 
 REWARD_DIR = "/logs/verifier"
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -69,12 +66,18 @@ async def _read(sandbox: Sandbox, path: str) -> str | None:
         return None
 
 
-async def _fresh_reward_dir(sandbox: Sandbox, marker: str) -> None:
-    """Empty /tests and /logs/verifier, then the start marker; EnvFailure if anything is
-    already back in the reward folder (nothing may run at this point)."""
-    result = await sandbox.exec(
-        f"rm -rf /tests {REWARD_DIR} && mkdir -p {REWARD_DIR} /logs/agent && touch {marker} "
-        f"&& ls -A {REWARD_DIR}", timeout=60, cwd="/")
+def prepare_command(marker: str, wipe: str) -> str:
+    """Shell run in the grader before anything is placed: `wipe` (the artifact paths), empty
+    /tests and /logs/verifier, the start marker; prints what is in the reward folder (must be
+    nothing)."""
+    return (f"{wipe} && rm -rf /tests {REWARD_DIR} && mkdir -p {REWARD_DIR} /logs/agent && "
+            f"touch {marker} && ls -A {REWARD_DIR}")
+
+
+async def prepare(grader: Sandbox, marker: str, wipe: str) -> None:
+    """`prepare_command` in the grader; EnvFailure when it fails or the reward folder is not
+    empty (nothing may run at this point)."""
+    result = await grader.exec(prepare_command(marker, wipe), timeout=120, cwd="/")
     if result.exit_code != 0 or result.stdout.strip():
         raise EnvFailure(f"cannot start the verifier with an empty {REWARD_DIR} (exit "
                          f"{result.exit_code}: {(result.stderr + result.stdout).strip()[-300:]})")
@@ -100,27 +103,24 @@ async def _fresh_rewards(sandbox: Sandbox, marker: str) -> tuple[str | None, str
     return fresh["reward.txt"], fresh["reward.json"], ignored
 
 
-async def run_verifier(task: HarborTask, sandbox: Sandbox) -> Verdict:
-    start = time.monotonic()
-    marker = f"/logs/.envhub-verifier-{secrets.token_hex(8)}"
+async def run_tests(task: HarborTask, grader: Sandbox, marker: str) -> Verdict:
+    """test.sh in `grader` (artifacts, tests/ and the start `marker` already in place, see
+    `prepare_command`); the verdict from the reward files it wrote. A timeout is 0 with the
+    `ungradable_output` signal and info["timed_out"] (the caller decides whose fault it is)."""
     try:
-        await sandbox.end_processes()  # whatever the agent left running dies first
-        await _fresh_reward_dir(sandbox, marker)
-        await sandbox.upload(str(task.tests_dir), "/tests")
-        env = {"PATH": SAFE_PATH, **task.config.verifier.env}
-        result = await sandbox.exec("bash /tests/test.sh", timeout=task.config.verifier.timeout_sec,
-                                    cwd=task.workdir, env=env)
-        await sandbox.end_processes()  # nothing test.sh started writes after we read
-        txt, js, ignored = await _fresh_rewards(sandbox, marker)
+        result = await test_sh(task, grader)
+        await grader.end_processes()  # nothing test.sh started writes after we read
+        txt, js, ignored = await _fresh_rewards(grader, marker)
     except (SandboxError, EnvFailure) as e:
         return Verdict(0.0, False, {}, env_failure=f"verifier sandbox failed: {e}")
-    info: dict = {"exit_code": result.exit_code, "verifier_s": round(time.monotonic() - start, 3),
+    info: dict = {"exit_code": result.exit_code,
                   "test_log_tail": (result.stdout + result.stderr)[-3000:]}
     if ignored:
         info["ignored_reward_files"] = ignored
     if result.timed_out:
-        return Verdict(0.0, False, info, env_failure=(
-            f"tests/test.sh did not finish within {task.config.verifier.timeout_sec:g}s"))
+        info["timed_out"] = True
+        return ungradable(f"tests/test.sh did not finish within "
+                          f"{task.config.verifier.timeout_sec:g}s on the agent's output", info)
     reward, extra = parse_reward(txt or "", js)
     info.update(extra)
     if reward is None:
@@ -128,3 +128,16 @@ async def run_verifier(task: HarborTask, sandbox: Sandbox) -> Verdict:
         return Verdict(0.0, False, info)
     outcome = min(1.0, max(0.0, reward))
     return Verdict(outcome, outcome >= 1.0, info)
+
+
+async def test_sh(task: HarborTask, grader: Sandbox) -> ExecResult:
+    """`bash /tests/test.sh` from the task's WORKDIR on the grader's own PATH."""
+    env = {"PATH": SAFE_PATH, **task.config.verifier.env}
+    return await grader.exec("bash /tests/test.sh", timeout=task.config.verifier.timeout_sec,
+                             cwd=task.workdir, env=env)
+
+
+def ungradable(reason: str, info: dict) -> Verdict:
+    """0 with the `ungradable_output` signal: the agent's output is what could not be graded."""
+    return Verdict(0.0, False, {**info, "ungradable": reason},
+                   signals=[Signal(name=UNGRADABLE, info={"error": reason})])

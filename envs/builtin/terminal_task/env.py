@@ -1,8 +1,10 @@
 """`terminal-task`: Harbor task folders as an envhub environment.
 
 setup: the task's environment/Dockerfile built on the envhub base (cached by content) and
-started with the task's cpus / memory / network; solve: solution/solve.sh; verify: tests/
-uploaded after the agent finished, reward read from /logs/verifier (envhub.envs.harbor).
+started with the task's cpus / memory / network; solve: solution/solve.sh; verify: a fresh
+container of the same image (the agent never ran in it) receives only the task's declared
+artifact paths from the agent's container, then runs tests/test.sh there; the reward is read
+from /logs/verifier (envhub.envs.harbor).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from pathlib import Path
 
 from envhub.envs.environment import EnvFailure, RunContext, Task, Verdict
 from envhub.envs.harbor import HarborTask, load_harbor_tasks, run_solution, run_verifier
-from envhub.envs.manifest import Manifest
+from envhub.envs.manifest import Manifest, SandboxSpec
 from envhub.envs.sandbox.base import Sandbox
 
 NOTE = "\n\n(Your working directory is {workdir}.)\n"
@@ -53,17 +55,27 @@ class TerminalTaskEnv:
             raise EnvFailure(f"terminal-task builds each task's environment/Dockerfile, so it "
                              f"needs the docker sandbox (got '{ctx.sandbox_kind}'): run with "
                              "--sandbox docker")
+        return await ctx.open_sandbox(self.sandbox_spec(harbor))
+
+    def sandbox_spec(self, harbor: HarborTask) -> SandboxSpec:
+        """The task's image and resources: the agent's sandbox and the grader's alike."""
         env = harbor.config.environment
-        spec = self.manifest.sandbox.model_copy(update={
+        return self.manifest.sandbox.model_copy(update={
             "dockerfile": None if env.docker_image else
             str(harbor.dockerfile.relative_to(self.folder)),
             "image": env.docker_image, "cpus": env.cpus, "memory_mb": env.memory_mb,
             "network": env.allow_internet, "setup_timeout_s": env.build_timeout_sec,
         })
-        return await ctx.open_sandbox(spec)
 
     async def solve(self, task: Task, sandbox: Sandbox, ctx: RunContext) -> None:
         await run_solution(self.harbor_task(task), sandbox)
 
     async def verify(self, task: Task, sandbox: Sandbox, ctx: RunContext) -> Verdict:
-        return await run_verifier(self.harbor_task(task), sandbox)
+        """Graded in a fresh container of the task image (see the module docstring)."""
+        harbor = self.harbor_task(task)
+        if getattr(sandbox, "kind", None) != "docker":
+            raise EnvFailure(f"terminal-task grades in a fresh docker container and carries the "
+                             f"agent's artifacts with the Docker engine; the agent's sandbox is "
+                             f"{getattr(sandbox, 'kind', '?')!r}: run with --sandbox docker")
+        return await run_verifier(harbor, sandbox,
+                                  lambda: ctx.open_sandbox(self.sandbox_spec(harbor)))
