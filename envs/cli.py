@@ -143,8 +143,9 @@ def run_command(
                                        "a process on this machine instead of inside the "
                                        "sandbox: NO containment (prints a warning)."),
     model: str | None = typer.Option(None, "--model", "-m", help="Model for the in-process "
-                                     "gateway: HF folder, provider/name, or zero. Default: the "
-                                     "bundled tiny model."),
+                                     "gateway: HF folder, provider/name, zero, or scripted:FILE "
+                                     "(a JSON list of completion texts answered in order). "
+                                     "Default: the bundled tiny model."),
     sandbox: str | None = typer.Option(None, "--sandbox", "-s", help=f"{' | '.join(choices())}"
                                        " or package.module:Class (default: each manifest's "
                                        "choice)."),

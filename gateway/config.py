@@ -30,8 +30,10 @@ class GatewayConfig(BaseModel):
                                                         "('deepseek_v3') overriding the model's")
     backend: str = Field("local", description="engine backend: a name in "
                                               "envhub.gateway.backends.BACKENDS (local, zero, "
-                                              "vllm, sglang, openai) or the dotted path of a "
-                                              "backend class")
+                                              "scripted, vllm, sglang, openai) or the dotted "
+                                              "path of a backend class")
+    script: str | None = Field(None, description="scripted backend: JSON file holding a list of "
+                                                 "completion texts, answered once each in order")
     upstreams: list[str] = Field(default_factory=list,
                                  description="engine URLs for vllm/sglang backends")
     db: str = Field("sqlite:///envhub-pool.db", description="pool URL: sqlite:///FILE or "

@@ -49,7 +49,8 @@ class RunConfig(BaseModel):
     agent_on_host: bool = Field(False, description="run a command agent as a host process "
                                 "(no containment; a loud warning)")
     model: str | None = Field(None, description="model for the in-process gateway "
-                              "(None: the bundled tiny model; zero; provider/name)")
+                              "(None: the bundled tiny model; zero; scripted:FILE; "
+                              "provider/name)")
     sandbox: str | None = Field(
         None, description="sandbox kind (envs/sandbox/kinds.py, auto, or a dotted path); None: "
         "each manifest's choice")

@@ -86,19 +86,34 @@ class GatewayLink:
 def model_options(model: str | None) -> dict[str, Any]:
     """GatewayConfig fields for `--model`: None → the bundled tiny model on the local engine;
     an existing folder → that HF model on the local engine; `zero` → the zero-work backend
-    (instant fixed completions, for measuring the runner); `provider/name` → a hosted model
-    through the `openai` (litellm) backend."""
+    (instant fixed completions, for measuring the runner); `scripted:FILE` → the scripted
+    backend answering FILE's texts (a JSON list) in order through the bundled tokenizer (demos,
+    audits, end-to-end checks of an agent); `provider/name` → a hosted model through the
+    `openai` (litellm) backend."""
     if model is None:
         return {}
     if Path(model).expanduser().is_dir():
         return {"model": str(Path(model).expanduser())}
     if model == "zero":
         return {"backend": "zero"}
+    if model.startswith("scripted:"):
+        return scripted_options(model.removeprefix("scripted:"))
     provider, sep, _ = model.partition("/")
     if not sep or provider not in PROVIDER_URLS:
         raise RunConfigError(
             f"--model {model!r}: not a model folder; for a hosted model use provider/name with "
-            f"provider one of {', '.join(PROVIDER_URLS)} (e.g. openai/gpt-4.1), or `zero`")
+            f"provider one of {', '.join(PROVIDER_URLS)} (e.g. openai/gpt-4.1), `zero`, or "
+            "`scripted:FILE`")
     # LiteLLM reads the provider's key from its usual variable (OPENAI_API_KEY, ...).
     return {"backend": "openai", "model_name": model,
             "upstreams": [f"openai={PROVIDER_URLS[provider]}"]}
+
+
+def scripted_options(script: str) -> dict[str, Any]:
+    """GatewayConfig fields for `--model scripted:FILE` (the file must exist: checked here, before
+    the gateway starts)."""
+    path = Path(script).expanduser()
+    if not path.is_file():
+        raise RunConfigError(f"--model scripted:{script}: no such file; give a JSON list of "
+                             "completion texts, e.g. scripted:./script.json")
+    return {"backend": "scripted", "script": str(path.resolve())}

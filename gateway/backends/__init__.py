@@ -27,6 +27,7 @@ __all__ = ["BACKENDS", "Backend", "BackendClass", "GenerateRequest", "GenerateRe
 BACKENDS: dict[str, str] = {
     "local": "envhub.gateway.backends.local.LocalBackend",  # embedded engine (the default)
     "zero": "envhub.gateway.backends.zero.ZeroBackend",  # zero-work engine (overhead)
+    "scripted": "envhub.gateway.backends.scripted.ScriptedBackend",  # replays --script texts
     "vllm": "envhub.gateway.backends.vllm.VLLMBackend",
     "sglang": "envhub.gateway.backends.sglang.SGLangBackend",
     "openai": "envhub.gateway.backends.litellm.LiteLLMBackend",  # hosted models, text only

@@ -201,6 +201,11 @@ def test_model_flag_maps_onto_gateway_config(tmp_path):
     assert hosted["backend"] == "openai" and hosted["model_name"] == "openai/gpt-4.1"
     with pytest.raises(RunConfigError, match="provider/name"):
         model_options("no-such-model")
+    script = tmp_path / "script.json"
+    script.write_text('["hello"]')
+    assert model_options(f"scripted:{script}") == {"backend": "scripted", "script": str(script)}
+    with pytest.raises(RunConfigError, match="no such file"):
+        model_options(f"scripted:{tmp_path}/missing.json")
 
 
 def test_zero_backend_in_process_gateway_runs_the_tool_agent(tmp_path):

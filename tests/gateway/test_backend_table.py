@@ -14,6 +14,7 @@ from envhub.gateway.backends.zero import ZeroBackend
 from envhub.gateway.config import GatewayConfig
 from envhub.gateway.errors import BadRequest
 from envhub.gateway.router import Fleet, make_fleet
+from envhub.gateway.server import run_in_thread
 from tests.gateway.conftest import scripted, start
 
 
@@ -30,10 +31,10 @@ def test_a_dotted_path_works_like_a_name() -> None:
 
 
 @pytest.mark.parametrize("name,match", [
-    ("nope", "use one of local, openai, sglang, vllm, zero, or the dotted path"),
+    ("nope", "use one of local, openai, scripted, sglang, vllm, zero, or the dotted path"),
     ("no_such_pkg.mod.Backend", "No module named 'no_such_pkg'"),
     ("envhub.gateway.backends.zero.Nope", "has no 'Nope'"),
-    ("envhub.gateway.backends.scripted.ScriptedBackend", "lacks remote, text_only, from_config"),
+    ("envhub.gateway.engine.zero.ZeroEngine", "lacks remote, text_only, from_config"),
 ])
 def test_unknown_backends_list_the_choices(name: str, match: str) -> None:
     with pytest.raises(ValueError, match=match):
@@ -60,3 +61,33 @@ def test_admin_weights_on_a_backend_without_weights_is_a_400(tmp_path: Path, ren
         r = httpx.post(gw.url + "/admin/weights", json={"path": str(tmp_path)},
                        headers={"authorization": "Bearer adm"})
     assert r.status_code == 400 and "no weights to load" in r.json()["error"]["message"]
+
+
+def test_the_scripted_backend_answers_a_script_file_once_each_in_order(tmp_path: Path) -> None:
+    # `envhub gateway --backend scripted --script FILE` (and `envhub run --model scripted:FILE`)
+    script = tmp_path / "script.json"
+    script.write_text('["first answer", "second answer"]')
+    config = GatewayConfig(port=0, db=f"sqlite:///{tmp_path}/pool.db", backend="scripted",
+                           script=str(script))
+    with run_in_thread(config) as gw:
+        answers = [httpx.post(gw.url + "/v1/chat/completions", json={
+            "model": "default", "messages": [{"role": "user", "content": f"q{i}"}]})
+            for i in range(3)]
+    assert [a.json()["choices"][0]["message"]["content"] for a in answers[:2]] == [
+        "first answer", "second answer"]
+    assert answers[2].status_code == 400, answers[2].text
+    assert "exhausted" in answers[2].json()["error"]["message"]
+
+
+@pytest.mark.parametrize("text,match", [(None, "needs --script FILE"),
+                                        ('{"a": 1}', "non-empty JSON list of strings"),
+                                        ("[1, 2]", "non-empty JSON list of strings"),
+                                        ("not json", "cannot read a JSON list")])
+def test_a_bad_script_file_says_what_it_needs(tmp_path: Path, text: str | None,
+                                              match: str) -> None:
+    script = tmp_path / "script.json"
+    if text is not None:
+        script.write_text(text)
+    config = GatewayConfig(backend="scripted", script=str(script) if text else None)
+    with pytest.raises(ValueError, match=match):
+        make_backend(config)
