@@ -81,16 +81,25 @@ def command_battery() -> list[Cheat]:
     return cheats
 
 
-# Hostile values for tool arguments: (cheat name, what, value as JSON text). JSON text, not a
-# Python value, so that what the model "writes" is exactly what the parser meets.
-HOSTILE: list[tuple[str, str, str]] = [
-    ("huge-answer", "a 1 MB value in every argument", json.dumps("9" * 1_000_000)),
-    ("huge-exponent", "9**9**9**9 (a power tower) in every argument", json.dumps("9**9**9**9")),
-    ("huge-float", "1e999999999 as a string in every argument", json.dumps("1e999999999")),
-    ("infinite-number", "1e999999 as a bare JSON number", "1e999999"),
-    ("nan", "NaN as a bare JSON value", "NaN"),
-    ("nested-json", "an array nested 5000 deep", "[" * 5000 + "]" * 5000),
-    ("invalid-utf8", "lone surrogates (no UTF-8 encoding)", '"\\udcff\\ud800\\udc80"'),
+# Hostile values for tool arguments: (cheat name, what, values as JSON texts). JSON text, not
+# Python values, so that what the model "writes" is exactly what the parser meets. Each cheat
+# gives a value as a JSON string first (it reaches the environment's tool) and, where JSON has a
+# bare form, that form next (it tests the gateway's tool-call parser before the tool).
+_D = 5000  # nesting depth of the bare nested-JSON value (cut by the per-turn token limit or not)
+HOSTILE: list[tuple[str, str, list[str]]] = [
+    ("huge-answer", "a 1 MB value in every argument", [json.dumps("9" * 1_000_000)]),
+    ("huge-exponent", "9**9**9**9 (a power tower) in every argument",
+     [json.dumps("9**9**9**9"), json.dumps("10**10**10")]),
+    ("huge-float", "1e999999999 and 1e20000000 as strings in every argument",
+     [json.dumps("1e999999999"), json.dumps("1e20000000")]),
+    ("infinite-number", "1e999999 as a string and as a bare JSON number",
+     [json.dumps("1e999999"), "1e999999"]),
+    ("nan", "NaN as a string and as a bare JSON value", [json.dumps("NaN"), "NaN"]),
+    # 250 parentheses: past Python's parser limit (200), within a 256-token turn
+    ("nested-json", "parentheses nested 250 deep in a string; an array nested 5000 deep",
+     [json.dumps("(" * 250 + "1" + ")" * 250), "[" * _D + "]" * _D]),
+    ("invalid-utf8", "lone surrogates (no UTF-8 form); NUL, escape and bidi characters",
+     ['"\\udcff\\ud800\\udc80"', '"\\u0000\\u001b[2J\\ufffd\\u202e"']),
 ]
 
 
@@ -117,12 +126,12 @@ def _ordered(schemas: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def scripted_battery(schemas: list[dict[str, Any]]) -> list[Cheat]:
     """The controls and the hostile-output cheats for a tool-only environment with these tool
-    schemas: each cheat calls every tool once, ending tools last, with its hostile value."""
+    schemas: each cheat calls every tool with each of its hostile values, ending tools last."""
     cheats = [Cheat(NOOP, "answers without calling a tool (the baseline)", "tool", [GIVE_UP]),
               Cheat(ORACLE, "the environment's gold solution", "oracle")]
     ordered = _ordered(schemas)
-    for name, what, value in HOSTILE:
-        texts = [tool_call(str(s.get("function", {}).get("name", "")), _arguments(s, value))
-                 for s in ordered]
+    for name, what, values in HOSTILE:
+        texts = [tool_call(str(s.get("function", {}).get("name", "")), _arguments(s, v))
+                 for s in ordered for v in values]
         cheats.append(Cheat(name, what, "tool", texts or [GIVE_UP]))
     return cheats
