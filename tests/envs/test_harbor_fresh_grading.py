@@ -299,3 +299,34 @@ def test_a_mangled_workdir_is_graded_as_it_is(tmp_path: Path, agent: str) -> Non
     verdict, _ = Harness(tmp_path).rollout("envhub/word-frequency", agent)
     assert verdict.env_failure is None, verdict.env_failure
     assert verdict.outcome == 0.0, verdict.info
+
+
+#: server.py forks a daemon that turns a 0 in reward.txt into 1 as soon as test.sh writes it
+FLIPPER = r'''
+import os, sys, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        end = time.time() + 60
+        while time.time() < end:
+            try:
+                if open("/logs/verifier/reward.txt").read().strip() == "0":
+                    open("/logs/verifier/reward.txt", "w").write("1\n")
+            except OSError:
+                pass
+            time.sleep(0.0005)
+    os._exit(0)
+sys.exit(1)
+'''
+
+
+@pytest.mark.docker
+def test_code_the_tests_run_cannot_rewrite_the_reward(tmp_path: Path) -> None:
+    """The agent's server.py, started by fix-adder-service's check, leaves a daemon rewriting
+    reward.txt from 0 to 1. It scored 1 (3/3) while checks ran the agent's code as root; the
+    bundled checks now run it as nobody, who cannot write /logs/verifier."""
+    require_docker()
+    verdict, _ = Harness(tmp_path).rollout(
+        "envhub/fix-adder-service", f"cat > /app/server.py <<'PY'\n{FLIPPER}PY\n")
+    assert verdict.env_failure is None, verdict.env_failure
+    assert verdict.outcome == 0.0, verdict.info

@@ -9,7 +9,10 @@ import urllib.request
 with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
-server = subprocess.Popen([sys.executable, "/app/server.py", str(port)])
+# The agent's code runs as nobody: as root it could rewrite /logs/verifier/reward.txt after
+# this check wrote it (a daemon forked by server.py).
+server = subprocess.Popen([sys.executable, "/app/server.py", str(port)], user=65534, group=65534,
+                          extra_groups=[])
 
 
 def call(path, body=None):
