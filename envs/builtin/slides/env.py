@@ -5,9 +5,12 @@ for the grader's layout report while it works (`check_slides`: rendered in that 
 submits. The agent's HTML is never rendered on the host: the verifier copies the deck into a
 fresh sandbox (local bubblewrap or docker, no network) and renders each slide there in a real
 Chromium (render.py: JavaScript off, every request refused), then scores the layout checks
-of layout.py on the host. The outcome is the mean of the check scores (resolved: all pass); each
-failed check is also a process signal `layout_<check>` worth 1 - score, weighted by the
-manifest's `process.layout_<check>`.
+of layout.py on the host from what the render shows (on-screen sizes, and required phrases
+judged from the pixels their glyphs change). The outcome is the share of required phrases shown
+times the mean of the layout checks (resolved: all pass); each failed check is also a process
+signal `layout_<check>` worth 1 - score, weighted by the manifest's `process.layout_<check>`.
+A deck that breaks the grader's browser (crashes or hangs it) while a blank slide renders scores
+0 with the `ungradable_output` signal; env_failure only when the browser fails on its own.
 """
 
 from __future__ import annotations
@@ -19,17 +22,26 @@ from typing import Any
 from envhub.envs.browser.chromium import BrowserUnavailable
 from envhub.envs.browser.sandbox import browser_spec, resolved_kind
 from envhub.envs.builtin.slides.layout import CHECKS, Brief, LayoutReport, score_deck
-from envhub.envs.builtin.slides.render import MAX_SLIDE_BYTES, render_deck
-from envhub.envs.environment import EnvFailure, RunContext, Task, ToolResult, Verdict
+from envhub.envs.builtin.slides.render import MAX_SLIDE_BYTES, Measurement, render_deck
+from envhub.envs.environment import (
+    UNGRADABLE,
+    EnvFailure,
+    RunContext,
+    Task,
+    ToolResult,
+    Verdict,
+)
 from envhub.envs.loader import task_rows
 from envhub.envs.manifest import Manifest, SandboxSpec
 from envhub.envs.sandbox.base import Sandbox
-from envhub.envs.sandbox.errors import SandboxError, SandboxFileError
+from envhub.envs.sandbox.errors import FileTooLarge, SandboxError, SandboxFileError
 from envhub.envs.tools.arguments import json_object
 from envhub.sdk.types import Signal
 
 SLIDES_DIR = "/workspace/slides"
 MAX_SLIDES = 20
+# the grader's own slide, rendered when the agent's deck broke the browser: tells whose fault
+BLANK_SLIDE = "<!doctype html><html><body><p>envhub</p></body></html>"
 
 INSTRUCTION = """Write a slide deck as HTML, one file per slide.
 
@@ -132,38 +144,80 @@ class SlidesEnv:
         """The layout report of the deck in `sandbox`, rendered in `render_in` (default: the
         same sandbox)."""
         brief = brief_of(task.data)
-        htmls = await read_deck(sandbox)
-        if not htmls:  # nothing to render: every check fails without starting a browser
-            return score_deck([], brief)
-        deck = await render_deck(render_in or sandbox, htmls, brief.width, brief.height)
-        return score_deck(deck.slides, brief)
+        return score_deck(await render(await read_deck(sandbox), brief, render_in or sandbox),
+                          brief)
 
     async def verify(self, task: Task, sandbox: Sandbox, ctx: RunContext) -> Verdict:
-        """Graded in a fresh sandbox holding only the deck: whatever rendering the agent's
-        slides did during the rollout (check_slides) cannot touch the grader's browser."""
+        """Graded in a fresh sandbox holding only a copy of the deck: whatever rendering the
+        agent's slides did during the rollout (check_slides) cannot touch the grader's browser."""
+        brief = brief_of(task.data)
         try:
+            htmls = await read_deck(sandbox)
             fresh = await ctx.open_sandbox(await self.spec(ctx))
-            try:
-                report = await self.report(task, sandbox, render_in=fresh)
-            finally:
-                await fresh.close()
         except (EnvFailure, SandboxError) as e:
             return Verdict(0.0, False, env_failure=str(e))
+        failed = None
+        try:
+            slides = await render(htmls, brief, fresh)
+            failed = next((f"slide {i}: {m.error}" for i, m in enumerate(slides, 1) if m.broke),
+                          None)
+        except (EnvFailure, SandboxError) as e:
+            failed = str(e)
+        finally:
+            await fresh.close()
+        if failed is not None:
+            return await self.blame(failed, brief, ctx)
+        report = score_deck(slides, brief)
         signals = [Signal(name=f"layout_{check}", value=1.0 - report.scores[check],
                           info={"details": report.details[check]})
                    for check in CHECKS if report.scores[check] < 1.0]
         return Verdict(report.outcome, report.passed,
                        {"checks": report.scores, "details": report.details}, signals=signals)
 
+    async def blame(self, error: str, brief: Brief, ctx: RunContext) -> Verdict:
+        """The browser failed on the agent's deck (died, or a slide hung or crashed its page):
+        a blank slide of the grader's own, rendered the same way in another fresh sandbox, tells
+        whose fault. It renders: the deck broke the browser (0, ungradable_output). It fails
+        too: the infrastructure (env_failure)."""
+        try:
+            probe = await ctx.open_sandbox(await self.spec(ctx))
+            try:
+                deck = await render_deck(probe, [BLANK_SLIDE], brief.width, brief.height)
+            finally:
+                await probe.close()
+        except (EnvFailure, SandboxError) as e:
+            return Verdict(0.0, False, env_failure=f"{error} (a blank slide fails too: {e})")
+        if deck.slides[0].error:
+            return Verdict(0.0, False, env_failure=f"{error} (a blank slide fails too: "
+                                                   f"{deck.slides[0].error})")
+        why = f"the deck broke the grader's browser, which renders a blank slide: {error}"
+        return Verdict(0.0, False, {"ungradable": why},
+                       signals=[Signal(name=UNGRADABLE, info={"error": why})])
 
-async def read_deck(sandbox: Sandbox) -> list[str]:
-    """slide1.html, slide2.html, ... in order, up to the first number that is missing."""
-    htmls = []
+
+async def render(htmls: list[str | None], brief: Brief, render_in: Sandbox
+                 ) -> list[Measurement]:
+    """`htmls` measured in `render_in` at the brief's size, with where its phrases show; no
+    slides: nothing to measure (every check fails) and no browser started."""
+    if not htmls:
+        return []
+    return (await render_deck(render_in, htmls, brief.width, brief.height,
+                              brief.required)).slides
+
+
+async def read_deck(sandbox: Sandbox) -> list[str | None]:
+    """slide1.html, slide2.html, ... in order, up to the first number that is missing; None for
+    a slide larger than MAX_SLIDE_BYTES (not read: it fails its checks)."""
+    htmls: list[str | None] = []
     for number in range(1, MAX_SLIDES + 1):
         try:
-            htmls.append((await sandbox.read_file(slide_path(number))).decode(errors="replace"))
+            data = await sandbox.read_file(slide_path(number), limit=MAX_SLIDE_BYTES)
+        except FileTooLarge:
+            htmls.append(None)
+            continue
         except SandboxFileError:
             break
+        htmls.append(data.decode(errors="replace"))
     return htmls
 
 

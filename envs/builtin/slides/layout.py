@@ -4,13 +4,18 @@ Per slide (score = share of slides without the problem): `overflow` (the content
 than the slide or a box sticks out of it), `clipped` (text cut by a clipping box or placed
 off the slide), `overlap` (two text blocks drawn over each other), `min_font` (text smaller
 than the brief's minimum). Per deck: `slide_count` (the number of slides asked for) and
-`required_content` (share of the brief's required phrases found in the deck's visible text).
+`required_content` (share of the brief's required phrases the rendered deck shows).
+
+Sizes are what the screen shows (computed size times every scale and zoom above the text), and
+a phrase counts as shown only where the page draws it (see `shown`): text the HTML holds but the
+render hides (shrunk, covered, clipped, faded, off the slide, the colour of its background) does
+not count. The outcome is the share of phrases shown times the mean of the other checks, so a
+deck that shows none of the brief scores 0 however clean its empty layout is.
 A slide that cannot be rendered fails every per-slide check.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +23,11 @@ from envhub.envs.builtin.slides.render import Measurement
 
 CHECKS = ("overflow", "clipped", "overlap", "min_font", "slide_count", "required_content")
 MAX_DETAILS = 5  # problems listed per check (the score counts them all)
+# A phrase's glyphs change at least this share of (characters x font size^2) pixels on screen;
+# honest text in the gold decks changes 0.10 to 0.20 of it (bold headings the most).
+MIN_INK = 0.03
+MIN_OPACITY = 0.25  # the product of the opacities above the text
+NO_INK = "no glyphs on screen (covered, clipped, faded or the colour of its background)"
 
 
 @dataclass
@@ -38,7 +48,9 @@ class LayoutReport:
 
     @property
     def outcome(self) -> float:
-        return sum(self.scores.values()) / len(self.scores)
+        """Share of required phrases shown times the mean of the layout checks."""
+        layout = [score for check, score in self.scores.items() if check != "required_content"]
+        return self.scores["required_content"] * sum(layout) / len(layout)
 
     @property
     def passed(self) -> bool:
@@ -49,10 +61,6 @@ class LayoutReport:
             "  (" + "; ".join(self.details[check]) + ")" if self.details[check] else "")
             for check in CHECKS]
         return "\n".join(lines)
-
-
-def _normalise(text: str) -> str:
-    return re.sub(r"\s+", " ", text).strip().casefold()
 
 
 def slide_problems(m: Measurement, brief: Brief) -> dict[str, list[str]]:
@@ -82,9 +90,38 @@ def score_deck(slides: list[Measurement], brief: Brief) -> LayoutReport:
     scores["slide_count"] = max(0.0, 1.0 - abs(n - want) / want)
     if n != want:
         details["slide_count"] = [f"{n} slides, the brief asks for {want}"]
-    deck_text = _normalise(" ".join(m.text for m in slides))
-    missing = [p for p in brief.required if _normalise(p) not in deck_text]
+    missing = [why for i, phrase in enumerate(brief.required)
+               if (why := unshown(i, phrase, slides, brief))]
     scores["required_content"] = (1.0 - len(missing) / len(brief.required)
                                   if brief.required else 1.0)
-    details["required_content"] = [f"missing {p!r}" for p in missing]
+    details["required_content"] = missing
     return LayoutReport(scores, {k: v[:MAX_DETAILS] for k, v in details.items()})
+
+
+def unshown(index: int, phrase: str, slides: list[Measurement], brief: Brief) -> str | None:
+    """None when some slide shows the brief's `index`th phrase, else why not (the first place
+    it is written, or that it is written nowhere)."""
+    places = [(p["chars"], f) for m in slides if not m.error and index < len(m.phrases)
+              for p in [m.phrases[index]] for f in p["found"]]
+    reasons = [why_not(chars, f, brief.min_font_px) for chars, f in places]
+    if any(not r for r in reasons):
+        return None
+    return f"{phrase!r} not shown: {'; '.join(reasons[0])}" if reasons else f"missing {phrase!r}"
+
+
+def why_not(chars: int, place: dict[str, Any], min_font: float) -> list[str]:
+    """What keeps one place a phrase is written from showing it (empty: shown). Geometry
+    (off the slide, cut by a clipping box, drawn over other text), the on-screen font size
+    (stops scale(), zoom), the accumulated opacity, and the pixels its glyphs change in the
+    screenshot (stops covering, clip-path, masks, filters, colour of the background)."""
+    reasons = list(place["problems"])
+    font = place["font_px"]
+    if font < min_font:
+        reasons.append(f"{font:g}px on screen (the brief's minimum is {min_font:g}px)")
+    if place["opacity"] < MIN_OPACITY:
+        reasons.append(f"faded to opacity {place['opacity']:g}")
+    ink, need = place.get("ink_px", 0), MIN_INK * chars * max(font, min_font) ** 2
+    if ink < need:
+        reasons.append(NO_INK if ink == 0 else
+                       f"its glyphs change {ink} pixels on screen, {need:.0f} expected")
+    return reasons
