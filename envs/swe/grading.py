@@ -32,7 +32,7 @@ from typing import Any
 from envhub.envs.environment import UNGRADABLE, EnvFailure, Verdict
 from envhub.envs.sandbox.base import Sandbox
 from envhub.envs.sandbox.errors import SandboxError, SandboxFileError
-from envhub.envs.swe import canary
+from envhub.envs.swe import canary, watch
 from envhub.envs.swe.diff import changed_paths, filter_patch, runner_references
 from envhub.envs.swe.logparse import ERROR, FAILED, PASSED, TestLog, parse_log
 from envhub.envs.swe.repo import GIT, GIT_ENV, SCRATCH, pytest_env
@@ -147,7 +147,10 @@ async def grade(
         canaries = await plant_canaries(sandbox, task) if with_canaries else None
         nonce = secrets.token_hex(16)
         record_path = f"{SCRATCH}/record-{secrets.token_hex(8)}.json"
+        touched = changed_paths(kept)
         env = {**await pytest_env(sandbox, task), **GIT_ENV, **task.test_env,
+               **await watch.stage(sandbox, [*touched, *(f"{task.repo_dir}/{p}"
+                                                          for p in touched)]),
                "ENVHUB_TEST_TIMEOUT": f"{task.test_timeout:g}",
                "ENVHUB_GRADE_NONCE": nonce, "ENVHUB_GRADE_RESULTS": record_path,
                "PYTEST_ADDOPTS": "-p envhub_test_timeout",
@@ -155,7 +158,7 @@ async def grade(
         command = (canary.command_with(task.command(), canaries) if canaries
                    else task.command())
         result = await sandbox.exec(f"cd {shlex.quote(task.repo_dir)} && "
-                                    f"{task.in_shell(command)}",
+                                    f"{task.in_shell(watch.wrapped(command, task.test_timeout))}",
                                     timeout=task.timeout, env=env)
         record = await read_record(sandbox, record_path, nonce)
     except (SandboxError, EnvFailure) as e:
@@ -165,18 +168,30 @@ async def grade(
             await sandbox.close()
         except SandboxError:
             pass
-    info["test_log_tail"] = (result.stdout + result.stderr)[-LOG_TAIL:]
+    watched = watch.read(result.stdout)
+    info["test_log_tail"] = (watched.stdout + result.stderr)[-LOG_TAIL:]
     info["grading_s"] = round(time.monotonic() - start, 3)
     if result.timed_out:
-        return await _timed_out(task, open_pristine, info)
-    log = parse_log(task.log_parser, result.stdout)
+        return await _timed_out(task, open_pristine, info, (
+            f"the test command did not finish within {task.timeout:g}s although every test "
+            "has its own time limit"))
+    if not watched.started:
+        return Verdict(0.0, False, info, env_failure=(
+            f"the grading wrapper did not start (exit {result.exit_code}): "
+            f"{(result.stderr or result.stdout).strip()[-500:]}"))
+    if watched.killed:
+        return await _timed_out(task, open_pristine, info, (
+            f"the test {watched.killed} ran past its {task.test_timeout:g}s limit without "
+            "the in-process alarm stopping it (spinning outside Python), so the grading "
+            "wrapper killed the run"))
+    log = parse_log(task.log_parser, watched.stdout)
     resolved, judged = judge(task, log, result.exit_code, record)
     info.update(judged)
-    if canaries is None:
-        return Verdict(1.0 if resolved else 0.0, resolved, info)
-    tampered = canary.verdict(canaries, log, record)
-    info["canaries"] = [{"name": c.name, "copies": c.source, "negated": c.negated}
-                        for c in canaries.planted]
+    tampered = watched.problems
+    if canaries is not None:
+        tampered = [*canary.verdict(canaries, log, record), *tampered]
+        info["canaries"] = [{"name": c.name, "copies": c.source, "negated": c.negated}
+                            for c in canaries.planted]
     if tampered:
         info["problems"] = [*tampered, *info["problems"]]
         info[TAMPERED] = True
@@ -186,14 +201,12 @@ async def grade(
 
 
 async def _timed_out(task: SWETask, open_pristine: Callable[[], Awaitable[Sandbox]],
-                     info: dict[str, Any]) -> Verdict:
-    """The whole test command outlived `task.timeout` although each test has its own limit
-    (code that spins in C, where the in-process limit cannot reach, does that). Whose doing
-    it is, the same command on the pristine repository with the hidden tests says: finishing
-    there, the patch made it hang (0, ungradable_output); hanging there too, the sandbox is
-    overloaded or broken (env_failure)."""
-    why = (f"the test command did not finish within {task.timeout:g}s although every test "
-           "has its own time limit")
+                     info: dict[str, Any], why: str) -> Verdict:
+    """The run did not finish (`why`: a test outlived its limit and was killed from outside,
+    or the whole command outlived `task.timeout`). Whose doing it is, the same command on the
+    pristine repository with the hidden tests says: finishing there, the patch made it hang
+    (0, ungradable_output); hanging there too, the sandbox is overloaded or broken
+    (env_failure)."""
     try:
         sandbox = await open_pristine()
         try:
