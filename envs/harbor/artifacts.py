@@ -2,8 +2,9 @@
 container started from the pristine task image (docker only).
 
 The agent's files are read by the Docker engine (`get_archive`: no program of the agent's
-container runs, so a trojaned `tar` or shell does not matter), streamed to a host temp file
-with a byte cap, and rewritten there into a clean archive before the grader gets it:
+container runs, so a trojaned `tar` or shell does not matter), rewritten while they stream
+(byte and entry caps checked before anything reaches the host's disk) into a clean archive in
+a host temp file, which is all the grader gets:
 
 - only regular files, directories, symlinks (kept as links, never followed) and hard links to
   files already carried; devices and fifos are dropped; setuid/setgid/sticky bits are cleared;
@@ -23,7 +24,6 @@ import io
 import posixpath
 import shlex
 import tarfile
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -84,8 +84,36 @@ def _is_hook(parts: list[str]) -> bool:
             or parts[-1].endswith(HOOK_SUFFIXES))
 
 
-def _fetch_blocking(container_id: str, path: str, limit: int, into: IO[bytes]) -> bool:
-    """Stream the engine's tar of `path` into `into`; False when the path does not exist."""
+class _Capped(io.RawIOBase):
+    """The engine's archive stream (an iterator of chunks) read as a file; ArtifactsTooLarge
+    as soon as more than `limit` bytes came, before they reach the host's disk."""
+
+    def __init__(self, chunks: Any, limit: int, path: str) -> None:
+        self.chunks, self.limit, self.path = iter(chunks), limit, path
+        self.pending, self.total = b"", 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self.pending:
+            chunk = next(self.chunks, None)
+            if chunk is None:
+                return 0
+            self.total += len(chunk)
+            if self.total > self.limit:
+                raise ArtifactsTooLarge(
+                    f"{self.path} in the agent's container holds more than "
+                    f"{(self.limit - TAR_SLACK) >> 20} MiB (the task's artifacts_max_mb): "
+                    "too large to grade")
+            self.pending = chunk
+        n = min(len(buffer), len(self.pending))
+        buffer[:n], self.pending = self.pending[:n], self.pending[n:]
+        return n
+
+
+def _open_archive(container_id: str, path: str) -> Any | None:
+    """The engine's tar stream of `path` in the container; None when there is no such path."""
     docker = import_docker()
     api = docker_client().api
     try:
@@ -95,23 +123,25 @@ def _fetch_blocking(container_id: str, path: str, limit: int, into: IO[bytes]) -
             api.inspect_container(container_id)
         except docker.errors.NotFound:
             raise SandboxClosed(f"the agent's container {container_id[:12]} is gone") from None
-        return False
+        return None
     except docker.errors.APIError as e:
         raise SandboxError(f"cannot read {path} from the agent's container: "
                            f"{e.explanation or e}") from None
-    total = 0
+    return stream
+
+
+def _collect_blocking(container_id: str, path: str, limit: int, carried: Carried,
+                      into: IO[bytes]) -> bool:
+    stream = _open_archive(container_id, path)
+    if stream is None:
+        return False
     try:
-        for chunk in stream:
-            total += len(chunk)
-            if total > limit + TAR_SLACK:
-                raise ArtifactsTooLarge(
-                    f"{path} in the agent's container holds more than {limit >> 20} MiB "
-                    "(the task's artifacts_max_mb): too large to grade")
-            into.write(chunk)
+        raw = io.BufferedReader(_Capped(stream, limit + TAR_SLACK, path), 1 << 20)
+        _filter_blocking(raw, into, posixpath.basename(path), limit, carried)
+    except tarfile.TarError as e:
+        raise SandboxError(f"the engine's archive of {path} is not a tar: {e}") from None
     finally:
         stream.close()
-    into.flush()
-    into.seek(0)
     return True
 
 
@@ -177,14 +207,12 @@ def _put_blocking(container_id: str, directory: str, data: IO[bytes]) -> None:
 
 async def collect(path: str, agent: Sandbox, limit: int, carried: Carried,
                   into: IO[bytes]) -> bool:
-    """Write the clean archive of the agent's `path` to `into` (a binary temp file); False when
-    the agent's container has no such path. ArtifactsTooLarge (the agent's doing);
-    SandboxError when the container fails."""
-    with tempfile.TemporaryFile() as raw:
-        if not await in_thread(_fetch_blocking, agent.id, path, limit, raw):
-            carried.missing.append(path)
-            return False
-        await in_thread(_filter_blocking, raw, into, posixpath.basename(path), limit, carried)
+    """Write the clean archive of the agent's `path` to `into` (a binary temp file), filtered
+    while the engine streams it; False when the agent's container has no such path.
+    ArtifactsTooLarge (the agent's doing); SandboxError when the container fails."""
+    if not await in_thread(_collect_blocking, agent.id, path, limit, carried, into):
+        carried.missing.append(path)
+        return False
     return True
 
 

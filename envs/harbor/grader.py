@@ -13,6 +13,12 @@ Attribution: the grader failing to start, or a container error, is `env_failure`
 the task's size cap is 0 with the `ungradable_output` signal; test.sh running past its timeout
 is 0 with that signal when the same tests finish in time on the pristine image (nothing
 carried), and env_failure when they time out there too (the task or the machine).
+
+For task authors: the grader is pristine, but whatever the tests execute of the agent's output
+(a server it fixed, a build script, a git repository whose config it wrote) runs in it; run
+that as an unprivileged user (`subprocess.run(..., user=65534, group=65534, extra_groups=[])`
+as the bundled checks do), or it can rewrite /logs/verifier after the tests wrote it. Tests
+that put the agent's folder first on PYTHONPATH let it shadow the test runner itself.
 """
 
 from __future__ import annotations

@@ -330,3 +330,15 @@ def test_code_the_tests_run_cannot_rewrite_the_reward(tmp_path: Path) -> None:
         "envhub/fix-adder-service", f"cat > /app/server.py <<'PY'\n{FLIPPER}PY\n")
     assert verdict.env_failure is None, verdict.env_failure
     assert verdict.outcome == 0.0, verdict.info
+
+
+@pytest.mark.docker
+def test_a_huge_sparse_file_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    """1 GiB that costs the agent nothing (a sparse file) against the default 256 MiB cap: 0
+    with `ungradable_output`, stopped at the file's header, not after streaming it."""
+    require_docker()
+    verdict, _ = Harness(tmp_path).rollout("envhub/word-frequency",
+                                           "truncate -s 1G /app/huge.bin")
+    assert verdict.env_failure is None and verdict.outcome == 0.0, verdict
+    assert [s.name for s in verdict.signals] == [UNGRADABLE]
+    assert verdict.info["verifier_s"] < 30, verdict.info
