@@ -82,7 +82,9 @@ def _function(test_id: str) -> str:
 
 def _defs(tree: ast.Module) -> list[_Def]:
     found = []
-    for container in [tree, *(n for n in tree.body if isinstance(n, ast.ClassDef))]:
+    containers: list[ast.Module | ast.ClassDef] = [tree]
+    containers += [n for n in tree.body if isinstance(n, ast.ClassDef)]
+    for container in containers:
         for node in container.body:
             if isinstance(node, ast.FunctionDef) and node.name.startswith("test"):
                 start = min([node.lineno, *(d.lineno for d in node.decorator_list)]) - 1
@@ -196,7 +198,7 @@ def plant(source: str, path: str, fail_to_pass: Iterable[str],
     except SyntaxError:  # a syntax the host's Python does not know: a synthetic one, appended
         tree = None
     defs = _defs(tree) if tree else []
-    words, taken = _words(source), set()
+    words, taken = _words(source), set[str]()
     negatable = [d for d in defs if d.node.name in p2p and _negatable(d)]
     mirrored = [d for d in defs if d.node.name in f2p]
     inserts: list[tuple[int, str]] = []
