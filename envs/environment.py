@@ -2,6 +2,22 @@
 
 An entrypoint class (named in `envhub.toml` as 'module:Class') is constructed with its package
 folder and manifest, and does not inherit anything: it only has to have these methods.
+
+Grading rule (every verifier, built in or not): **grade only what the agent could not have
+touched.** RL optimises the policy against `verify`, so whatever the agent can reach that
+changes the verdict will be found. A verifier therefore:
+* produces the verdict in a sandbox the agent never ran in, started from the pristine image,
+  holding only the agent's *declared* outputs (a diff, a deck, the artifact paths a task
+  names, a state reachable only through the environment's own tools), read with a size cap;
+* runs with the grader's own toolchain (interpreters, test runners, browsers from the image
+  or the host, never from the agent's sandbox) and treats code from the agent's output as
+  hostile inside the grading process too (swe-task: canaries and a runner guard);
+* attributes failures: a grading failure caused by what the agent produced is outcome 0 with
+  a process signal naming it (`UNGRADABLE`, `grading_tampered`); `env_failure` only when the
+  infrastructure failed independently of the agent's output, e.g. the pristine control run
+  fails the same way. An agent must never be able to turn its failure into a dropped sample.
+`envhub audit ENV` runs generic cheating agents against an environment and fails when any
+beats a no-op or escapes into env_failure: run it on every environment you write.
 """
 
 from __future__ import annotations
@@ -74,7 +90,10 @@ class Environment(Protocol):
         """Apply the gold solution (the `oracle` agent)."""
         ...
 
-    async def verify(self, task: Task, sandbox: Sandbox, ctx: RunContext) -> Verdict: ...
+    async def verify(self, task: Task, sandbox: Sandbox, ctx: RunContext) -> Verdict:
+        """Grade the rollout by the grading rule above: `sandbox` is the agent's, to read its
+        declared outputs from (capped), never to run the verdict in."""
+        ...
 
 
 @runtime_checkable
