@@ -106,3 +106,15 @@ def test_a_state_the_app_did_not_write_scores_zero_not_env_failure(content, tmp_
     verdict = asyncio.run(ENV.verify(task, box, None))  # type: ignore[arg-type]
     assert verdict.env_failure is None and verdict.outcome == 0.0 and not verdict.resolved
     assert [s.name for s in verdict.signals] == ["ungradable_output"], verdict
+
+
+def test_a_sandbox_this_environment_did_not_set_up_is_not_graded(tmp_path):
+    """Grading replays the browser-tool calls recorded for the sandbox setup returned; a state
+    file alone (in a sandbox with no record) is never graded: EnvFailure, the runner's bug."""
+    from envhub.envs.environment import EnvFailure
+
+    task = TASKS["add-todo"]
+    box = MemorySandbox()
+    asyncio.run(box.write_file(STATE_FILE, json.dumps(task.data["initial"]).encode()))
+    with pytest.raises(EnvFailure, match="no record"):
+        asyncio.run(ENV.verify(task, box, None))  # type: ignore[arg-type]

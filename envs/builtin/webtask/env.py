@@ -5,14 +5,23 @@ rollout's sandbox (local bubblewrap or docker; envs/browser/sandbox.py), with no
 every tool call runs runtime/driver.js there (with the Node.js and `playwright-core` that ship
 with Playwright for Python: staged read-only for local sandboxes, baked into the docker
 image), which starts the app and the browser, restores the previous page, acts, and saves
-the page again. The
-agent has only browser tools (no shell), so the app's state file changes only through the
-app. The verifier compares that file with the task's expected state.
+the page again.
+
+Grading replays, never reads (issue 25): the app's state file sits in the agent's sandbox, where a
+command agent (a shell, no browser tools) can write it, restart the app on a state of its
+choosing or edit the app itself. So the environment records, on the host, every browser-tool call
+it ran for the rollout (its own tool channel: `call_tool`, and the oracle's `solve`), and
+`verify` replays those calls in a FRESH sandbox, on a fresh app and driver from this package,
+and checks the state that replay leaves. The agent's declared output is its tool-call
+trajectory; a rollout that made no call is graded on the task's initial state (no sandbox
+needed). This holds in docker and local sandboxes alike, because it relies on nothing of the
+sandbox but being fresh: no uid split or hidden path that one kind has and the other lacks.
 """
 
 from __future__ import annotations
 
 import json
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +39,14 @@ from envhub.envs.environment import (
 from envhub.envs.loader import task_rows
 from envhub.envs.manifest import Manifest
 from envhub.envs.sandbox.base import Sandbox
-from envhub.envs.sandbox.errors import SandboxFileError
+from envhub.envs.sandbox.errors import FileTooLarge, SandboxFileError
 from envhub.sdk.types import Signal
 
 RUNTIME = Path(__file__).parent / "runtime"
 BROWSER_DIR = ".browser"  # driver.js, app.js, request.json, session.json
 STATE_FILE = ".webapp/state.json"
 CALL_TIMEOUT_S = 60.0
+REPLAY_STEP_S = 15.0  # per replayed call, beyond CALL_TIMEOUT_S: a goto and an action, 5 s each
 
 INSTRUCTION = """{goal}
 
@@ -48,6 +58,10 @@ class WebTaskEnv:
     def __init__(self, folder: Path, manifest: Manifest) -> None:
         self.folder = Path(folder)
         self.manifest = manifest
+        # The browser-tool calls each rollout's sandbox has seen, host-side: what `verify`
+        # replays. Keyed by the sandbox object, so a sandbox that is gone takes its list along.
+        self.calls: weakref.WeakKeyDictionary[Sandbox, list[dict[str, Any]]] = \
+            weakref.WeakKeyDictionary()
 
     def load_tasks(self) -> list[Task]:
         return [Task(id=str(row["id"]), instruction=INSTRUCTION.format(goal=row["goal"]),
@@ -66,23 +80,31 @@ class WebTaskEnv:
             raise EnvFailure(str(e)) from None
         sandbox = await ctx.open_sandbox(spec)
         try:
-            for name in ("driver.js", "app.js"):
-                await sandbox.upload(str(RUNTIME / name), f"{BROWSER_DIR}/{name}")
-            await sandbox.write_file(STATE_FILE, json.dumps(task.data["initial"]).encode())
+            await install_app(sandbox, task)
             await self.browse(sandbox, {"action": "read_page", "args": {}})  # it all starts
         except BaseException:
             await sandbox.close()
             raise
+        self.calls[sandbox] = []
         return sandbox
 
-    async def browse(self, sandbox: Sandbox, req: dict[str, Any]) -> dict[str, Any]:
-        """One driver run: the page after `req` ({url, title, snapshot, error})."""
+    async def browse_recorded(self, sandbox: Sandbox, req: dict[str, Any]) -> dict[str, Any]:
+        """`browse`, and the call kept for `verify` to replay (reading a page changes nothing,
+        so read_page is not kept)."""
+        if req["action"] != "read_page":
+            self.calls.setdefault(sandbox, []).append(req)
+        return await self.browse(sandbox, req)
+
+    async def browse(self, sandbox: Sandbox, req: dict[str, Any] | list[dict[str, Any]],
+                     timeout: float = CALL_TIMEOUT_S) -> dict[str, Any]:
+        """One driver run: the page after `req`, one call or a list run in order ({url, title,
+        snapshot, error, steps, errors})."""
         await sandbox.write_file(f"{BROWSER_DIR}/request.json", json.dumps(req).encode())
         workdir = getattr(sandbox, "workdir", "/workspace")
         paths = browser_paths(sandbox)
         result = await sandbox.exec(
             f"{paths.node} {BROWSER_DIR}/driver.js {workdir}/{BROWSER_DIR}",
-            timeout=CALL_TIMEOUT_S,
+            timeout=timeout,
             env={**paths.env(), "WEBAPP_STATE": f"{workdir}/{STATE_FILE}"})
         if result.exit_code == 127:
             raise EnvFailure(f"the browser runtime ({paths.node}) is not visible in the "
@@ -100,7 +122,7 @@ class WebTaskEnv:
         req = request(name, arguments)
         if isinstance(req, ToolResult):
             return req
-        page = await self.browse(sandbox, req)
+        page = await self.browse_recorded(sandbox, req)
         text = f"URL: {page['url']}\nTitle: {page['title']}\n{page['snapshot']}"
         if page.get("error"):
             return ToolResult(f"error: {page['error']}\n\n{text}", is_error=True)
@@ -109,26 +131,80 @@ class WebTaskEnv:
     async def solve(self, task: Task, sandbox: Sandbox, ctx: RunContext) -> None:
         """The gold solution: the task's tool calls, through the same driver as the agent's."""
         for step in task.data["solution"]:
-            page = await self.browse(sandbox, {"action": step["tool"], "args": step["args"]})
+            page = await self.browse_recorded(sandbox, {"action": step["tool"],
+                                                        "args": step["args"]})
             if page.get("error"):
                 raise EnvFailure(f"{task.id}: gold step {step} failed: {page['error']}")
 
     async def verify(self, task: Task, sandbox: Sandbox, ctx: RunContext) -> Verdict:
-        """The app writes its state whole (a temporary file renamed into place) and setup saves
-        the first one, so a state file that is missing, too large or not the app's JSON was
-        removed or written by the agent: 0 with the ungradable_output signal, never env_failure
-        (a dropped sample would let a policy escape its bad groups that way)."""
+        """The state that replaying the rollout's recorded tool calls on a fresh app leaves,
+        checked against the task. The agent's own state file is never graded; one that is
+        missing, too large or not the app's JSON (the app writes it whole, a temporary file
+        renamed into place, and setup saves the first one) was broken by the agent: 0 with the
+        ungradable_output signal, never env_failure (a dropped sample would let a policy escape
+        its bad groups that way). A replay that cannot run is env_failure (EnvFailure)."""
         try:
-            state = json.loads(await sandbox.read_file(STATE_FILE))
-            if not isinstance(state, dict):
-                raise ValueError(f"a JSON {type(state).__name__}, not the app's object")
+            live = parse_state(await sandbox.read_file(STATE_FILE))
         except (SandboxFileError, ValueError) as e:  # JSONDecodeError is a ValueError
-            why = f"the app's state is not the app's: {e}"
-            return Verdict(0.0, False, {"problems": [why]},
-                           signals=[Signal(name=UNGRADABLE, info={"error": why})])
+            return ungradable(f"the app's state is not the app's: {e}")
+        calls = self.calls.pop(sandbox, None)
+        if calls is None:
+            raise EnvFailure(f"no record of the browser-tool calls of sandbox {sandbox.id}: "
+                             "verify must get the sandbox this environment's setup returned")
+        try:
+            state = await self.replay(task, calls, ctx) if calls else task.data["initial"]
+        except FileTooLarge as e:  # the app grew that large from the agent's own calls
+            return ungradable(f"the replayed app state is too large: {e}")
         problems = check_state(state, task.data["expected"])
         return Verdict(0.0 if problems else 1.0, not problems,
-                       {"problems": problems[:10], "todos": state.get("todos", [])[:50]})
+                       {"problems": problems[:10], "todos": state.get("todos", [])[:50],
+                        "replayed_calls": len(calls),
+                        # the agent's own file differs: written outside the browser tools
+                        "agent_state_differs": live != state})
+
+    async def replay(self, task: Task, calls: list[dict[str, Any]],
+                     ctx: RunContext) -> dict[str, Any]:
+        """The app state after `calls`, run by one driver in a fresh sandbox (pristine app,
+        driver and initial state from this package; nothing of the agent's sandbox)."""
+        try:
+            spec = await browser_spec(self.manifest.sandbox, resolved_kind(ctx.sandbox_kind))
+        except BrowserUnavailable as e:
+            raise EnvFailure(str(e)) from None
+        box = await ctx.open_sandbox(spec)
+        try:
+            await install_app(box, task)
+            page = await self.browse(box, calls,
+                                     timeout=CALL_TIMEOUT_S + REPLAY_STEP_S * len(calls))
+            if page.get("steps") != len(calls):
+                raise EnvFailure(f"the replay ran {page.get('steps')} of {len(calls)} calls")
+            try:
+                return parse_state(await box.read_file(STATE_FILE))
+            except FileTooLarge:
+                raise
+            except (SandboxFileError, ValueError) as e:  # the pristine app wrote it: ours
+                raise EnvFailure(f"the replayed app left no state of its own: {e}") from None
+        finally:
+            await box.close()
+
+
+async def install_app(sandbox: Sandbox, task: Task) -> None:
+    """The driver, the app and the task's initial state, from this package, into `sandbox`."""
+    for name in ("driver.js", "app.js"):
+        await sandbox.upload(str(RUNTIME / name), f"{BROWSER_DIR}/{name}")
+    await sandbox.write_file(STATE_FILE, json.dumps(task.data["initial"]).encode())
+
+
+def parse_state(raw: bytes) -> dict[str, Any]:
+    """The app's state object; ValueError when `raw` is not one."""
+    state = json.loads(raw)
+    if not isinstance(state, dict):
+        raise ValueError(f"a JSON {type(state).__name__}, not the app's object")
+    return state
+
+
+def ungradable(why: str) -> Verdict:
+    return Verdict(0.0, False, {"problems": [why]},
+                   signals=[Signal(name=UNGRADABLE, info={"error": why})])
 
 
 def browser_paths(sandbox: Sandbox) -> BrowserPaths:

@@ -1,9 +1,13 @@
-// One browser tool call, run inside the sandbox: start the app, start Chromium, restore the
-// page the previous call left (URL and form values), do the action, save the page, print the
-// result as one JSON line. Nothing outlives the call (the sandbox kills whatever is left), so
-// the browser's state between calls is `session.json` and the app's is its state file.
-//   node driver.js DIR   (DIR holds request.json {action, args} and session.json;
-//   $PLAYWRIGHT_CORE, $ENVHUB_CHROMIUM and $WEBAPP_STATE say where the rest is)
+// Browser tool calls, run inside the sandbox: start the app, start Chromium, and for each
+// request restore the page the previous one left (URL and form values) in a fresh browser
+// context, do the action, save the page; print the last page as one JSON line. Nothing
+// outlives the run (the sandbox kills whatever is left), so the browser's state between runs
+// is `session.json` and the app's is its state file.
+//   node driver.js DIR   (DIR holds request.json and session.json; $PLAYWRIGHT_CORE,
+//   $ENVHUB_CHROMIUM and $WEBAPP_STATE say where the rest is)
+// request.json is one {action, args} (an agent's tool call) or a list of them: the grader
+// replays a rollout's recorded calls on a fresh app that way, one browser for all of them,
+// each call as it ran live (a fresh context from the previous call's saved page).
 'use strict';
 const fs = require('fs');
 const path = require('path');
@@ -82,23 +86,18 @@ async function act(page, action, args) {
   }
 }
 
-async function main() {
-  const request = JSON.parse(fs.readFileSync(path.join(dir, 'request.json'), 'utf8'));
-  const sessionPath = path.join(dir, 'session.json');
-  const session = fs.existsSync(sessionPath) ? JSON.parse(fs.readFileSync(sessionPath, 'utf8'))
-    : {url: ORIGIN + '/', values: []};
-  const server = await app.start(process.env.WEBAPP_STATE, PORT);
-  const browser = await chromium.launch({executablePath: process.env.ENVHUB_CHROMIUM,
-    args: ['--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage', '--no-first-run']});
-  let error = null;
+// One call: a fresh context on the saved page, the action, the page saved again; the
+// accessibility tree only when `report` (the grader's replay needs none but the last).
+async function step(browser, session, request, report) {
+  const context = await browser.newContext();
   try {
-    const context = await browser.newContext();
     await context.route('**/*', (route) => route.request().url().startsWith(ORIGIN)
       ? route.continue() : route.abort());
     const page = await context.newPage();
     page.setDefaultTimeout(ACTION_TIMEOUT_MS);
     await page.goto(session.url);
     await page.evaluate(RESTORE, session.values);
+    let error = null;
     try {
       await act(page, request.action, request.args || {});
     } catch (e) {
@@ -107,12 +106,36 @@ async function main() {
       error = e.message.split('\n')[0].replace(/^\w+\.\w+: /, '');
     }
     await page.waitForLoadState('load');
-    const values = await page.evaluate(CAPTURE);
-    fs.writeFileSync(sessionPath, JSON.stringify({url: page.url(), values}));
+    const saved = {url: page.url(), values: await page.evaluate(CAPTURE)};
+    if (!report) return {session: saved, error};
     let snapshot = await page.locator('body').ariaSnapshot();
     if (snapshot.length > MAX_SNAPSHOT) snapshot = snapshot.slice(0, MAX_SNAPSHOT) + '\n[cut]';
-    process.stdout.write(JSON.stringify({url: page.url(), title: await page.title(), snapshot,
-                                         error}) + '\n');
+    return {session: saved, error, page: {url: page.url(), title: await page.title(), snapshot,
+                                          error}};
+  } finally {
+    await context.close();
+  }
+}
+
+async function main() {
+  const request = JSON.parse(fs.readFileSync(path.join(dir, 'request.json'), 'utf8'));
+  const requests = Array.isArray(request) ? request : [request];
+  const sessionPath = path.join(dir, 'session.json');
+  let session = fs.existsSync(sessionPath) ? JSON.parse(fs.readFileSync(sessionPath, 'utf8'))
+    : {url: ORIGIN + '/', values: []};
+  const server = await app.start(process.env.WEBAPP_STATE, PORT);
+  const browser = await chromium.launch({executablePath: process.env.ENVHUB_CHROMIUM,
+    args: ['--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage', '--no-first-run']});
+  try {
+    let last = null;
+    let errors = 0;
+    for (let i = 0; i < requests.length; i++) {
+      last = await step(browser, session, requests[i], i === requests.length - 1);
+      session = last.session;
+      if (last.error) errors++;
+    }
+    fs.writeFileSync(sessionPath, JSON.stringify(session));
+    process.stdout.write(JSON.stringify({...last.page, steps: requests.length, errors}) + '\n');
   } finally {
     await browser.close();
     server.close();
