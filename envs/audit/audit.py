@@ -15,13 +15,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
-from envhub.envs.audit.battery import NOOP, ORACLE, Cheat, command_battery, scripted_battery
+from envhub.envs.agents.toolbox import Toolbox
+from envhub.envs.audit.battery import NOOP, ORACLE, Cheat, battery
 from envhub.envs.audit.report import AuditRow, judge, row_from_records
 from envhub.envs.errors import RunConfigError
 from envhub.envs.loader import LoadedEnv, load_env
 from envhub.envs.runner import EnvChoice, RunConfig, run
 from envhub.envs.runner.run import sandbox_kind
+from envhub.envs.sandbox.base import Sandbox
 from envhub.envs.sandbox.kinds import NONE
 
 INSTALL_MARKER = ".envhub-install.json"  # registry/install.py writes it into installed folders
@@ -60,13 +63,11 @@ def load_target(ref: str) -> tuple[LoadedEnv, Cheat, list[Cheat]]:
     tasks = loaded.env.load_tasks()
     if not tasks:
         raise RunConfigError(f"{ref}: the environment has no tasks to audit")
-    if loaded.manifest.sandbox.kind == NONE:
-        schemas_of = getattr(loaded.env, "tool_schemas", None)
-        schemas = schemas_of(tasks[0]) if callable(schemas_of) else []
-        battery = scripted_battery(list(schemas))
-    else:
-        battery = command_battery()
-    return loaded, battery[0], battery
+    # the schemas the tool-calling agent offers the model (the env's own, then shared tools);
+    # the toolbox only keeps the sandbox for later calls, and none is made here
+    schemas = Toolbox(loaded.env, tasks[0], cast(Sandbox, None)).schemas
+    cheats = battery(loaded.manifest.sandbox.kind != NONE, schemas)
+    return loaded, cheats[0], cheats
 
 
 def package_digest(loaded: LoadedEnv) -> str | None:
@@ -77,17 +78,17 @@ def package_digest(loaded: LoadedEnv) -> str | None:
         return None
 
 
-def plan_jobs(config: AuditConfig, loaded: LoadedEnv, battery: list[Cheat]) -> list[_Job]:
+def plan_jobs(config: AuditConfig, loaded: LoadedEnv, cheats: list[Cheat]) -> list[_Job]:
     """One run per (sandbox kind, cheat); RunConfigError/ValidationError/SandboxUnavailable
     (exit 2) before anything starts."""
-    known = {c.name for c in battery}
+    known = {c.name for c in cheats}
     unknown = sorted(set(config.cheats) - known)
     if unknown:
         raise RunConfigError(f"--cheat {', '.join(unknown)}: not in this environment's battery "
                              f"({', '.join(sorted(known))})")
     # the controls always run: every verdict is relative to the no-op, and an oracle that
     # fails says the environment (not the cheats) is broken
-    wanted = [c for c in battery if not config.cheats or c.name in (*config.cheats, NOOP, ORACLE)]
+    wanted = [c for c in cheats if not config.cheats or c.name in (*config.cheats, NOOP, ORACLE)]
     kinds = dict.fromkeys(  # a kind given twice (or auto and what it picks) runs once
         sandbox_kind(RunConfig(envs=[EnvChoice(ref=config.env)], sandbox=s), loaded)
         for s in config.sandboxes)
@@ -129,8 +130,8 @@ async def audit(config: AuditConfig, on_row: Callable[[AuditRow], None] | None =
                 ) -> AuditReport:
     """Run the battery; rows in battery order, judged. Bad input raises before any run."""
     started = time.monotonic()
-    loaded, _noop, battery = await asyncio.to_thread(load_target, config.env)
-    jobs = plan_jobs(config, loaded, battery)
+    loaded, _noop, cheats = await asyncio.to_thread(load_target, config.env)
+    jobs = plan_jobs(config, loaded, cheats)
     rows: dict[int, AuditRow] = {}
 
     async def one(i: int, job: _Job) -> None:
@@ -142,9 +143,16 @@ async def audit(config: AuditConfig, on_row: Callable[[AuditRow], None] | None =
     for i in first:
         await one(i, jobs[i])
     gate = asyncio.Semaphore(max(1, config.parallel))
+    # Scripted cheats one at a time: their gateways share this process, and rendering a 1 MB
+    # scripted text holds it for seconds, which another run's gateway would see as a stall.
+    scripted_lane = asyncio.Semaphore(1)
 
     async def gated(i: int, job: _Job) -> None:
-        async with gate:
+        if not job.cheat.scripted:
+            async with gate:
+                await one(i, job)
+            return
+        async with scripted_lane, gate:  # the lane first: a waiting job holds no slot
             await one(i, job)
 
     await asyncio.gather(*(gated(i, j) for i, j in enumerate(jobs) if i not in first))

@@ -7,7 +7,8 @@ Two forms, one per way an agent reaches an environment:
 - scripted cheats (tool-only envs): completion texts replayed by the gateway's scripted backend
   (`--model scripted:FILE`) and acted on by the built-in tool-calling agent; each calls every
   tool of the environment with a hostile value in every argument.
-Every battery also holds the two controls: `no-op` (the baseline) and `oracle` (gold solution).
+An environment with both (a sandbox and tools: swe-task, slides, webtask) gets both. Every
+battery also holds the two controls: `no-op` (the baseline) and `oracle` (gold solution).
 """
 
 from __future__ import annotations
@@ -134,4 +135,17 @@ def scripted_battery(schemas: list[dict[str, Any]]) -> list[Cheat]:
         texts = [tool_call(str(s.get("function", {}).get("name", "")), _arguments(s, v))
                  for s in ordered for v in values]
         cheats.append(Cheat(name, what, "tool", texts or [GIVE_UP]))
+    return cheats
+
+
+def battery(shell: bool, schemas: list[dict[str, Any]]) -> list[Cheat]:
+    """The whole battery for an environment: the controls (its no-op in the form the
+    environment takes: a command when it has a shell), then the shell cheats when its sandbox
+    gives a shell, then the hostile tool calls when it offers tools."""
+    commands, scripted = command_battery(), scripted_battery(schemas)
+    cheats = (commands if shell else scripted)[:2]
+    if shell:
+        cheats += commands[2:]
+    if schemas:
+        cheats += scripted[2:]
     return cheats
