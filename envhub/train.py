@@ -249,7 +249,8 @@ def train(cfg: TrainLoopConfig, log: Callable[[str], Any] = print,
                             targets=cfg.lora_targets or "all-linear")
     trainer = Trainer(model, TrainerConfig(
         optim=OptimConfig(lr=cfg.lr, reset_optimizer_on_sync=cfg.resets_optimizer),
-        advantages=AdvantageConfig(normalize_std=cfg.std_norm),
+        advantages=AdvantageConfig(normalize_std=cfg.std_norm, env_reward_weights={
+            e.name: e.reward_weights for e in envs}),  # the manifests', never an event's
         filters=FilterConfig(tau=cfg.tau, group_size=cfg.k, drop_no_signal=True,
                              chains=cfg.chains),
         gradient_checkpointing=cfg.gradient_checkpointing,
@@ -339,7 +340,7 @@ def load_training_envs(cfg: TrainLoopConfig) -> list[Any]:
                              "no field of its tasks' rows; name one they have, or drop it")
         train_tasks, held = split_tasks(tasks, cfg.tasks, heldout, stratify)
         envs.append(EnvTasks(choice.ref, loaded.name, choice.weight, train_tasks, held,
-                             stratify))
+                             stratify, loaded.manifest.reward_weights()))
     return envs
 
 

@@ -97,8 +97,11 @@ class EnvRollouts:
         from envhub.trainer.advantages import composite_reward
         from envhub.trainer.config import AdvantageConfig
 
-        config = AdvantageConfig(**({"reward_weights": self.reward_weights}
-                                    if self.reward_weights else {}))
+        if self.reward_weights is None:  # the environment's manifest, never the events'
+            from envhub.envs.loader import load_env
+
+            self.reward_weights = load_env(self.env).manifest.reward_weights()
+        config = AdvantageConfig(reward_weights=self.reward_weights)
         seg = [s for s in t.segments if any(s.loss_mask)][-1]
         return TrainSequence(
             session_id=t.session.id, group_id=t.session.group_id or "", segment=seg.index,

@@ -23,7 +23,7 @@ from envhub.gateway.pool.leases import op_revoke
 from envhub.gateway.pool.store import op_event, op_update_session
 from envhub.gateway.pool.trajectory import build_trajectory, session_info
 from envhub.gateway.sessions import LiveSession
-from envhub.sdk.types import CMAction, RewardEvent, SessionStatus, Signal
+from envhub.sdk.types import RUNNER, CMAction, RewardEvent, SessionStatus, Signal
 
 router = APIRouter(responses=OPENAI_ERRORS)
 
@@ -137,10 +137,13 @@ async def trajectory(request: Request, session_id: str) -> Response:
 
 
 async def _runner_only(request: Request, session_id: str) -> LiveSession:
-    """The session, for a write only the runner makes (rewards, the close): with an admin key
-    configured, the admin key; the session's own key, which its agent holds, is refused (403):
-    an agent could score itself or close itself as env_failure to be dropped from training.
-    Without an admin key (single-user mode) every token reaches every session anyway."""
+    """The session, for a write only the runner makes (rewards, signals, the close): with an
+    admin key configured, the admin key; the session's own key, which its agent holds, is
+    refused (403): an agent could score itself, feed the process reward (and any component of
+    the environment's that reads signals), or close itself as env_failure to be dropped from
+    training. Without an admin key (single-user mode) every token reaches every session anyway.
+    CM actions stay open to the session's key (agents declare them through the SDK): a
+    declaration only labels the next turn (see `context_action`) and no reward reads it."""
     await _require_admin(request)
     return await request.app.state.gw.sessions.get(session_id)
 
@@ -150,14 +153,18 @@ async def reward(request: Request, session_id: str) -> Response:
     live = await _runner_only(request, session_id)
     body = await read_json(request)
     events = parse(RewardBatch, body).events if "events" in body else [parse(RewardEvent, body)]
+    # provenance the writer cannot set: only the runner reaches this route (the trainer keeps
+    # only events stamped so, whatever else lands in a shared pool)
     await request.app.state.gw.store.write(
-        *(op_event("rewards", live.id, e.model_dump()) for e in events))
+        *(op_event("rewards", live.id, {**e.model_dump(), "writer": RUNNER}) for e in events))
     return json_response({"recorded": len(events)})
 
 
 @router.post("/sessions/{session_id}/signal", openapi_extra=body_of(Signal))
 async def signal(request: Request, session_id: str) -> Response:
-    live = await _session_for(request, session_id)
+    """A process signal (tool_error, ...): the runner's, with the admin key; the built-in
+    agent posts through the runner's session, which holds it."""
+    live = await _runner_only(request, session_id)
     sig = parse(Signal, await read_json(request))
     await request.app.state.gw.store.write(op_event("signals", live.id, sig.model_dump()))
     return json_response({"recorded": 1})
@@ -165,10 +172,13 @@ async def signal(request: Request, session_id: str) -> Response:
 
 @router.post("/sessions/{session_id}/context_action", openapi_extra=body_of(CMAction))
 async def context_action(request: Request, session_id: str) -> Response:
-    """The agent declares a context-management action; it labels the next request."""
+    """The agent declares a context-management action; it labels the next request. Open to
+    the session's key: the segment split and the chain stay the gateway's own detection, and
+    where the action sits (seq, segment, the turn it left) is filled in by the gateway, so a
+    declaration changes a label, never the trained tokens or a reward."""
     live = await _session_for(request, session_id)
-    action = parse(CMAction, await read_json(request))
-    action.source = "declared"
+    action = parse(CMAction, await read_json(request)).model_copy(
+        update={"source": "declared", "seq": None, "segment": None, "from_seq": None})
     history = await request.app.state.gw.sessions.history(live)
     async with live.lock:
         history.declared = action

@@ -78,7 +78,7 @@ class _Base:
         return {"authorization": f"Bearer {self.api_key}"}
 
     def _writer_headers(self) -> dict[str, str]:
-        """For rewards and the close: the admin key when this session holds it."""
+        """For rewards, signals and the close: the admin key when this session holds it."""
         return {"authorization": f"Bearer {self._admin_key or self.api_key}"}
 
     def _close_answer(self, resp: httpx.Response) -> None:
@@ -134,7 +134,7 @@ class Session(_Base):
 
     def signal(self, name: str, *, seq: int | None = None, value: float = 1.0,
                info: dict | None = None) -> None:
-        _check(self._client.post(self._path("signal"), headers=self._headers(),
+        _check(self._client.post(self._path("signal"), headers=self._writer_headers(),
                                  json={"name": name, "seq": seq, "value": value,
                                        "info": info or {}}))
 
@@ -211,7 +211,7 @@ class AsyncSession(_Base):
 
     async def signal(self, name: str, *, seq: int | None = None, value: float = 1.0,
                      info: dict | None = None) -> None:
-        _check(await self._client.post(self._path("signal"), headers=self._headers(),
+        _check(await self._client.post(self._path("signal"), headers=self._writer_headers(),
                                        json={"name": name, "seq": seq, "value": value,
                                              "info": info or {}}))
 

@@ -120,13 +120,36 @@ class CMAction(BaseModel):
     info: dict[str, Any] = Field(default_factory=dict)
 
 
+RUNNER = "runner"  # RewardEvent.writer of an event the gateway took from the admin key
+
+
 class RewardEvent(BaseModel):
+    """One reward component. `weight` is a record of what the runner applied; the composite
+    takes weights from the environment's manifest, never from the event (it could say 1000).
+    `writer` is stamped by the gateway when it stores the event (`"runner"`: the admin key
+    wrote it); whatever a client sends there is overwritten, and the trainer keeps only runner
+    events."""
+
     kind: RewardKind
     value: float
     name: str = ""
     seq: int | None = None
     weight: float | None = None
     info: dict[str, Any] = Field(default_factory=dict)
+    writer: str | None = None
+
+
+def manifest_weight(event: RewardEvent, weights: dict[str, float] | None) -> float:
+    """The weight of `event` under a manifest's `[rewards]` table: `<key>.<name>`, then `<key>`
+    (the component's manifest key, recorded by the runner in `info["component"]`, else the
+    event's kind), else 0. With no table (None or empty) every kind weighs 1.0."""
+    if not weights:
+        return 1.0
+    key = event.info.get("component")
+    key = key if isinstance(key, str) and key else event.kind
+    if event.name and f"{key}.{event.name}" in weights:
+        return float(weights[f"{key}.{event.name}"])
+    return float(weights.get(key, 0.0))
 
 
 class Signal(BaseModel):
@@ -156,10 +179,8 @@ class Trajectory(BaseModel):
         return min(counts, key=lambda c: (-counts[c], c)) if counts else 0
 
     def total_reward(self, weights: dict[str, float] | None = None) -> float:
-        """Weighted composite of the reward events (turn-less events only)."""
-        weights = weights or {}
-        return sum(
-            (e.weight if e.weight is not None else weights.get(e.kind, 1.0)) * e.value
-            for e in self.rewards
-            if e.kind != "reward_to_go"
-        )
+        """Composite of the reward events (reward_to_go, a derived value, left out), each
+        weighted by the manifest table `weights` (`manifest_weight`; none: 1.0 each), never by
+        its own `weight`."""
+        return sum(manifest_weight(e, weights) * e.value
+                   for e in self.rewards if e.kind != "reward_to_go")

@@ -16,13 +16,18 @@ the population std of R (all-equal rewards and singletons give 0, never NaN).
 Explicit `reward_to_go` events that environments store are derived display values: the
 trainer recomputes G from the stored components with its own weights and ignores them (adding
 them would count the outcome a second time). Tokens outside the loss mask get advantage 0.
+
+Which events count, and how much: only events the runner wrote (`writer == "runner"`, stamped
+by the gateway on the admin-key route; any other is ignored, and `build_batch` counts it), each
+weighted by its environment's manifest table (`AdvantageConfig.env_reward_weights`, else
+`reward_weights`), never by the event's own `weight`.
 """
 
 from __future__ import annotations
 
 import math
 
-from envhub.sdk.types import Segment, Trajectory
+from envhub.sdk.types import RUNNER, RewardEvent, Segment, Trajectory, manifest_weight
 from envhub.trainer.config import AdvantageConfig
 from envhub.trainer.errors import BadTrajectory
 
@@ -44,18 +49,30 @@ def grpo(rewards: list[float], normalize_std: bool = True, eps: float = 1e-6) ->
     return [(r - mean) / scale for r in rewards]
 
 
+def runner_events(t: Trajectory) -> list[RewardEvent]:
+    """The reward events of `t` its runner wrote (the only ones the trainer uses)."""
+    return [e for e in t.rewards if e.writer == RUNNER]
+
+
+def reward_weights(t: Trajectory, config: AdvantageConfig) -> dict[str, float]:
+    """The manifest table that weighs `t`'s events: its environment's, else the default."""
+    return config.env_reward_weights.get(t.session.env or "", config.reward_weights)
+
+
 def composite_reward(t: Trajectory, config: AdvantageConfig) -> float:
-    return t.total_reward(config.reward_weights)
+    weights = reward_weights(t, config)
+    return sum(manifest_weight(e, weights) * e.value
+               for e in runner_events(t) if e.kind != "reward_to_go")
 
 
 def rewards_before_turn(t: Trajectory, config: AdvantageConfig) -> dict[int, float]:
     """Per turn seq: the weighted turn-level rewards of `t` earned at earlier turns (empty
     when `t` has no turn-level reward)."""
-    events = [e for e in t.rewards if e.seq is not None and e.kind != "reward_to_go"]
+    events = [e for e in runner_events(t) if e.seq is not None and e.kind != "reward_to_go"]
     if not events:
         return {}
-    weighted = [(e.seq, (e.weight if e.weight is not None
-                         else config.reward_weights.get(e.kind, 1.0)) * e.value) for e in events]
+    weights = reward_weights(t, config)
+    weighted = [(e.seq, manifest_weight(e, weights) * e.value) for e in events]
     return {turn.seq: sum(v for s, v in weighted if s is not None and s < turn.seq)
             for turn in t.turns}
 

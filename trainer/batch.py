@@ -8,7 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from envhub.trainer.advantages import composite_reward, group_advantages, token_advantages
+from envhub.trainer.advantages import (
+    composite_reward,
+    group_advantages,
+    runner_events,
+    token_advantages,
+)
 from envhub.trainer.config import TrainerConfig
 from envhub.trainer.filters import DropCounts, filter_group
 from envhub.trainer.source import Group
@@ -62,6 +67,8 @@ def build_batch(groups: list[Group], config: TrainerConfig, trainer_version: int
     """Filter each group, compute advantages, flatten segments into sequences."""
     batch = Batch(sequences=[])
     for group in groups:
+        for t in group.trajectories:  # ignored by the composite (advantages.runner_events)
+            batch.drops.rewards["not_from_runner"] += len(t.rewards) - len(runner_events(t))
         kept = filter_group(group, config.filters, trainer_version, batch.drops)
         if kept is None:
             continue

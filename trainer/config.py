@@ -38,8 +38,14 @@ class AdvantageConfig(BaseModel):
     eps: float = Field(default=1e-6, gt=0, description="Added to the std before dividing.")
     reward_weights: dict[str, float] = Field(
         default_factory=dict,
-        description="Weight per reward kind for the composite (default 1.0 for each kind; an "
-        "event's own `weight` wins).")
+        description="The composite's weights: a manifest's [rewards] table (key -> weight, as "
+        "`Manifest.reward_weights()`; a key it does not list weighs 0), for sessions whose "
+        "environment is not in `env_reward_weights`. Empty: 1.0 for every kind. An event's own "
+        "`weight` is never used (whoever wrote the event could have set it to anything).")
+    env_reward_weights: dict[str, dict[str, float]] = Field(
+        default_factory=dict,
+        description="Per environment name (a session's `env`): its manifest's [rewards] table. "
+        "`envhub train` fills it from the environments it trains on.")
     turn_coef: float = Field(
         default=1.0, description="1: each turn's tokens are credited with the rewards from that "
         "turn on (reward-to-go); 0: every token gets the whole sample's reward (plain GRPO).")

@@ -28,10 +28,12 @@ class DropCounts:
     samples: Counter[str] = field(default_factory=Counter)
     groups: Counter[str] = field(default_factory=Counter)
     sequences: Counter[str] = field(default_factory=Counter)  # segments left out of a sample
+    rewards: Counter[str] = field(default_factory=Counter)  # reward events ignored
     padded: int = 0
 
     def metrics(self) -> dict[str, float]:
         out = {f"drop/{k}": float(v) for k, v in self.samples.items()}
+        out.update({f"drop_rewards/{k}": float(v) for k, v in self.rewards.items()})
         out.update({f"drop_groups/{k}": float(v) for k, v in self.groups.items()})
         out.update({f"drop_sequences/{k}": float(v) for k, v in self.sequences.items()})
         out["pad/samples"] = float(self.padded)

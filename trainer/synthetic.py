@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from envhub.sdk.types import (
+    RUNNER,
     CMAction,
     RewardEvent,
     Segment,
@@ -108,7 +109,7 @@ def sample_session(model: Any, prompt: list[int], shape: RolloutShape, session: 
     outcome = sum(1 for t in sampled if t % 2 == 0) / max(len(sampled), 1)
     session = session.model_copy(update={"status": SessionStatus.done})
     return Trajectory(session=session, segments=segments, turns=turns, cm_actions=actions,
-                      rewards=[RewardEvent(kind="outcome", value=outcome)],
+                      rewards=[RewardEvent(kind="outcome", value=outcome, writer=RUNNER)],
                       status=SessionStatus.done)
 
 

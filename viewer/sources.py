@@ -23,7 +23,7 @@ from envhub.gateway.config import BUNDLED_MODEL
 from envhub.gateway.pool import schema as t
 from envhub.gateway.pool.store import Store
 from envhub.gateway.pool.trajectory import build_trajectory
-from envhub.sdk.types import RewardEvent, Trajectory
+from envhub.sdk.types import RUNNER, RewardEvent, Trajectory
 from envhub.viewer.errors import ViewerError
 
 MAX_POOL_SESSIONS = 20000  # sessions listed from one pool (the page says when it is cut)
@@ -120,6 +120,9 @@ def _reward_events(store: Store, session_ids: list[str] | None = None
 
 
 def _pool_row(run_id: str, row: dict, events: list[RewardEvent]) -> SessionRow:
+    # as the trainer: only the runner's events (the weight shown is the one the runner applied
+    # from the manifest, recorded on its events)
+    events = [e for e in events if e.writer == RUNNER]
     components: dict[str, float] = {}
     for e in events:
         if e.kind != "reward_to_go":

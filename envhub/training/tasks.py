@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from envhub.envs.environment import Task
 
@@ -29,6 +29,8 @@ class EnvTasks:
     train: list[Task]
     heldout: list[Task]
     stratify: str | None = None  # a key of Task.data whose values each pass interleaves
+    # its manifest's [rewards] table: the trainer's composite weights for its sessions
+    reward_weights: dict[str, float] = field(default_factory=dict)
 
 
 def split_tasks(tasks: list[Task], limit: int | None, heldout: int,

@@ -67,9 +67,9 @@ def score_group(samples: list[SampleScore], weights: dict[str, float],
             raise ValueError(f"reward component {key!r} returned {len(per_sample)} event lists "
                              f"for a group of {len(samples)}; return one list per sample")
         for events, new in zip(scored, per_sample, strict=True):
-            for e in new:
-                if e.weight is None:
-                    e.weight = float(weights.get(key, 0.0))
+            for e in new:  # the manifest's weight, whatever the component set (it could be 1000)
+                e.info = {**e.info, "component": key}
+                e.weight = weight_of(weights, key, e.name)
             events += new
     for sample, events in zip(samples, scored, strict=True):
         events += reward_to_go(events, sample.turn_seqs)

@@ -59,7 +59,8 @@ def test_a_session_round_trip(gw: GatewayHandle) -> None:
     assert sum(segment.loss_mask) == len(turn.completion_ids) > 0
     assert [(r.kind, r.value, r.name) for r in t.rewards] == [
         ("outcome", 1.0, "tests"), ("process", -0.25, "tool_error")]
-    assert t.total_reward() == 1.0 - 0.25 * 0.5
+    assert t.total_reward() == 1.0 - 0.25  # the event's weight is a record, not a factor
+    assert t.total_reward({"outcome": 1.0, "process": 0.1}) == 1.0 - 0.25 * 0.1
     assert [(x.name, x.seq, x.info) for x in t.signals] == [("tool_error", 0, {"tool": "bash"})]
 
     s.close("done")
@@ -149,14 +150,14 @@ def test_bad_keys_are_refused_with_what_to_fix(gw: GatewayHandle) -> None:
     mine = Session.open(gw.url, admin_key=ADMIN)
     theirs = Session.open(gw.url, admin_key=ADMIN)
     stolen = Session(gw.url, theirs.id, mine.api_key)  # my key, their session
-    for call in (stolen.trajectory, lambda: stolen.signal("x"),
-                 lambda: stolen.context_action("reset")):
+    for call in (stolen.trajectory, lambda: stolen.context_action("reset")):
         with pytest.raises(GatewayError) as e:
             call()
         assert e.value.status == 403 and "does not belong to that session" in str(e.value)
-    with pytest.raises(GatewayError) as e:  # rewards: the admin key only, whoever's key it is
-        stolen.reward("outcome", 1.0)
-    assert e.value.status == 403 and "admin key" in str(e.value)
+    for write in (lambda: stolen.reward("outcome", 1.0), lambda: stolen.signal("x")):
+        with pytest.raises(GatewayError) as e:  # the admin key only, whoever's key it is
+            write()
+        assert e.value.status == 403 and "admin key" in str(e.value)
     with pytest.raises(openai.AuthenticationError):
         Session(gw.url, mine.id, "made-up-key").openai(max_retries=0).chat.completions.create(
             model="default", messages=QUESTION)
@@ -186,7 +187,9 @@ def test_an_agent_holding_its_own_key_cannot_score_or_close_its_session(
     assert forged.status_code == 403, forged.text
     agent.close("env_failure", "not my fault")  # releases the client; the status is not its call
     assert agent.trajectory().session.status.value == "open"
-    agent.signal("tool_error")  # a process signal only ever lowers its own reward: allowed
+    with pytest.raises(GatewayError) as e:  # signals feed the reward: the runner's only
+        agent.signal("tool_error")
+    assert e.value.status == 403
     runner.reward("outcome", 0.0)
     runner.close("done")
     traj = runner.trajectory()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from envhub.sdk.types import (
+    RUNNER,
     RewardEvent,
     Segment,
     SessionInfo,
@@ -30,8 +31,8 @@ def trajectory(sid: str, group: str = "g", *, reward: float = 0.0,
                   logprobs=[0, 0, 0, -0.5, -0.25, 0, -1.0],
                   weight_versions=[-1, -1, -1, versions[0], versions[0], -1, versions[1]],
                   turn_seqs=[0, 1])
-    rewards = [RewardEvent(kind="outcome", value=reward)]
-    rewards += [RewardEvent(kind="process", value=v, seq=s)
+    rewards = [RewardEvent(kind="outcome", value=reward, writer=RUNNER)]
+    rewards += [RewardEvent(kind="process", value=v, seq=s, writer=RUNNER)
                 for s, v in (turn_rewards or {}).items()]
     st = SessionStatus(status)
     info = SessionInfo(id=sid, group_id=group, sample_index=index, status=st,
