@@ -15,12 +15,16 @@ E2B_API_URL / E2B_SANDBOX_URL / E2B_HTTP_VERSION=1.1 (see its docstring); nothin
 changes.
 
 Commands run under the same in-sandbox wrapper as docker (shell.py): output via files, a
-`timeout` process group, and a sweep of escaped processes after a timeout.
+`timeout` process group, and a sweep of escaped processes after a timeout. The output is read
+as it streams and capped on the host (STREAM_CAP, as docker's): a command can write around the
+wrapper's own cap (its `/proc/<pid>/fd/N` is the stream itself); past the cap it is killed and
+told why, and no call waits past its timeout plus BACKSTOP_S.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import posixpath
 import shlex
@@ -49,12 +53,21 @@ from envhub.envs.sandbox.reaper import (
     track,
     untrack,
 )
-from envhub.envs.sandbox.shell import EXEC_ID_VAR, SWEEP, SWEEP_TAGGED, timed_out, wrapper_line
+from envhub.envs.sandbox.shell import (
+    EXEC_ID_VAR,
+    MAX_STREAM_BYTES,
+    SWEEP,
+    SWEEP_TAGGED,
+    timed_out,
+    wrapper_line,
+)
 
 WORKDIR = "/home/user"
 DEFAULT_TEMPLATE = "base"
 BACKSTOP_S = 30.0
 MAX_DOWNLOAD_BYTES = 1 << 30  # a folder download (packed as one tar) brings at most this
+STREAM_CAP = 2 * MAX_STREAM_BYTES + (64 << 10)  # what the wrapper lets through, both streams
+OVER_CAP = "envhub: output past the cap was dropped and the command killed"
 
 
 def import_e2b() -> Any:
@@ -128,14 +141,37 @@ class E2BSandbox:
     async def _run(self, line: str, env: dict[str, str] | None, timeout: float
                    ) -> tuple[int, str, str]:
         """Run a shell line; a non-zero exit is a result, not an exception."""
+        code, out, err, _ = await self._stream(line, env, timeout)
+        return code, out, err
+
+    async def _stream(self, line: str, env: dict[str, str] | None, timeout: float
+                      ) -> tuple[int, str, str, bool]:
+        """(exit code, stdout, stderr, over): the output is taken as it streams, at most
+        STREAM_CAP bytes; past it the command is killed and `over` is True. No end within
+        `timeout` raises the SDK's TimeoutException (the command killed)."""
         e2b = import_e2b()
+        output = _Output()
         try:
-            result = await self.sdk.commands.run(line, envs=env or {}, timeout=timeout)
-        except e2b.CommandExitException as e:
-            return e.exit_code, e.stdout or "", e.stderr or ""
+            handle = await self.sdk.commands.run(
+                line, background=True, envs=env or {}, timeout=timeout, retain_output=False,
+                on_stdout=output.stdout, on_stderr=output.stderr)
+            waiting = asyncio.ensure_future(handle.wait())
+            capped = asyncio.ensure_future(output.over.wait())
+            await asyncio.wait({waiting, capped}, timeout=timeout,
+                               return_when=asyncio.FIRST_COMPLETED)
+            capped.cancel()
+            if not waiting.done():
+                await _abandon(handle, waiting)
+                if not output.over.is_set():
+                    raise e2b.TimeoutException(f"the command did not end within {timeout:g}s")
+                return -1, *output.text(), True
+            try:
+                code = waiting.result().exit_code
+            except e2b.CommandExitException as e:
+                code = e.exit_code
         except e2b.NotFoundException as e:  # commands only 404 when the sandbox is gone
             raise SandboxClosed(f"E2B sandbox {self.id} is gone: {e}") from None
-        return result.exit_code, result.stdout or "", result.stderr or ""
+        return code, *output.text(), output.over.is_set()
 
     async def exec(self, cmd: str, timeout: float | None = None, cwd: str | None = None,
                    env: dict[str, str] | None = None) -> ExecResult:
@@ -146,12 +182,15 @@ class E2BSandbox:
         cwd = posixpath.normpath(posixpath.join(self.workdir, cwd or "."))
         start = time.monotonic()
         try:
-            code, out, err = await self._run(wrapper_line(cmd, cwd, timeout),
-                                             {**(env or {}), EXEC_ID_VAR: exec_id},
-                                             timeout + BACKSTOP_S)
+            code, out, err, over = await self._stream(wrapper_line(cmd, cwd, timeout),
+                                                      {**(env or {}), EXEC_ID_VAR: exec_id},
+                                                      timeout + BACKSTOP_S)
         except e2b.TimeoutException:
             await self._sweep(exec_id)
             return ExecResult(-1, "", f"envhub: killed after {timeout:g}s (timeout)", True)
+        if over:  # written around the wrapper's cap: its writers die with it
+            await self._sweep(exec_id)
+            return ExecResult(code, out, f"{err}\n{OVER_CAP}", False)
         elapsed = time.monotonic() - start
         hit = timed_out(code, elapsed, timeout)
         if hit:
@@ -249,6 +288,54 @@ class E2BSandbox:
             import logging
 
             logging.getLogger(__name__).warning("killing E2B sandbox %s failed: %s", self.id, e)
+
+
+class _Output:
+    """One command's stdout and stderr as the SDK hands them over (decoded text), kept up to
+    STREAM_CAP bytes in all; past it `over` is set and the rest is dropped, each stream then
+    cut to MAX_STREAM_BYTES (as docker's `_read_capped`)."""
+
+    def __init__(self) -> None:
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self.size = 0
+        self.over = asyncio.Event()
+
+    def stdout(self, text: str) -> None:
+        self._take(self.out, text)
+
+    def stderr(self, text: str) -> None:
+        self._take(self.err, text)
+
+    def _take(self, into: list[str], text: str) -> None:
+        if self.over.is_set():
+            return
+        into.append(text)
+        self.size += len(text) if text.isascii() else len(text.encode())
+        if self.size > STREAM_CAP:
+            self.over.set()
+
+    def text(self) -> tuple[str, str]:
+        out, err = "".join(self.out), "".join(self.err)
+        if not self.over.is_set():
+            return out, err
+        return _cut(out), _cut(err)
+
+
+def _cut(text: str) -> str:
+    data = text.encode()
+    return text if len(data) <= MAX_STREAM_BYTES else \
+        data[:MAX_STREAM_BYTES].decode(errors="ignore")
+
+
+async def _abandon(handle: Any, waiting: asyncio.Future) -> None:
+    """Kill a command and stop reading it (its tagged children are the sweep's)."""
+    with contextlib.suppress(Exception):
+        await handle.kill()
+    with contextlib.suppress(Exception):
+        await handle.disconnect()
+    waiting.cancel()
+    await asyncio.gather(waiting, return_exceptions=True)
 
 
 def reap_e2b(run_id: str | None = None, stale_only: bool = False) -> list[str]:

@@ -160,3 +160,43 @@ def test_wrong_api_key_is_a_clear_error(e2b_env: str, monkeypatch) -> None:
 
 def test_reads_are_bounded_before_the_bytes_arrive(box) -> None:
     check_bounded_reads(box)
+
+
+# the wrapper shell keeps the exec's pipe open (its own stdout, saved while it runs the command
+# with its output in a file): a command can write there directly, around the wrapper's
+# `head -c` (issue 25, class 7). The first pipe among the wrapper's fds.
+AROUND_THE_WRAPPER = ("w=$(awk '{{print $4}}' /proc/$PPID/stat); "
+                      "for f in /proc/$w/fd/*; do case $(readlink $f) in pipe:*) p=$f; break;; "
+                      "esac; done; [ -n \"$p\" ] || exit 99; {writer} > $p; echo finished")
+
+
+@pytest.mark.parametrize("writer", [
+    "head -c 100000000 /dev/zero",
+    # multi-byte text: the cap counts bytes, not characters
+    "yes 'ééééééééééééééééééééééééééééééé' | head -c 100000000",
+])
+def test_output_written_around_the_wrapper_is_capped_on_the_host(box, writer: str) -> None:
+    """100 MB written to the exec's own stream are cut at the cap on the host (before they
+    pile up in the SDK's buffers: read whole they took ~20 s here), the command is killed and the
+    call says why."""
+    import time
+
+    from envhub.envs.sandbox.shell import MAX_STREAM_BYTES
+
+    start = time.monotonic()
+    result = run(box.exec(AROUND_THE_WRAPPER.format(writer=writer), timeout=60))
+    took = time.monotonic() - start
+    assert result.exit_code != 99, "the wrapper's saved pipe was not found"
+    assert len(result.stdout.encode()) <= MAX_STREAM_BYTES, len(result.stdout)
+    assert "output past the cap was dropped" in result.stderr, result.stderr[-300:]
+    assert "finished" not in result.stdout and not result.timed_out
+    assert took < 30, f"{took:.1f}s: the flood was read to its end"
+    # the writer died with the command; the sandbox goes on
+    assert run(box.exec("ps -eo args | grep -c '[h]ead -c 100000000' || true")).stdout == "0\n"
+    assert run(box.exec("echo still works")).stdout == "still works\n"
+
+
+def test_output_under_the_cap_arrives_whole(box) -> None:
+    """Streaming changes nothing below the cap: 6 MB on stdout, stderr beside it."""
+    result = run(box.exec("head -c 6000000 /dev/zero | tr '\\0' x; echo done >&2"))
+    assert (result.exit_code, len(result.stdout), result.stderr) == (0, 6_000_000, "done\n")

@@ -15,11 +15,14 @@ sandboxes when E2B_SANDBOX_URL is set), and its token in `X-Access-Token`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.parser
 import email.policy
 import itertools
 import os
 import shlex
+import signal
+import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -33,9 +36,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from envhub.envs.sandbox.base import ExecResult
 from envhub.envs.sandbox.e2b_fake.state import HOME, FakeSandbox, Registry
 from envhub.envs.sandbox.errors import SandboxFileError
+from envhub.envs.sandbox.local import BASE_ENV
 
 KEEPALIVE_S = 30.0
 DEFAULT_COMMAND_TIMEOUT_S = 3600.0
@@ -67,12 +70,14 @@ def _event(**kwargs: object) -> process_pb.StartResponse:
 
 
 class ProcessService(Process):
-    """`process.Process` over the fake's LocalSandboxes (one-shot execs, output sent at end)."""
+    """`process.Process` over the fake's LocalSandboxes. Like the real envd, a command's output
+    is streamed as it is written, uncapped (the client's to bound), and a command never outlives
+    its stream, its timeout or a SendSignal."""
 
     def __init__(self, registry: Registry) -> None:
         self.registry = registry
         self.pids = itertools.count(1000)
-        self.running: dict[tuple[str, int], tuple[asyncio.Task[ExecResult], list[str]]] = {}
+        self.running: dict[tuple[str, int], tuple[asyncio.subprocess.Process, list[str]]] = {}
 
     async def _sandbox(self, ctx: object) -> FakeSandbox:
         found = await _sandbox_for(self.registry, ctx.request_headers)  # type: ignore[attr-defined]
@@ -94,36 +99,33 @@ class ProcessService(Process):
         cwd = sandbox.to_local(config.cwd if config.has_field("cwd") else HOME)
         timeout_ms = ctx.timeout_ms  # type: ignore[attr-defined]
         timeout = timeout_ms / 1000 if timeout_ms else DEFAULT_COMMAND_TIMEOUT_S
-        env = {**sandbox.env_vars, **dict(config.envs)}
+        proc, (out, err) = await _spawn(sandbox, cmd, cwd,
+                                        {**sandbox.env_vars, **dict(config.envs)})
         pid = next(self.pids)
-        task = asyncio.create_task(sandbox.local.exec(cmd, timeout=timeout, cwd=cwd, env=env))
-        self.running[(sandbox.id, pid)] = (task, argv)
+        self.running[(sandbox.id, pid)] = (proc, argv)
+        chunks: asyncio.Queue[tuple[str, bytes] | None] = asyncio.Queue(maxsize=8)
+        pumps = [asyncio.create_task(_pump(out, "stdout", chunks)),
+                 asyncio.create_task(_pump(err, "stderr", chunks))]
         try:
             yield _event(start=process_pb.ProcessEvent.StartEvent(pid=pid))
-            while True:
-                done, _ = await asyncio.wait({task}, timeout=KEEPALIVE_S)
-                if done:
-                    break
-                yield _event(keepalive=process_pb.ProcessEvent.KeepAlive())
-            try:
-                result = task.result()
-            except asyncio.CancelledError:  # SendSignal killed it
+            async for item in _until_closed(chunks, len(pumps), proc, timeout):
+                if item is None:
+                    yield _event(keepalive=process_pb.ProcessEvent.KeepAlive())
+                    continue
+                data: Any = Oneof(*item)
+                yield _event(data=process_pb.ProcessEvent.DataEvent(output=data))
+            code = await proc.wait()
+            if code < 0:  # killed: by SendSignal or its timeout
                 yield _event(end=process_pb.ProcessEvent.EndEvent(
                     exit_code=-1, exited=False, status="signal: killed"))
                 return
-            data = process_pb.ProcessEvent.DataEvent
-            if result.stdout:
-                out: Any = Oneof("stdout", result.stdout.encode())
-                yield _event(data=data(output=out))
-            if result.stderr:
-                err: Any = Oneof("stderr", result.stderr.encode())
-                yield _event(data=data(output=err))
             yield _event(end=process_pb.ProcessEvent.EndEvent(
-                exit_code=result.exit_code, exited=True, status=f"exit status {result.exit_code}"))
+                exit_code=code, exited=True, status=f"exit status {code}"))
         finally:
             # Client gone or stream done: a command must never outlive its stream here.
-            if not task.done():
-                task.cancel()
+            _killpg(proc)
+            for pump in pumps:
+                pump.cancel()
             self.running.pop((sandbox.id, pid), None)
 
     async def send_signal(self, request: process_pb.SendSignalRequest, ctx: object
@@ -132,7 +134,7 @@ class ProcessService(Process):
         selector = request.process.selector if request.process else None
         match selector:
             case Oneof(field="pid", value=int(pid)) if (sandbox.id, pid) in self.running:
-                self.running[(sandbox.id, pid)][0].cancel()
+                _killpg(self.running[(sandbox.id, pid)][0])
                 return process_pb.SendSignalResponse()
         raise ConnectError(Code.NOT_FOUND, f"process {selector} not found")
 
@@ -143,6 +145,74 @@ class ProcessService(Process):
                      cmd=argv[0], args=argv[1:]))
                  for (sid, pid), (_, argv) in self.running.items() if sid == sandbox.id]
         return process_pb.ListResponse(processes=infos)
+
+
+async def _spawn(sandbox: FakeSandbox, cmd: str, cwd: str, env: dict[str, str]
+                 ) -> tuple[asyncio.subprocess.Process, list[asyncio.StreamReader]]:
+    """`cmd` started in the sandbox the way LocalSandbox.exec starts one, and readers of its
+    stdout and stderr as they are written (no wrapper, no cap: envd does not cap either).
+    OS pipes, as envd's (asyncio's own are socket pairs)."""
+    local = sandbox.local
+    full_env = {**BASE_ENV, "HOME": local.workdir, **env}
+    (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *local._argv(cmd, cwd, full_env), stdin=asyncio.subprocess.DEVNULL,
+            stdout=out_w, stderr=err_w,
+            cwd=str(local.host_dir) if local.bwrap is None else None,
+            env=full_env if local.bwrap is None else BASE_ENV, start_new_session=True)
+    except BaseException:
+        os.close(out_r)
+        os.close(err_r)
+        raise
+    finally:
+        os.close(out_w)
+        os.close(err_w)
+    return proc, [await _reader(out_r), await _reader(err_r)]
+
+
+async def _reader(fd: int) -> asyncio.StreamReader:
+    """A stream over the read end `fd` (closed with it at EOF)."""
+    reader = asyncio.StreamReader(limit=1 << 16)
+    await asyncio.get_running_loop().connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0))
+    return reader
+
+
+async def _pump(stream: asyncio.StreamReader, name: str,
+                chunks: asyncio.Queue[tuple[str, bytes] | None]) -> None:
+    while chunk := await stream.read(1 << 16):
+        await chunks.put((name, chunk))
+    await chunks.put(None)
+
+
+async def _until_closed(chunks: asyncio.Queue[tuple[str, bytes] | None], streams: int,
+                        proc: asyncio.subprocess.Process, timeout: float
+                        ) -> AsyncIterator[tuple[str, bytes] | None]:
+    """Each output chunk until both pipes close; None for a keepalive. Past `timeout` the
+    process group is killed (its pipes close then)."""
+    deadline = time.monotonic() + timeout
+    while streams:
+        left = deadline - time.monotonic()
+        try:
+            item = await asyncio.wait_for(chunks.get(), max(0.0, min(KEEPALIVE_S, left)))
+        except TimeoutError:
+            if left <= 0:
+                _killpg(proc)
+                deadline = float("inf")  # the pipes close now; read them to the end
+            else:
+                yield None
+            continue
+        if item is None:
+            streams -= 1
+        else:
+            yield item
+
+
+def _killpg(proc: asyncio.subprocess.Process) -> None:
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 class FilesystemService(Filesystem):
