@@ -162,7 +162,8 @@ def _filter_blocking(raw: IO[bytes], out: IO[bytes], root: str, limit: int,
             parts = name.split("/")
             why = _refusal(member, parts, root, links, kept)
             if why:
-                carried.dropped.append(f"{name} ({why})")
+                shown = name[:200].encode("utf-8", "backslashreplace").decode()  # JSON-safe
+                carried.dropped.append(f"{shown} ({why})")
                 continue
             member.mode &= 0o777
             if member.issym():
