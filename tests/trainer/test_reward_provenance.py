@@ -184,3 +184,32 @@ def test_reward_to_go_terms_use_the_manifest_weight_too() -> None:
 
     assert rewards_before_turn(t, cfg.advantages) == {0: 0.0, 1: pytest.approx(-0.1)}
     assert composite_reward(t, cfg.advantages) == pytest.approx(0.9)
+
+
+@pytest.mark.postgres
+def test_provenance_holds_on_a_shared_postgres_pool(postgres_server) -> None:
+    """The stamp lives in the stored event (no column to migrate), so a PostgreSQL pool that
+    several gateways and writers share keeps it the same: a row another writer put there is
+    ignored by a trainer reading the pool directly."""
+    from envhub.gateway.config import GatewayConfig
+    from envhub.gateway.pool.store import Store
+    from envhub.gateway.server import run_in_thread
+
+    url = postgres_server.create_database()
+    with run_in_thread(GatewayConfig(port=0, db=url, admin_key=ADMIN),
+                       backend=scripted_backend(["4"])) as pg:
+        sessions = _group(pg, "g-pg", [0.0, 1.0])
+        other = Store(url)  # another writer on the shared pool
+        try:
+            asyncio.run(other.write(op_event("rewards", sessions[0].id,
+                                             {"kind": "outcome", "value": 1000.0})))
+        finally:
+            other.close()
+        for s in sessions:
+            s.close("done")
+    with StoreSource(url) as source:
+        [info] = [g for g in source.list_groups() if g.group_id == "g-pg"]
+        group = Group(info.group_id, source.fetch([s.id for s in info.sessions]))
+    batch = build_batch([group], config(reward_weights=MANIFEST), trainer_version=0)
+    assert batch.rewards == [0.0, 1.0]
+    assert batch.metrics()["drop_rewards/not_from_runner"] == 1.0
