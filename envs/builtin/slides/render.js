@@ -64,12 +64,15 @@ function decodePng(buf) {
 }
 
 // Pixels inside `rects` (each counted once) where A and B differ and A is stable, but none
-// inside `others` (where other text is drawn too: those pixels cannot be told apart).
-function ink(a, b, a2, rects, others) {
+// inside `others` (where other text is drawn too: those pixels cannot be told apart). The
+// screenshots cover `clip` of the slide.
+function ink(a, b, a2, clip, rects, others) {
   const seen = new Uint8Array(a.w * a.h);
   const pixels = (r, each) => {
-    const x0 = Math.max(0, Math.floor(r.x)), x1 = Math.min(a.w, Math.ceil(r.x + r.w));
-    const y0 = Math.max(0, Math.floor(r.y)), y1 = Math.min(a.h, Math.ceil(r.y + r.h));
+    const x0 = Math.max(0, Math.floor(r.x) - clip.x);
+    const x1 = Math.min(a.w, Math.ceil(r.x + r.w) - clip.x);
+    const y0 = Math.max(0, Math.floor(r.y) - clip.y);
+    const y1 = Math.min(a.h, Math.ceil(r.y + r.h) - clip.y);
     for (let y = y0; y < y1; y++) for (let x = x0; x < x1; x++) each(y * a.w + x);
   };
   for (const r of others) pixels(r, (key) => { seen[key] = 1; });
@@ -89,19 +92,33 @@ function ink(a, b, a2, rects, others) {
   return n;
 }
 
-async function shot(page) {
-  return decodePng(await page.screenshot({type: 'png', animations: 'disabled', caret: 'hide'}));
+// The part of the slide (whole pixels) every rect of `places` lies in; null: none is on it.
+function around(places) {
+  const rects = places.flatMap((f) => f.rects);
+  const x = Math.max(0, Math.floor(Math.min(...rects.map((r) => r.x))));
+  const y = Math.max(0, Math.floor(Math.min(...rects.map((r) => r.y))));
+  const right = Math.min(job.width, Math.ceil(Math.max(...rects.map((r) => r.x + r.w))));
+  const bottom = Math.min(job.height, Math.ceil(Math.max(...rects.map((r) => r.y + r.h))));
+  return right > x && bottom > y ? {x, y, width: right - x, height: bottom - y} : null;
+}
+
+async function shot(page, clip) {
+  return decodePng(await page.screenshot({type: 'png', animations: 'disabled', caret: 'hide',
+                                          clip}));
 }
 
 async function inkOf(page, data) {
   const places = data.phrases.flatMap((p) => p.found).filter((f) => f.rects.length);
-  if (!places.length) return;
-  const a = await shot(page);
+  for (const f of places) f.ink_px = 0;
+  const clip = places.length ? around(places) : null;
+  if (!clip) return;
+  const a = await shot(page, clip);
   await page.evaluate(unpaint, true);
-  const b = await shot(page);
+  const b = await shot(page, clip);
   await page.evaluate(unpaint, false);
-  const a2 = await shot(page);
-  for (const f of places) f.ink_px = ink(a, b, a2, f.rects, f.others);
+  const a2 = await shot(page, clip);
+  if (a.w !== clip.width || a.h !== clip.height) throw new Error('screenshot is not the clip');
+  for (const f of places) f.ink_px = ink(a, b, a2, clip, f.rects, f.others);
 }
 
 async function one(browser, file) {
@@ -117,8 +134,9 @@ async function one(browser, file) {
     const work = (async () => {
       await page.setContent(fs.readFileSync(path.join(dir, file), 'utf8'), {waitUntil: 'load'});
       const data = await page.evaluate(measure, [job.width, job.height, job.phrases]);
+      const inked = Date.now();
       await inkOf(page, data);
-      return data;
+      return {...data, ink_ms: Date.now() - inked};
     })();
     const deadline = new Promise((_, reject) => { timer = setTimeout(
       () => reject(new Error(`timed out after ${job.timeout_ms} ms`)), job.timeout_ms); });
@@ -133,7 +151,7 @@ async function one(browser, file) {
     clearTimeout(timer);
     // a page hung in its own layout may not answer: closing it is not worth waiting for
     await Promise.race([context.close().catch(() => {}),
-                        new Promise((resolve) => setTimeout(resolve, 2000))]);
+                        new Promise((resolve) => setTimeout(resolve, 2000).unref())]);
   }
 }
 

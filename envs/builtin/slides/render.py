@@ -46,7 +46,8 @@ class Measurement:
     phrases: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None  # the slide could not be rendered (too big, timed out, crashed)
     broke: bool = False  # it made the browser fail (timed out, crashed its page), not too big
-    render_ms: float = 0.0  # in the warm browser: fresh context, load, measure
+    render_ms: float = 0.0  # in the warm browser: fresh context, load, measure, screenshots
+    ink_ms: float = 0.0  # of which the screenshots and their pixels (required phrases)
 
 
 @dataclass
