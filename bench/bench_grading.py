@@ -117,8 +117,16 @@ def part_terminal_task(args: argparse.Namespace) -> list[Row]:
     return rows
 
 
+def part_webtask(args: argparse.Namespace) -> list[Row]:
+    """bench_grading_webtask.py's rows (replay in a fresh sandbox vs. the old state-file read)."""
+    from bench_grading_webtask import part_webtask as part
+
+    return part(args)
+
+
 PARTS: dict[str, Callable[[argparse.Namespace], list[Row]]] = {
     "terminal-task": part_terminal_task,
+    "webtask": part_webtask,
 }
 
 
