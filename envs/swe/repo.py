@@ -12,6 +12,7 @@ from pathlib import Path
 
 from envhub.envs.environment import EnvFailure
 from envhub.envs.sandbox.base import Sandbox
+from envhub.envs.sandbox.errors import FileTooLarge, SandboxFileError
 from envhub.envs.swe.pylib import host_pylib
 from envhub.envs.swe.task import SWETask
 
@@ -77,7 +78,7 @@ async def agent_diff(sandbox: Sandbox, task: SWETask, base: str) -> tuple[str, s
     out = f"{SCRATCH}/agent.diff"
     cmd = (f"mkdir -p {SCRATCH} && cd {shlex.quote(task.repo_dir)} && {GIT} add -A && "
            f"{GIT} diff --cached --binary --full-index --no-color --no-ext-diff --no-textconv "
-           f"--no-renames {shlex.quote(base)} > {out} && wc -c < {out}")
+           f"--no-renames {shlex.quote(base)} > {out}")
     result = await sandbox.exec(cmd, timeout=120, env=GIT_ENV)
     if result.timed_out or result.exit_code != 0:
         probe = await sandbox.exec("true", timeout=60)
@@ -86,10 +87,15 @@ async def agent_diff(sandbox: Sandbox, task: SWETask, base: str) -> tuple[str, s
                              f"changes (exit {probe.exit_code}: {probe.stderr.strip()[-300:]})")
         return "", (f"could not read the changes (git exit {result.exit_code}: "
                     f"{result.stderr.strip()[-300:]})")
-    size = int(result.stdout.strip() or 0)
-    if size > MAX_DIFF_BYTES:
-        return "", f"the diff is {size} bytes, over the {MAX_DIFF_BYTES} byte limit"
-    return (await sandbox.read_file(out)).decode("utf-8", errors="surrogateescape"), ""
+    # Written by the agent's own tools (a shim of theirs may write anything, or nothing): what
+    # is there is the agent's output, read with the diff's cap.
+    try:
+        data = await sandbox.read_file(out, limit=MAX_DIFF_BYTES)
+    except FileTooLarge:
+        return "", f"the diff is over the {MAX_DIFF_BYTES} byte limit"
+    except SandboxFileError as e:
+        return "", f"could not read the changes: {e}"
+    return data.decode("utf-8", errors="surrogateescape"), ""
 
 
 async def pytest_env(sandbox: Sandbox, task: SWETask | None = None) -> dict[str, str]:

@@ -567,3 +567,26 @@ def get_in(*args, **kwargs):
     problem = verdict.info["problems"][0]
     assert "ran past its 2s limit" in problem and "wrapper killed the run" in problem, problem
     assert "without the patch it finishes" in problem
+
+
+@pytest.mark.docker
+def test_a_shell_shim_in_the_agents_sandbox_is_the_agents_failure(tmp_path: Path) -> None:
+    """The agent's changes are read with the tools of its own sandbox: an `sh`/`bash` shim of
+    its own first on PATH that answers anything mentioning "test" (the repository is
+    /workspace/testbed) made the diff's size unreadable: a ValueError, env_failure. What the
+    agent's tools leave is the agent's output: 0 with the reason, never a dropped sample."""
+    kind_available("docker")
+    h = SWEHarness("docker", tmp_path)
+
+    async def shims(sandbox: Sandbox, harness: SWEHarness, task: Task) -> None:
+        script = ("#!/bin/sh\ncase \"$*\" in *test*) echo '1 passed'; exit 0;; esac\n"
+                  "exec %s \"$@\"\n")
+        for name in ("sh", "bash"):
+            real = (await sandbox.exec(f"readlink -f $(command -v {name})", timeout=30)).stdout
+            await sandbox.write_file(f"/usr/local/bin/{name}",
+                                     (script % real.strip()).encode())
+            await sandbox.exec(f"chmod 755 /usr/local/bin/{name}", timeout=30)
+
+    verdict = asyncio.run(h.rollout(TASK, shims))
+    assert verdict.env_failure is None and verdict.outcome == 0.0, verdict
+    assert "could not read the changes" in json.dumps(verdict.info), verdict.info
