@@ -89,11 +89,12 @@ class WebTaskEnv:
         return sandbox
 
     async def browse_recorded(self, sandbox: Sandbox, req: dict[str, Any]) -> dict[str, Any]:
-        """`browse`, and the call kept for `verify` to replay (reading a page changes nothing,
-        so read_page is not kept)."""
+        """`browse`, and the call kept for `verify` to replay once it has run (a call cut off
+        by the agent's time limit is not; reading a page changes nothing, so read_page is not)."""
+        page = await self.browse(sandbox, req)
         if req["action"] != "read_page":
             self.calls.setdefault(sandbox, []).append(req)
-        return await self.browse(sandbox, req)
+        return page
 
     async def browse(self, sandbox: Sandbox, req: dict[str, Any] | list[dict[str, Any]],
                      timeout: float = CALL_TIMEOUT_S) -> dict[str, Any]:
