@@ -206,7 +206,8 @@ def test_docker_and_local_sandboxes_score_alike(tmp_path):
             out = {}
             for name, deck in decks.items():
                 report = score_deck((await render_deck(sandbox, deck, brief.width,
-                                                       brief.height)).slides, brief)
+                                                       brief.height, brief.required)).slides,
+                                    brief)
                 out[name] = (report.scores, report.details)
             return out
         finally:

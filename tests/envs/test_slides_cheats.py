@@ -82,6 +82,18 @@ def test_a_deck_that_hides_its_phrases_scores_zero(name, tmp_path):
                for s in verdict.signals)
 
 
+@pytest.mark.docker
+def test_the_filed_cheat_scores_zero_in_docker_too(tmp_path):
+    """The docker sandbox (Debian's Chromium in the browser image) judges alike: the filed cheat
+    and a covered deck score 0, the gold deck still 1."""
+    require_kind("docker")
+    for name in ("scale_0.02_near_white", "covered_by_opaque_box"):
+        verdict = grade_in("docker", TASK, CHEATS[name], tmp_path)
+        assert verdict.outcome == 0.0 and verdict.env_failure is None, (name, verdict.info)
+    gold = grade_in("docker", TASK, gold_deck(TASK.id), tmp_path)
+    assert gold.resolved and gold.outcome == 1.0, gold.info
+
+
 def _restyle(html: str, css: str) -> str:
     return html.replace("</style>", css + "\n</style>")
 

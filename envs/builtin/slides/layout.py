@@ -79,6 +79,12 @@ def slide_problems(m: Measurement, brief: Brief) -> dict[str, list[str]]:
 
 
 def score_deck(slides: list[Measurement], brief: Brief) -> LayoutReport:
+    """Every check of `slides`, measured with the brief's required phrases (render_deck's
+    `phrases`: a measurement without them cannot say what the deck shows)."""
+    for m in slides:
+        if not m.error and len(m.phrases) != len(brief.required):
+            raise ValueError(f"slides measured for {len(m.phrases)} phrases, the brief has "
+                             f"{len(brief.required)}: pass brief.required to render_deck")
     scores: dict[str, float] = {}
     details: dict[str, list[str]] = {check: [] for check in CHECKS}
     per_slide = [slide_problems(m, brief) for m in slides]
@@ -101,7 +107,7 @@ def score_deck(slides: list[Measurement], brief: Brief) -> LayoutReport:
 def unshown(index: int, phrase: str, slides: list[Measurement], brief: Brief) -> str | None:
     """None when some slide shows the brief's `index`th phrase, else why not (the first place
     it is written, or that it is written nowhere)."""
-    places = [(p["chars"], f) for m in slides if not m.error and index < len(m.phrases)
+    places = [(p["chars"], f) for m in slides if not m.error
               for p in [m.phrases[index]] for f in p["found"]]
     reasons = [why_not(chars, f, brief.min_font_px) for chars, f in places]
     if any(not r for r in reasons):
