@@ -16,6 +16,7 @@ A slide that cannot be rendered fails every per-slide check.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +64,13 @@ class LayoutReport:
         return "\n".join(lines)
 
 
+def _num(value: Any) -> float:
+    """A number measure.js reported; anything else (null for NaN: a slide whose form fields
+    shadow the DOM's own properties) counts as 0, so it fails its check instead of grading."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else 0.0
+
+
 def slide_problems(m: Measurement, brief: Brief) -> dict[str, list[str]]:
     """check -> problems of one slide (empty lists: the slide passes)."""
     if m.error:
@@ -73,8 +81,8 @@ def slide_problems(m: Measurement, brief: Brief) -> dict[str, list[str]]:
         "clipped": [f"{t['el']} {t['text'][:30]!r}: {', '.join(t['problems'])}"
                     for t in texts if t["problems"]],
         "overlap": [f"{o['a']} and {o['b']} ({o['area_px']} px²)" for o in m.overlaps],
-        "min_font": [f"{t['el']} {t['text'][:30]!r} at {t['font_px']:g}px"
-                     for t in texts if t["font_px"] < brief.min_font_px],
+        "min_font": [f"{t['el']} {t['text'][:30]!r} at {_num(t['font_px']):g}px"
+                     for t in texts if _num(t["font_px"]) < brief.min_font_px],
     }
 
 
@@ -107,7 +115,7 @@ def score_deck(slides: list[Measurement], brief: Brief) -> LayoutReport:
 def unshown(index: int, phrase: str, slides: list[Measurement], brief: Brief) -> str | None:
     """None when some slide shows the brief's `index`th phrase, else why not (the first place
     it is written, or that it is written nowhere)."""
-    places = [(p["chars"], f) for m in slides if not m.error
+    places = [(int(_num(p["chars"])), f) for m in slides if not m.error
               for p in [m.phrases[index]] for f in p["found"]]
     reasons = [why_not(chars, f, brief.min_font_px) for chars, f in places]
     if any(not r for r in reasons):
@@ -121,13 +129,13 @@ def why_not(chars: int, place: dict[str, Any], min_font: float) -> list[str]:
     (stops scale(), zoom), the accumulated opacity, and the pixels its glyphs change in the
     screenshot (stops covering, clip-path, masks, filters, colour of the background)."""
     reasons = list(place["problems"])
-    font = place["font_px"]
+    font, opacity = _num(place["font_px"]), _num(place["opacity"])
     if font < min_font:
         reasons.append(f"{font:g}px on screen (the brief's minimum is {min_font:g}px)")
-    if place["opacity"] < MIN_OPACITY:
-        reasons.append(f"faded to opacity {place['opacity']:g}")
-    ink, need = place.get("ink_px", 0), MIN_INK * chars * max(font, min_font) ** 2
+    if opacity < MIN_OPACITY:
+        reasons.append(f"faded to opacity {opacity:g}")
+    ink, need = _num(place.get("ink_px")), MIN_INK * chars * max(font, min_font) ** 2
     if ink < need:
         reasons.append(NO_INK if ink == 0 else
-                       f"its glyphs change {ink} pixels on screen, {need:.0f} expected")
+                       f"its glyphs change {ink:.0f} pixels on screen, {need:.0f} expected")
     return reasons

@@ -21,7 +21,8 @@
     const r = el.getBoundingClientRect();
     const w = el.offsetWidth, h = el.offsetHeight;
     if (!(w > 0 && h > 0)) return 1;  // no layout box to compare (SVG): the ink check decides
-    return Math.min(r.width / w, r.height / h);
+    const scale = Math.min(r.width / w, r.height / h);
+    return Number.isFinite(scale) ? scale : 0;  // a form's fields can shadow offsetWidth
   };
   const opacityOf = (el) => {
     let o = 1;

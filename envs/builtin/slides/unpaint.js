@@ -5,7 +5,8 @@
 // Inline !important on each element beats any rule of the slide's own; text painted through
 // `background-clip: text` loses that background instead (its background shows only in glyphs).
 (hide) => {
-  const saved = (window.__envhubStyles = window.__envhubStyles || new Map());
+  const key = Symbol.for('envhub.unpaint');  // no id or name in the slide can shadow it
+  const saved = (window[key] = window[key] || new Map());
   if (!hide) {
     for (const [el, style] of saved) {
       if (style === null) el.removeAttribute('style'); else el.setAttribute('style', style);
