@@ -30,6 +30,7 @@ that is a plain failure.
 from __future__ import annotations
 
 import ast
+import itertools
 import re
 import secrets
 import shlex
@@ -162,15 +163,17 @@ def _words(source: str) -> list[str]:
 def _name(base: str, words: list[str], source: str, taken: set[str]) -> str:
     """A new test name made of the file's own test-name words, close to `base`'s."""
     parts = [p for p in base.split("_") if p and p != "test"] or [_rng.choice(words)]
-    while True:
+    for attempt in itertools.count():  # a word more every ten tries: a small vocabulary ends
         new = list(parts)
-        new.insert(_rng.randint(1 if len(new) > 1 else 0, len(new)), _rng.choice(words))
+        for _ in range(1 + attempt // 10):
+            new.insert(_rng.randint(1 if len(new) > 1 else 0, len(new)), _rng.choice(words))
         if _rng.random() < 0.3 and len(new) > 2:
             new.pop(_rng.randrange(len(new)))
         name = "test_" + "_".join(new)
         if name not in taken and not re.search(rf"\b{re.escape(name)}\b", source):
             taken.add(name)
             return name
+    raise AssertionError("unreachable")
 
 
 def _synthetic(name: str, indent: str, method: bool) -> str:

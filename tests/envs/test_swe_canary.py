@@ -103,3 +103,14 @@ def test_canaries_look_like_their_neighbours(tmp_path: Path, task_id: str) -> No
             assert c.source, "every shipped task has a negatable graded neighbour"
         removed = [line for line in source.splitlines() if line not in planted]
         assert removed == []  # nothing of the file changed, only tests added
+
+
+def test_a_file_with_a_tiny_vocabulary_still_gets_canaries() -> None:
+    """Two tests whose names share one word: every one-word-longer name soon exists; naming
+    must still end (it hung a SWE-bench-style row's grading)."""
+    source = "def test_one():\n    assert 1 == 1\n\n\ndef test_one_one():\n    assert 2 == 2\n"
+    for _ in range(20):
+        planted, canaries = canary.plant(source, "t.py", ["t.py::test_one"],
+                                         ["t.py::test_one_one"])
+        ast.parse(planted)
+        assert len({c.name for c in canaries.planted}) == len(canaries.planted)
