@@ -124,9 +124,17 @@ def part_webtask(args: argparse.Namespace) -> list[Row]:
     return part(args)
 
 
+def part_slides(args: argparse.Namespace) -> list[Row]:
+    """bench_grading_slides.py's rows (the oracle deck's verify, per sandbox kind)."""
+    from bench_grading_slides import part_slides as part
+
+    return part(args)
+
+
 PARTS: dict[str, Callable[[argparse.Namespace], list[Row]]] = {
     "terminal-task": part_terminal_task,
     "webtask": part_webtask,
+    "slides": part_slides,
 }
 
 
