@@ -30,7 +30,14 @@ from envhub.registry.errors import (
 )
 from envhub.registry.extract import scan
 from envhub.registry.limits import Limits, brief
-from envhub.registry.models import PackageInfo, PublishResult, SearchHit, VersionInfo
+from envhub.registry.models import (
+    AuditSummary,
+    PackageInfo,
+    PublishResult,
+    SearchHit,
+    VersionInfo,
+    not_audited,
+)
 from envhub.registry.refs import PackageRef, Version, VersionSpec, check_name, check_owner
 
 MAX_VERSION_CHARS = 64
@@ -52,6 +59,16 @@ versions = sa.Table(
     sa.Column("published_at", sa.Float, nullable=False),
     sa.Column("publisher", sa.String(200), nullable=False, default=""),
     sa.UniqueConstraint("owner", "name", "version", name="uq_versions_owner_name_version"),
+)
+# The audit recorded at publish, one row per version (a table of its own, not a column of
+# `versions`: create_all adds a missing table to an existing index, never a missing column).
+# A version without a row was published without an audit (older clients and registries).
+audits = sa.Table(
+    "audits", metadata,
+    sa.Column("owner", sa.String(64), primary_key=True),
+    sa.Column("name", sa.String(64), primary_key=True),
+    sa.Column("version", sa.String(MAX_VERSION_CHARS), primary_key=True),
+    sa.Column("summary", sa.Text, nullable=False),  # AuditSummary JSON
 )
 tokens = sa.Table(
     "tokens", metadata,
@@ -100,8 +117,24 @@ def check_version(version: str) -> str:
     return version
 
 
+def _row_audit(text: str | None) -> AuditSummary:
+    if text is None:
+        return not_audited("published without an audit")
+    return AuditSummary.model_validate_json(text)
+
+
+def check_audit(audit: AuditSummary, digest: str) -> AuditSummary:
+    """The audit must be of exactly this upload (BadRequest with the fix otherwise)."""
+    if audit.status != "not_audited" and audit.digest != digest:
+        raise BadRequest(f"the audit sent with this upload is of {audit.digest}, but the upload "
+                         f"is {digest}; audit this exact package (`envhub audit FOLDER --json "
+                         "FILE`, then `envhub publish FOLDER --audit FILE`)")
+    return audit
+
+
 def _row_to_info(row: sa.Row) -> VersionInfo:
     return VersionInfo(
+        audit=_row_audit(row.summary),
         owner=row.owner, name=row.name, version=row.version, digest=row.digest, size=row.size,
         yanked=bool(row.yanked), description=row.description,
         dependencies=json.loads(row.dependencies), published_at=row.published_at,
@@ -128,7 +161,10 @@ class Catalog:
         """All versions of a package, oldest first (semver order); [] when unknown."""
         check_owner(owner), check_name(name)
         with self.engine.connect() as conn:
-            rows = conn.execute(sa.select(versions).where(
+            rows = conn.execute(sa.select(versions, audits.c.summary).select_from(
+                versions.outerjoin(audits, sa.and_(
+                    audits.c.owner == versions.c.owner, audits.c.name == versions.c.name,
+                    audits.c.version == versions.c.version))).where(
                 versions.c.owner == owner, versions.c.name == name)).all()
         infos = [_row_to_info(r) for r in rows]
         return sorted(infos, key=lambda i: Version.parse(i.version))
@@ -198,22 +234,27 @@ class Catalog:
 
     # -- writing -----------------------------------------------------------------------
     def publish_file(self, owner: str, archive: Path, publisher: str = "",
-                     expected_digest: str | None = None) -> PublishResult:
+                     expected_digest: str | None = None,
+                     audit: AuditSummary | None = None) -> PublishResult:
         """Publish a .tar.gz from anywhere (copied first; the original is left alone)."""
         tmp = self.blobs.incoming()
         try:
             shutil.copyfile(archive, tmp)
             info = scan(tmp, self.limits)
             return self.publish(owner, info.manifest.name, info.manifest.version, tmp,
-                                publisher=publisher, expected_digest=expected_digest)
+                                publisher=publisher, expected_digest=expected_digest,
+                                audit=audit)
         finally:
             tmp.unlink(missing_ok=True)
 
     def publish(self, owner: str, name: str, version: str, incoming: Path, publisher: str = "",
-                expected_digest: str | None = None) -> PublishResult:
-        """Validate the archive at `incoming` (a file from `blobs.incoming()`) and record it.
+                expected_digest: str | None = None,
+                audit: AuditSummary | None = None) -> PublishResult:
+        """Validate the archive at `incoming` (a file from `blobs.incoming()`) and record it,
+        with its audit (None: recorded as not audited, as old clients publish).
 
         The caller deletes `incoming` afterwards (it is moved away when it becomes a blob).
+        A re-publish of the same content keeps the first record, its audit included.
         """
         check_owner(owner), check_name(name), check_version(version)
         digest = sha256_file(incoming)
@@ -227,6 +268,7 @@ class Catalog:
                              f"published as {name}@{version}; publish it under its own name "
                              "and version")
         check_dependencies(m.dependencies, source="envhub.toml in the archive")
+        audit = check_audit(audit or not_audited("published without an audit"), digest)
         row = {"owner": owner, "name": name, "version": version, "digest": digest,
                "size": incoming.stat().st_size, "yanked": False, "description": m.description,
                "dependencies": json.dumps(m.dependencies), "manifest": archive.manifest_text,
@@ -235,6 +277,8 @@ class Catalog:
         try:
             with self.engine.begin() as conn:
                 conn.execute(versions.insert().values(**row))
+                conn.execute(audits.insert().values(owner=owner, name=name, version=version,
+                                                    summary=audit.model_dump_json()))
                 # The blob goes in place inside the transaction: if the commit fails we
                 # remove it, if the insert fails it never appears.
                 placed = self.blobs.place(incoming, digest)

@@ -11,6 +11,7 @@ import functools
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -67,8 +68,51 @@ def pack_cmd(
     typer.echo(f"{packed.path}\n{packed.digest}  {packed.size} bytes, {packed.files} files")
 
 
+@dataclass
+class AuditChoice:
+    """How `envhub publish` gets the package's audit (exactly one way; never skipped unsaid)."""
+
+    file: Path | None = None  # --audit FILE
+    skip: bool = False  # --no-audit: recorded and shown as not audited
+    tasks: int = 2  # when publish runs the audit itself
+    timeout_s: float = 900.0
+    out: Path | None = None
+
+
+async def _audit_package(archive: Path, digest: str, manifest: Any, choice: AuditChoice,
+                         tmp: Path) -> Any:
+    """The package's AuditSummary: checked from --audit FILE, or the audit run now on the
+    unpacked package (the same code as `envhub audit`), or not_audited for --no-audit."""
+    import time
+
+    from envhub.envs.audit import AuditConfig, audit
+    from envhub.envs.audit.cli import write_json
+    from envhub.registry.audits import load_audit_file
+    from envhub.registry.extract import unpack_into
+    from envhub.registry.models import not_audited
+
+    name, version = manifest.name, manifest.version
+    if choice.skip:
+        return not_audited("the publisher passed --no-audit")
+    if choice.file is not None:
+        return load_audit_file(choice.file, digest, name, version)
+    tree = tmp / "package" / name  # the folder name is what the loader calls it
+    tree.mkdir(parents=True)
+    unpack_into(archive, tree)
+    out = choice.out or Path("runs") / time.strftime(
+        f"publish-audit-{name}-{version}-%Y%m%d-%H%M%S", time.gmtime())
+    typer.echo(f"auditing {name}@{version} ({digest}) before publishing: runs go to {out}/ "
+               "(--audit FILE uses an earlier `envhub audit --json`)", err=True)
+    report = await audit(AuditConfig(env=str(tree), out=out, tasks=choice.tasks,
+                                     cheat_timeout_s=choice.timeout_s))
+    report.digest = digest  # the audited tree is this archive, unpacked
+    write_json(report, out / "audit.json")
+    typer.echo(f"audit report: {out / 'audit.json'}", err=True)
+    return load_audit_file(out / "audit.json", digest, name, version)
+
+
 async def _publish(path: Path, registry: str | None, token: str | None,
-                   owner: str | None) -> tuple[str, Any]:
+                   owner: str | None, choice: AuditChoice) -> tuple[str, Any]:
     import tempfile
 
     from envhub.registry.archive import pack, sha256_file
@@ -90,7 +134,10 @@ async def _publish(path: Path, registry: str | None, token: str | None,
                 raise BadRequest("which owner? pass --owner NAME (your token may publish "
                                  "under several owners)")
             who = check_owner(str(who or "local"))
-            result = await reg.publish(who, archive, digest, manifest.name, manifest.version)
+            # after the cheap checks, before the upload: a refused audit publishes nothing
+            summary = await _audit_package(archive, digest, manifest, choice, Path(tmp))
+            result = await reg.publish(who, archive, digest, manifest.name, manifest.version,
+                                       summary)
         finally:
             await reg.aclose()
         return reg.location, result
@@ -105,12 +152,40 @@ def publish_cmd(
     owner: Annotated[str | None, typer.Option(
         "--owner", help="publish as OWNER/name (default: manifest metadata.owner, the "
         "token's only owner, or 'local')")] = None,
+    audit_file: Annotated[Path | None, typer.Option(
+        "--audit", help="the JSON of `envhub audit FOLDER --json FILE` for exactly this "
+        "package, passing, at most 30 days old (default: run the audit now)")] = None,
+    no_audit: Annotated[bool, typer.Option(
+        "--no-audit", help="publish without an audit: the registry shows the version as "
+        "NOT AUDITED and `envhub install` warns")] = False,
+    audit_tasks: Annotated[int, typer.Option(
+        "--audit-tasks", min=1, max=1000, help="tasks the audit run by publish uses")] = 2,
+    audit_timeout: Annotated[float, typer.Option(
+        "--audit-timeout", min=1, help="seconds one cheat's run may take")] = 900.0,
+    audit_out: Annotated[Path | None, typer.Option(
+        "--audit-out", help="folder for the audit's runs (default: runs/publish-audit-*)")
+    ] = None,
 ) -> None:
-    """Pack (if needed) and publish an environment: immutable, addressed as owner/name@version."""
-    location, result = _run(_publish(path, registry, token, owner))
+    """Pack (if needed), audit and publish an environment: immutable, addressed as
+    owner/name@version. Exit 1 when the audit flags a cheat, 2 on bad input or a missing,
+    stale or mismatched --audit file."""
+    from envhub.registry.audits import AuditFlagged
+    from envhub.registry.errors import BadRequest
+
+    if no_audit and audit_file is not None:
+        raise BadRequest("--audit FILE and --no-audit contradict each other; pass one")
+    choice = AuditChoice(audit_file, no_audit, audit_tasks, audit_timeout, audit_out)
+    try:
+        location, result = _run(_publish(path, registry, token, owner, choice))
+    except AuditFlagged as e:
+        typer.echo(f"error: {e.message}", err=True)
+        raise typer.Exit(1) from None
     v = result.version
     state = "published" if result.created else "already published (same content)"
-    typer.echo(f"{v.ref} {state} to {location}\n{v.digest}")
+    typer.echo(f"{v.ref} {state} to {location}\n{v.digest}\n{v.audit.label}")
+    if v.audit.status == "not_audited":
+        typer.echo(f"warning: {v.ref} is NOT AUDITED on {location}; users are warned at "
+                   "install", err=True)
 
 
 @_errors_exit_2
@@ -136,7 +211,10 @@ def install_cmd(
             await reg.aclose()
 
     env = _run(go())
-    typer.echo(f"{env.ref} installed at {env.path}")
+    typer.echo(f"{env.ref} installed at {env.path}\n{env.audit.label}")
+    if env.audit.status != "passed":
+        typer.echo(f"warning: {env.ref} is {env.audit.label}; its verifier may reward "
+                   f"cheating: run `envhub audit {env.ref}` before training on it", err=True)
     if env.missing_dependencies:
         typer.echo("warning: not installed: " + " ".join(env.missing_dependencies) + f"; "
                    f"`envhub install {env.ref} --deps --force` pip-installs them into "

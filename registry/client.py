@@ -10,8 +10,10 @@ from typing import Any, Self, TypeVar
 import httpx
 from pydantic import BaseModel, ValidationError
 
+from envhub.registry.audits import HEADER, encode_header
 from envhub.registry.errors import DigestMismatch, RegistryError, Unavailable, from_wire
 from envhub.registry.models import (
+    AuditSummary,
     PackageInfo,
     PublishResult,
     SearchHit,
@@ -90,8 +92,9 @@ class RegistryClient:
                                 params={"spec": str(ref.spec)})
 
     async def publish(self, owner: str, name: str, version: str, archive: Path,
-                      digest: str) -> PublishResult:
-        headers = {"Content-Type": "application/gzip", "X-Envhub-Digest": digest}
+                      digest: str, audit: AuditSummary) -> PublishResult:
+        headers = {"Content-Type": "application/gzip", "X-Envhub-Digest": digest,
+                   HEADER: encode_header(audit)}
         return await self._call(PublishResult, "PUT",
                                 f"/packages/{owner}/{name}/versions/{version}",
                                 content=archive.read_bytes(), headers=headers)

@@ -33,7 +33,7 @@ from envhub.registry.errors import (
 from envhub.registry.extract import unpack_into
 from envhub.registry.home import envhub_home
 from envhub.registry.limits import Limits
-from envhub.registry.models import VersionInfo
+from envhub.registry.models import AuditSummary, VersionInfo, not_audited
 from envhub.registry.refs import PackageRef, Version
 from envhub.registry.sources import Registry, open_registry
 
@@ -55,6 +55,9 @@ class InstalledEnv(BaseModel):
     missing_dependencies: list[str] = Field(
         default_factory=list, description="declared but not installed (installed only with "
         "--deps)")
+    audit: AuditSummary = Field(
+        default_factory=lambda: not_audited("no audit recorded at install"),
+        description="the registry's audit record of this version when it was installed")
 
     @property
     def ref(self) -> str:
@@ -151,7 +154,8 @@ async def install(ref: str | PackageRef, registry: Registry, home: Path | None =
         env = InstalledEnv(owner=info.owner, name=info.name, version=info.version,
                            digest=info.digest, path=target, description=m.description,
                            source=registry.location, installed_at=time.time(),
-                           dependencies=m.dependencies, missing_dependencies=missing)
+                           dependencies=m.dependencies, missing_dependencies=missing,
+                           audit=info.audit)
         (tree / MARKER).write_text(env.model_dump_json(exclude={"path"}), encoding="utf-8")
         target.parent.mkdir(parents=True, exist_ok=True)
         if target.exists():  # --force: move the old one aside, then drop it with staging
@@ -207,7 +211,7 @@ def registry_info(ref: str, registry: str | None = None, token: str | None = Non
             return None
         finally:
             await reg.aclose()
-        return {"registry": reg.location, **pkg.model_dump()}
+        return {"registry": reg.location, **pkg.model_dump(mode="json")}
 
     remote = asyncio.run(go())
     if remote is None and not local:

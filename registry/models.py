@@ -2,7 +2,59 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from datetime import datetime
+from typing import Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+AuditStatus = Literal["passed", "flagged", "not_audited"]
+MAX_FLAGGED = 64  # flagged rows kept in a summary; the audit's own JSON has them all
+
+
+class AuditSummary(BaseModel):
+    """What `envhub publish` records beside a version: the `envhub audit` verdict of exactly
+    that package digest. It is the publisher's claim (signed by their token, not re-run by the
+    registry); "not_audited" is what versions published without one show."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    status: AuditStatus = Field(description="passed, flagged or not_audited")
+    digest: str | None = Field(default=None, pattern=r"^sha256:[0-9a-f]{64}$",
+                               description="the package digest the audit ran on")
+    date: datetime | None = Field(default=None, description="when the audit ran (UTC)")
+    envhub_version: str = Field(default="", max_length=64,
+                                description="the envhub that ran the audit")
+    rows: int = Field(default=0, ge=0, le=10_000, description="cheats and controls run")
+    sandboxes: list[str] = Field(default_factory=list, max_length=8)
+    flagged: list[str] = Field(default_factory=list, max_length=MAX_FLAGGED,
+                               description="'cheat (sandbox): flags' of each flagged row")
+    note: str = Field(default="", max_length=300, description="e.g. why there is no audit")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if self.status != "not_audited" and (self.digest is None or self.date is None
+                                             or not self.envhub_version):
+            raise ValueError(f"an audit with status {self.status!r} needs digest, date and "
+                             "envhub_version")
+        if (self.status == "flagged") != bool(self.flagged):
+            raise ValueError("status 'flagged' goes with a non-empty 'flagged' list and only "
+                             "with it")
+        if any(len(s) > 200 for s in [*self.flagged, *self.sandboxes]):
+            raise ValueError("'flagged' and 'sandboxes' entries are at most 200 characters")
+        return self
+
+    @property
+    def label(self) -> str:
+        """One line for people: 'audit passed 2026-11-20 (envhub 0.4.0, 14 runs)'."""
+        if self.status == "not_audited":
+            return "NOT AUDITED" + (f" ({self.note})" if self.note else "")
+        when = self.date.strftime("%Y-%m-%d") if self.date else "?"
+        what = "passed" if self.status == "passed" else "FLAGGED: " + "; ".join(self.flagged)
+        return f"audit {what} {when} (envhub {self.envhub_version}, {self.rows} runs)"
+
+
+def not_audited(note: str = "") -> AuditSummary:
+    return AuditSummary(status="not_audited", note=note)
 
 
 class VersionInfo(BaseModel):
@@ -18,6 +70,9 @@ class VersionInfo(BaseModel):
     dependencies: list[str] = Field(default_factory=list)
     published_at: float = 0.0
     publisher: str = ""
+    audit: AuditSummary = Field(
+        default_factory=lambda: not_audited("published without an audit"),
+        description="the `envhub audit` result recorded at publish")
 
     @property
     def ref(self) -> str:

@@ -22,6 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from envhub import __version__
 from envhub.envs.manifest import SEMVER_RE
+from envhub.registry.audits import decode_header
 from envhub.registry.blobs import DIGEST_RE
 from envhub.registry.catalog import Catalog, check_version
 from envhub.registry.errors import BadRequest, Forbidden, RegistryError, TooLarge, Unauthorized
@@ -151,10 +152,14 @@ def create_app(config: ServerConfig, catalog: Catalog | None = None) -> FastAPI:
     )
     async def publish(owner: Owner, name: Name, version: Ver, request: Request,
                       authorization: Annotated[str | None, Header()] = None,
-                      x_envhub_digest: Annotated[str | None, Header()] = None) -> JSONResponse:
+                      x_envhub_digest: Annotated[str | None, Header()] = None,
+                      x_envhub_audit: Annotated[str | None, Header(
+                          description="base64url JSON AuditSummary of this exact package; "
+                          "absent: recorded as not audited")] = None) -> JSONResponse:
         """Upload a package built by `envhub pack`; 201 new, 200 same content again."""
         check_owner(owner), check_name(name), check_version(version)
         owners = await may_act_as(authorization, owner)
+        audit = None if x_envhub_audit is None else decode_header(x_envhub_audit)
         declared = request.headers.get("content-length")
         if declared is not None:
             if not declared.isdigit():
@@ -176,10 +181,11 @@ def create_app(config: ServerConfig, catalog: Catalog | None = None) -> FastAPI:
             if received == 0:
                 raise BadRequest("the request body is empty; send the .tar.gz from `envhub pack`")
             result = await run_in_threadpool(catalog.publish, owner, name, version, tmp,
-                                             ",".join(owners), x_envhub_digest)
+                                             ",".join(owners), x_envhub_digest, audit)
         finally:
             tmp.unlink(missing_ok=True)
-        return JSONResponse(result.model_dump(), status_code=201 if result.created else 200)
+        return JSONResponse(result.model_dump(mode="json"),
+                            status_code=201 if result.created else 200)
 
     @app.post(f"{API}/packages/{{owner}}/{{name}}/versions/{{version}}/yank",
               response_model=VersionInfo, responses=ERRORS)

@@ -13,7 +13,7 @@ from envhub.registry.catalog import Catalog
 from envhub.registry.client import RegistryClient
 from envhub.registry.errors import DigestMismatch
 from envhub.registry.home import LOCAL, choose_registry, choose_token, envhub_home
-from envhub.registry.models import PackageInfo, PublishResult, SearchHit, VersionInfo
+from envhub.registry.models import AuditSummary, PackageInfo, PublishResult, SearchHit, VersionInfo
 from envhub.registry.refs import PackageRef
 
 
@@ -25,7 +25,7 @@ class Registry(Protocol):
     async def resolve(self, ref: PackageRef) -> VersionInfo: ...
     async def fetch(self, info: VersionInfo, dest: Path) -> None: ...
     async def publish(self, owner: str, archive: Path, digest: str, name: str,
-                      version: str) -> PublishResult: ...
+                      version: str, audit: AuditSummary) -> PublishResult: ...
     async def yank(self, owner: str, name: str, version: str, yanked: bool) -> VersionInfo: ...
     async def default_owner(self) -> str | None: ...
     async def aclose(self) -> None: ...
@@ -58,9 +58,9 @@ class LocalRegistry:
                                  f"{info.digest}; delete {src} and publish it again")
 
     async def publish(self, owner: str, archive: Path, digest: str, name: str,
-                      version: str) -> PublishResult:
+                      version: str, audit: AuditSummary) -> PublishResult:
         return await asyncio.to_thread(self.catalog.publish_file, owner, archive, "local",
-                                       digest)
+                                       digest, audit)
 
     async def yank(self, owner: str, name: str, version: str, yanked: bool) -> VersionInfo:
         return await asyncio.to_thread(self.catalog.yank, owner, name, version, yanked)
@@ -93,8 +93,8 @@ class RemoteRegistry:
         await self.client.download(info, dest)
 
     async def publish(self, owner: str, archive: Path, digest: str, name: str,
-                      version: str) -> PublishResult:
-        return await self.client.publish(owner, name, version, archive, digest)
+                      version: str, audit: AuditSummary) -> PublishResult:
+        return await self.client.publish(owner, name, version, archive, digest, audit)
 
     async def yank(self, owner: str, name: str, version: str, yanked: bool) -> VersionInfo:
         return await self.client.yank(owner, name, version, yanked)

@@ -71,10 +71,26 @@ def load_target(ref: str) -> tuple[LoadedEnv, Cheat, list[Cheat]]:
 
 
 def package_digest(loaded: LoadedEnv) -> str | None:
-    """The registry digest of an installed package (None for built-ins and folders)."""
+    """The registry digest of an installed package, or of the package `envhub publish` would
+    pack from a folder (so `envhub publish --audit` can match it); None for built-ins and
+    folders that cannot be packed."""
     try:
         return str(json.loads((loaded.folder / INSTALL_MARKER).read_text())["digest"])
     except (OSError, ValueError, KeyError, TypeError):
+        pass
+    import tempfile
+
+    from envhub.envs import builtin
+    from envhub.registry.archive import pack
+    from envhub.registry.errors import RegistryError
+
+    if Path(builtin.__file__).parent.resolve() in loaded.folder.resolve().parents:
+        return None
+
+    try:
+        with tempfile.TemporaryDirectory(prefix="envhub-audit-pack-") as tmp:
+            return pack(loaded.folder, tmp).digest
+    except (RegistryError, OSError, ValueError):  # e.g. a folder holding a symlink
         return None
 
 

@@ -39,7 +39,7 @@ def test_exit_code_2_with_the_fix(home: Path, tmp_path: Path, monkeypatch: pytes
 def test_bad_manifest_at_publish(home: Path, tmp_path: Path) -> None:
     env = make_env(tmp_path / "env")
     (env / "envhub.toml").write_text('name = "my-env"\nversion = "one"\nentrypoint = "env:X"\n')
-    result = runner.invoke(app, ["publish", str(env)])
+    result = runner.invoke(app, ["publish", str(env), "--no-audit"])
     assert result.exit_code == 2
     assert "field 'version'" in result.output and "semantic version" in result.output
 
@@ -52,7 +52,8 @@ def test_corrupt_credentials_say_how_to_recover(home: Path, tmp_path: Path) -> N
 
 def test_remote_publish_needs_an_owner_when_ambiguous(home: Path, tmp_path: Path) -> None:
     env = make_env(tmp_path / "env")
-    result = runner.invoke(app, ["publish", str(env), "--registry", "http://127.0.0.1:9"])
+    result = runner.invoke(app, ["publish", str(env), "--no-audit",
+                                 "--registry", "http://127.0.0.1:9"])
     assert result.exit_code == 2
     assert "--owner" in result.output
 

@@ -127,10 +127,12 @@ def test_install_refuses_a_package_whose_manifest_names_another(home: Path,
 
 def test_install_refuses_a_tampered_blob(home: Path, tmp_path: Path) -> None:
     from envhub.registry.archive import pack
+    from envhub.registry.models import not_audited
 
     packed = pack(make_env(tmp_path / "env"), tmp_path / "dist")
     reg = LocalRegistry(home)
-    asyncio.run(reg.publish("alice", packed.path, packed.digest, "my-env", "1.2.0"))
+    asyncio.run(reg.publish("alice", packed.path, packed.digest, "my-env", "1.2.0",
+                          not_audited("test")))
     blob = reg.catalog.blobs.path(packed.digest)
     # Same size, one byte flipped: only the digest can tell.
     data = bytearray(blob.read_bytes())

@@ -28,7 +28,7 @@ def test_round_trip_local(home: Path, tmp_path: Path) -> None:
     archive, digest = out.split()[0], out.split()[1]
     assert Path(archive).is_file() and digest.startswith("sha256:")
 
-    code, out = cli("publish", str(env), "--owner", "alice")
+    code, out = cli("publish", str(env), "--no-audit", "--owner", "alice")
     assert code == 0, out
     assert "alice/my-env@1.2.0 published to local" in out and digest in out
 
@@ -61,12 +61,12 @@ def test_round_trip_local(home: Path, tmp_path: Path) -> None:
 
 def test_versions_are_immutable_and_republish_is_idempotent(home: Path, tmp_path: Path) -> None:
     env = make_env(tmp_path / "env")
-    assert cli("publish", str(env), "--owner", "alice")[0] == 0
-    code, out = cli("publish", str(env), "--owner", "alice")
+    assert cli("publish", str(env), "--no-audit", "--owner", "alice")[0] == 0
+    code, out = cli("publish", str(env), "--no-audit", "--owner", "alice")
     assert code == 0 and "already published (same content)" in out
     (env / "env.py").write_text("class TinyEnv:\n    VERSION = 'sneaky'\n")
     blobs_before = tree(home / "registry" / "blobs")
-    code, out = cli("publish", str(env), "--owner", "alice")
+    code, out = cli("publish", str(env), "--no-audit", "--owner", "alice")
     assert code == 2
     assert "already published with different content" in out and "bump 'version'" in out
     assert tree(home / "registry" / "blobs") == blobs_before
@@ -75,7 +75,7 @@ def test_versions_are_immutable_and_republish_is_idempotent(home: Path, tmp_path
 def test_yanked_versions_skip_ranges_but_install_exactly(home: Path, tmp_path: Path) -> None:
     for version in ("1.0.0", "1.1.0"):
         env = make_env(tmp_path / version, version=version)
-        assert cli("publish", str(env), "--owner", "alice")[0] == 0
+        assert cli("publish", str(env), "--no-audit", "--owner", "alice")[0] == 0
     code, out = cli("yank", "alice/my-env@1.1.0")
     assert code == 0 and "yanked" in out
     assert resolve("alice/my-env@^1.0.0").name == "1.0.0"
@@ -92,7 +92,7 @@ def test_yanked_versions_skip_ranges_but_install_exactly(home: Path, tmp_path: P
 def test_exact_installed_versions_resolve_offline(home: Path, tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     env = make_env(tmp_path / "env")
-    assert cli("publish", str(env), "--owner", "alice")[0] == 0
+    assert cli("publish", str(env), "--no-audit", "--owner", "alice")[0] == 0
     path = resolve("alice/my-env@1.2.0")
     # Point the default registry at a closed port: an exact installed pin must not care.
     monkeypatch.setenv("ENVHUB_REGISTRY", "http://127.0.0.1:9")
@@ -107,7 +107,7 @@ def test_publish_accepts_a_packed_archive(home: Path, tmp_path: Path) -> None:
     env = make_env(tmp_path / "env", extra='[metadata]\nowner = "carol"')
     code, out = cli("pack", str(env), "--out", str(tmp_path / "dist"))
     assert code == 0
-    code, out = cli("publish", str(tmp_path / "dist" / "my-env-1.2.0.tar.gz"))
+    code, out = cli("publish", str(tmp_path / "dist" / "my-env-1.2.0.tar.gz"), "--no-audit")
     assert code == 0 and "carol/my-env@1.2.0" in out  # owner from manifest metadata
 
 
@@ -117,7 +117,7 @@ def test_scaffolded_env_round_trip(home: Path, tmp_path: Path,
     monkeypatch.chdir(tmp_path)
     code, out = cli("init", "scaffolded")
     assert code == 0, out
-    code, out = cli("publish", "scaffolded", "--owner", "bob")
+    code, out = cli("publish", "scaffolded", "--no-audit", "--owner", "bob")
     assert code == 0 and "bob/scaffolded@" in out, out
     code, out = cli("install", "bob/scaffolded")
     assert code == 0, out

@@ -67,7 +67,7 @@ def pg_server(postgres_url: str, tmp_path_factory: pytest.TempPathFactory) -> It
 def test_round_trip_on_postgres(pg_server: Server, tmp_path: Path) -> None:
     env = make_env(tmp_path / "env", name="pg-env", version="2.0.0")
     home = {**os.environ, "ENVHUB_HOME": str(tmp_path / "home")}
-    out = run_cli("publish", str(env), "--registry", pg_server.url, "--token",
+    out = run_cli("publish", str(env), "--no-audit", "--registry", pg_server.url, "--token",
                   pg_server.tokens["bob"], env=home)
     assert out.returncode == 0 and "bob/pg-env@2.0.0" in out.stdout, out.stderr
     out = run_cli("install", "bob/pg-env@latest", "--registry", pg_server.url, env=home)

@@ -39,7 +39,7 @@ def test_round_trip_through_the_cli(server: Server, tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     digest = out.stdout.split()[1]
 
-    out = run_cli("publish", str(env / "dist" / "my-env-1.2.0.tar.gz"), "--registry",
+    out = run_cli("publish", str(env / "dist" / "my-env-1.2.0.tar.gz"), "--no-audit", "--registry",
                   server.url, "--token", server.tokens["alice"], env=client_env)
     assert out.returncode == 0, out.stderr
     assert f"alice/my-env@1.2.0 published to {server.url}\n{digest}" in out.stdout
@@ -57,7 +57,7 @@ def test_round_trip_through_the_cli(server: Server, tmp_path: Path) -> None:
     assert (folder / "env.py").read_text() == (env / "env.py").read_text()
 
     # Same content again: idempotent (200); the CLI says so.
-    out = run_cli("publish", str(env), env=client_env)  # token + registry from login
+    out = run_cli("publish", str(env), "--no-audit", env=client_env)  # token + registry from login
     assert out.returncode == 0 and "already published" in out.stdout, out.stderr
     # resolve() (for `envhub run`) against the server, in-process.
     assert resolve("alice/my-env@^1.0.0", registry=server.url,
