@@ -155,3 +155,17 @@ def test_a_slide_that_hangs_the_browser_scores_zero_not_env_failure(tmp_path):
     assert [s.name for s in verdict.signals] == [UNGRADABLE], verdict
     assert "slide 2" in verdict.info["ungradable"] and "timed out" in verdict.info["ungradable"]
     assert time.monotonic() - started < 90
+
+
+def test_a_browser_that_fails_on_its_own_is_env_failure_not_zero(tmp_path, monkeypatch):
+    """The other side of the blame: a Chromium that cannot start fails the gold deck and the
+    grader's blank slide alike, so it is the infrastructure (env_failure), never a 0."""
+    require_kind("local")
+    broken = tmp_path / "browser" / "chromium"
+    broken.parent.mkdir()
+    broken.write_text("#!/bin/sh\necho 'this Chromium is broken' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    monkeypatch.setenv("ENVHUB_CHROMIUM", str(broken))
+    verdict = grade_in("local", TASK, gold_deck(TASK.id), tmp_path)
+    assert verdict.env_failure and "a blank slide fails too" in verdict.env_failure, verdict
+    assert not verdict.signals
