@@ -254,7 +254,8 @@ class Catalog:
         with its audit (None: recorded as not audited, as old clients publish).
 
         The caller deletes `incoming` afterwards (it is moved away when it becomes a blob).
-        A re-publish of the same content keeps the first record, its audit included.
+        A re-publish of the same content keeps the first record; only a version published
+        without an audit may get one that way (`envhub publish` again, audited).
         """
         check_owner(owner), check_name(name), check_version(version)
         digest = sha256_file(incoming)
@@ -285,6 +286,8 @@ class Catalog:
         except IntegrityError:
             existing = self.version(owner, name, version)
             if existing.digest == digest:
+                if existing.audit.status == "not_audited" and audit.status != "not_audited":
+                    existing = self._attach_audit(owner, name, version, audit)
                 return PublishResult(version=existing, created=False)
             raise Conflict(f"{owner}/{name}@{version} is already published with different "
                            f"content ({existing.digest}); versions are immutable: bump "
@@ -294,6 +297,26 @@ class Catalog:
                 self.blobs.remove(digest)
             raise
         return PublishResult(version=self.version(owner, name, version), created=True)
+
+    def _attach_audit(self, owner: str, name: str, version: str,
+                      audit: AuditSummary) -> VersionInfo:
+        """A version published without an audit gets its first one (same digest, checked by
+        the caller); an audited version's record never changes."""
+        key = (audits.c.owner == owner, audits.c.name == name, audits.c.version == version)
+        summary = audit.model_dump_json()
+        try:
+            with self.engine.begin() as conn:
+                row = conn.execute(sa.select(audits.c.summary).where(*key)).first()
+                if row is None:  # indexes from before audits have no row
+                    conn.execute(audits.insert().values(owner=owner, name=name,
+                                                        version=version, summary=summary))
+                elif _row_audit(row.summary).status == "not_audited":
+                    # only over the unaudited record: a concurrent attach that won stays
+                    conn.execute(audits.update().where(*key, audits.c.summary == row.summary)
+                                 .values(summary=summary))
+        except IntegrityError:  # a concurrent attach inserted first; its record stays
+            pass
+        return self.version(owner, name, version)
 
     def yank(self, owner: str, name: str, version: str, yanked: bool = True) -> VersionInfo:
         self.version(owner, name, version)  # NotFound with the fix

@@ -134,6 +134,18 @@ def test_no_audit_is_explicit_and_shown_loudly(server: Server, tmp_path: Path,
     assert "warning: alice/unaudited-env@1.2.0 is NOT AUDITED" in installed.stderr
     assert "envhub audit alice/unaudited-env@1.2.0" in installed.stderr
 
+    # the same content published again with a passing audit gets it; later ones change nothing
+    digest = pack(env, tmp_path / "dist").digest
+    again = publish(server, env, "--audit", str(audit_json(tmp_path / "a.json", digest,
+                                                              name="unaudited-env")))
+    assert again.returncode == 0 and "already published" in again.stdout, again.stderr
+    first = versions(server, "alice", "unaudited-env")["1.2.0"]["audit"]
+    assert first["status"] == "passed"
+    later = audit_json(tmp_path / "b.json", digest, name="unaudited-env", age=timedelta(days=1))
+    for args in (["--no-audit"], ["--audit", str(later)]):
+        assert publish(server, env, *args).returncode == 0
+        assert versions(server, "alice", "unaudited-env")["1.2.0"]["audit"] == first
+
 
 def test_an_old_client_without_audit_shows_not_audited(server: Server, tmp_path: Path,
                                                        home: Path) -> None:
