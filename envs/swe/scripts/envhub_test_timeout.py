@@ -109,14 +109,19 @@ def _runner_dirs():
     return tuple(dirs)
 
 
-def _from_runner(obj, dirs):
-    """Was `obj` written by the runner itself? (pytest changes some of its own classes at
-    configure time, e.g. legacypath's Config._getini_unknown_type.)"""
+def _from_runner(obj, dirs, agent_files):
+    """Was `obj` written by the runner itself (pytest changes some of its own classes at
+    configure time, e.g. legacypath's Config._getini_unknown_type) or by the project's test
+    code, which the patch cannot change (a conftest.py patching unittest for old Pythons)?"""
     code = getattr(obj, "__code__", None) or getattr(getattr(obj, "__func__", None),
                                                      "__code__", None)
-    if code is not None:
-        return code.co_filename.startswith(dirs)
-    return (getattr(obj, "__module__", None) or "").split(".")[0] in RUNNER
+    if code is None:
+        return (getattr(obj, "__module__", None) or "").split(".")[0] in RUNNER
+    path = code.co_filename
+    name = os.path.basename(path)
+    test_code = (name == "conftest.py" or name.startswith("test_") or name.endswith("_test.py"))
+    return path.startswith(dirs) or (test_code and path not in agent_files
+                                     and os.path.isfile(path))
 
 
 def _guard(send):
@@ -184,7 +189,7 @@ def _guard(send):
                 now = space.get(attr, value)
                 if now is value:
                     continue
-                if from_runner(now, dirs):
+                if from_runner(now, dirs, agent_files):
                     entries[i] = (holder, space, attr, now)
                 else:
                     find("the runner's %s.%s was replaced" % (holder, attr))
