@@ -2,6 +2,12 @@
 
     python bench/bench_audit.py                                   # arith, swe-task (local, docker)
     python bench/bench_audit.py arith swe-task:docker terminal-task slides webtask -t 1 -j 2
+    python bench/bench_audit.py --all                             # every target of the CI test
+
+`--all` runs what tests/envs/test_audit.py::test_audit_passes_on_every_builtin audits: every
+built-in in each sandbox kind it supports, the Harbor docs' dataset (all its tasks), a bare
+Harbor task, a terminal-bench 1 task and the SWE-bench row (its image built and tagged here,
+removed afterwards), with the same task counts. A target may also be a folder or rows file.
 
 Each ENV[:KIND] runs `envhub audit ENV -t N [--sandbox KIND]` as a user would (a subprocess, its
 own in-process gateways) and prints its wall time, its exit status (0 clean, 1 flagged), how
@@ -12,6 +18,7 @@ first, then the oracle and the cheats `-j` at a time, each a full `envhub run` w
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import subprocess
 import sys
@@ -22,8 +29,10 @@ from pathlib import Path
 DEFAULT = ["arith", "swe-task:local", "swe-task:docker"]
 
 
-def audit_once(target: str, tasks: int, parallel: int, scratch: Path) -> dict:
+def audit_once(target: str, tasks: int, parallel: int, scratch: Path, ref: str = "") -> dict:
+    """One `envhub audit`; `ref` is what it audits when `target` is only a label."""
     env, _, kind = target.partition(":")
+    env = ref or env
     out = scratch / target.replace(":", "-").replace("/", "_")
     report = out.with_suffix(".json")
     args = [sys.executable, "-m", "envhub", "audit", env, "-t", str(tasks), "-j", str(parallel),
@@ -38,19 +47,37 @@ def audit_once(target: str, tasks: int, parallel: int, scratch: Path) -> dict:
             "rows": len(data["rows"]), "flagged": flagged, "error": error}
 
 
+def all_targets(scratch: Path, stack: contextlib.ExitStack) -> list[tuple[str, str, int]]:
+    """(label ENV:KIND, what to audit, tasks) for every case of the CI test, folders written
+    and the SWE-bench image built as the test does (its helpers, so both audit the same)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `tests` importable
+    from tests.envs import test_audit as t
+
+    out = []
+    for name, kind, tasks, _ in t.BUILTINS:
+        scratch_one = scratch / f"target-{name}-{kind}"
+        scratch_one.mkdir(parents=True)
+        out.append((f"{name}:{kind}", t._target(name, scratch_one, stack), tasks))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("targets", nargs="*", default=DEFAULT, help="ENV or ENV:KIND")
+    parser.add_argument("targets", nargs="*", default=None, help="ENV or ENV:KIND")
+    parser.add_argument("--all", action="store_true", help="every target of the CI test")
     parser.add_argument("-t", "--tasks", type=int, default=1)
     parser.add_argument("-j", "--parallel", type=int, default=2)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="envhub-bench-audit-") as tmp:
-        print(f"{'environment':24} {'wall s':>8} {'exit':>4} {'rows':>4}  flagged")
-        for target in args.targets:
-            r = audit_once(target, args.tasks, args.parallel, Path(tmp))
+    with tempfile.TemporaryDirectory(prefix="envhub-bench-audit-") as tmp, \
+            contextlib.ExitStack() as stack:
+        plan = (all_targets(Path(tmp), stack) if args.all else
+                [(t, "", args.tasks) for t in args.targets or DEFAULT])
+        print(f"{'environment':28} {'tasks':>5} {'wall s':>8} {'exit':>4} {'rows':>4}  flagged")
+        for target, ref, tasks in plan:
+            r = audit_once(target, tasks, args.parallel, Path(tmp), ref)
             note = "; ".join(r["flagged"]) or r["error"] or "-"
-            print(f"{r['target']:24} {r['wall_s']:8.1f} {r['exit']:4d} {r['rows']:4d}  {note}",
-                  flush=True)
+            print(f"{r['target']:28} {tasks:5d} {r['wall_s']:8.1f} {r['exit']:4d} "
+                  f"{r['rows']:4d}  {note}", flush=True)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@ sandboxes, the gateway's scripted backend for tool-only environments.
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -159,3 +161,107 @@ def test_audit_refuses_a_kind_the_environment_does_not_support(tmp_path: Path) -
 def test_help_lists_audit() -> None:
     proc = envhub("audit", "--help", timeout=60)
     assert proc.returncode == 0 and "no-op" in proc.stdout, proc.stdout
+
+
+# --- every built-in, the Harbor folders and the SWE-bench row the tests use (issue 25) --------
+
+DOCS_TASKS = Path(__file__).parent / "data" / "harbor-docs"
+
+
+def _harbor_task(tmp_path: Path) -> str:
+    from tests.envs.test_task_folders import harbor_task
+
+    return str(harbor_task(tmp_path / "bare"))
+
+
+def _tbench_task(tmp_path: Path) -> str:
+    from tests.envs.test_task_folders import tbench_task
+
+    return str(tbench_task(tmp_path / "tb" / "hello"))
+
+
+# (target, sandbox kind, tasks, marks): a built-in name, or a name _target turns into a folder
+# or rows file. swe-task in docker and arith have their own tests above. The Harbor docs'
+# folder is a dataset of three tasks: one audit of all three (-t 3) is cheaper than three.
+BUILTINS = [
+    ("swe-task", "local", 1, [pytest.mark.bwrap]),
+    ("terminal-task", "docker", 1, [pytest.mark.docker]),
+    ("slides", "docker", 1, [pytest.mark.docker, pytest.mark.browser]),
+    ("slides", "local", 1, [pytest.mark.bwrap, pytest.mark.browser]),
+    ("webtask", "docker", 1, [pytest.mark.docker, pytest.mark.browser]),
+    ("webtask", "local", 1, [pytest.mark.bwrap, pytest.mark.browser]),
+    ("harbor-docs", "docker", 3, [pytest.mark.docker]),
+    ("harbor-bare", "docker", 1, [pytest.mark.docker]),
+    ("terminal-bench-1", "docker", 1, [pytest.mark.docker]),
+    ("swebench-row", "docker", 1, [pytest.mark.docker]),
+]
+
+
+def _require(kind: str, target: str) -> None:
+    if target in ("slides", "webtask"):
+        from tests.envs.browser_boxes import require_kind
+
+        require_kind(kind)
+    elif kind == "docker":
+        require_docker()
+    else:
+        require_tool("bwrap")
+
+
+def _target(name: str, tmp_path: Path, stack: contextlib.ExitStack) -> str:
+    if name == "harbor-docs":
+        return str(DOCS_TASKS)
+    if name == "harbor-bare":
+        return _harbor_task(tmp_path)
+    if name == "terminal-bench-1":
+        return _tbench_task(tmp_path)
+    if name == "swebench-row":
+        return stack.enter_context(swebench_rows(tmp_path))
+    return name
+
+
+@contextlib.contextmanager
+def swebench_rows(tmp_path: Path) -> Iterator[str]:
+    """The row of tests/envs/test_swebench_rows.py as a rows file, its image built here and
+    tagged with the name SWE-bench's harness pulls (removed afterwards)."""
+    from envhub.envs.images import build_env_image
+    from envhub.envs.sandbox.engine import docker_client
+    from envhub.envs.swe.swebench import image_names
+    from tests.envs.test_swebench_rows import DOCKERFILE, INSTANCE, swebench_row
+
+    (tmp_path / "image").mkdir()
+    (tmp_path / "image" / "Dockerfile").write_text(DOCKERFILE)
+    built = build_env_image(dockerfile=tmp_path / "image" / "Dockerfile").tag
+    client = docker_client()
+    base = client.containers.run(built, "git -C /testbed rev-parse HEAD", remove=True)
+    rows_file = tmp_path / "swebench.jsonl"
+    rows_file.write_text(json.dumps(swebench_row(base.decode().strip())) + "\n")
+    pulled = image_names(INSTANCE)[1]
+    client.images.get(built).tag(pulled.split(":")[0], "latest")
+    try:
+        yield str(rows_file)
+    finally:
+        if client.images.list(name=pulled.split(":")[0]):
+            client.images.remove(pulled)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("target", "kind", "tasks"), [
+    pytest.param(t, k, n, marks=m, id=f"{t}-{k}") for t, k, n, m in BUILTINS])
+def test_audit_passes_on_every_builtin(tmp_path: Path, target: str, kind: str,
+                                       tasks: int) -> None:
+    """`envhub audit` on each built-in environment in each sandbox kind it supports (its first
+    task), the Harbor folders (the docs' three tasks, a bare task, a terminal-bench 1 task) and
+    the SWE-bench row the other tests use: exit 0, the oracle solves every task, no row flagged
+    (no cheat beats the no-op, none escapes into env_failure or hangs)."""
+    _require(kind, target)
+    with contextlib.ExitStack() as stack:
+        ref = _target(target, tmp_path, stack)
+        code, data, out = audit(tmp_path, ref, "-t", str(tasks), "-s", kind)
+    by = rows(data)
+    assert by, out
+    assert all(r["sandbox"] == kind for r in data["rows"]), out
+    assert by["oracle"]["tasks"] == by["oracle"]["resolved"] == tasks, out
+    assert by["no-op"]["env_failure"] == 0, out
+    flagged = {name: r["verdict"] for name, r in by.items() if r["verdict"] != "ok"}
+    assert code == 0 and not flagged and not data["flagged"], (flagged, out)
