@@ -177,8 +177,12 @@ class DockerSandbox:
         except SandboxError:  # cannot even start (no pid left) or the container stopped
             pass
         try:
-            api.kill(self.id)
-            api.wait(self.id, timeout=30)
+            # A container already stopped was stopped from inside (`kill -9 -1` ends its main
+            # process): starting it again ends the agent's processes as a sweep would and keeps
+            # its files; only a container that cannot start again is an infrastructure failure.
+            if api.inspect_container(self.id)["State"].get("Running"):
+                api.kill(self.id)
+                api.wait(self.id, timeout=30)
             api.start(self.id)
         except docker.errors.NotFound:
             raise SandboxClosed(f"container {self.id[:12]} is gone (removed or reaped)") from None
@@ -190,16 +194,21 @@ class DockerSandbox:
 
     def _freezer(self) -> Freezer | None:
         """The container's cgroup freezer, when this process may use it (cgroup.py); raises
-        SandboxError when the container stopped (OOM, killed from outside: not ours to revive)."""
+        SandboxError when the container stopped from outside (OOM, `docker kill`: not ours to
+        revive); None when its main process was ended from inside (`kill -9 -1`: the agent's
+        doing, so the caller's restart path starts it again)."""
         docker = import_docker()
+        api = docker_client().api
         try:
-            state = docker_client().api.inspect_container(self.id)["State"]
+            state = api.inspect_container(self.id)["State"]
         except docker.errors.NotFound:
             raise SandboxClosed(f"container {self.id[:12]} is gone (removed or reaped)") from None
         except docker.errors.APIError as e:
             raise SandboxError(f"cannot inspect container {self.id[:12]}: "
                                f"{e.explanation or e}") from None
         if not state.get("Running"):
+            if not state.get("OOMKilled") and not _killed_since(api, self.id, state):
+                return None
             raise SandboxError(f"container {self.id[:12]} is not running (exit "
                                f"{state.get('ExitCode')}, OOM killed: {state.get('OOMKilled')})")
         return find_freezer(int(state.get("Pid") or 0), self.id)
@@ -221,13 +230,37 @@ class DockerSandbox:
         if self._closed:
             raise SandboxClosed(f"sandbox {self.id[:12]} is closed")
 
+    def _revived(self) -> bool:
+        """Start the container again when its main process was ended from inside (the agent's
+        `kill -9 -1`; its files are kept, its processes gone); False when it stopped from
+        outside (OOM, `docker kill`) or cannot start."""
+        docker = import_docker()
+        api = docker_client().api
+        try:
+            state = api.inspect_container(self.id)["State"]
+            if state.get("Running"):
+                return True
+            if state.get("OOMKilled") or _killed_since(api, self.id, state):
+                return False
+            api.start(self.id)
+        except docker.errors.APIError:
+            return False
+        self._keep = self._main_pids()
+        return True
+
     def _run(self, argv: list[str], env: dict[str, str] | None, workdir: str
              ) -> tuple[int, bytes, bytes]:
         docker = import_docker()
         api = docker_client().api
         try:
-            exec_id = api.exec_create(self.id, argv, stdout=True, stderr=True,
-                                      environment=env, workdir=workdir)["Id"]
+            try:
+                exec_id = api.exec_create(self.id, argv, stdout=True, stderr=True,
+                                          environment=env, workdir=workdir)["Id"]
+            except docker.errors.APIError as e:
+                if "is not running" not in str(e.explanation or e) or not self._revived():
+                    raise
+                exec_id = api.exec_create(self.id, argv, stdout=True, stderr=True,
+                                          environment=env, workdir=workdir)["Id"]
             out, err, over = _read_capped(api.exec_start(exec_id, stream=True, demux=True))
             if over and env and EXEC_ID_VAR in env:  # written around the wrapper's cap
                 self._sweep_call_blocking(env[EXEC_ID_VAR])
@@ -397,3 +430,16 @@ def reap_docker(run_id: str | None = None, stale_only: bool = False) -> list[str
         untrack(container.id)
         removed.append(container.id)
     return removed
+
+
+def _killed_since(api: Any, container: str, state: dict[str, Any]) -> bool:
+    """Did the engine kill `container` (a `docker kill`, ours or anyone's) since it last
+    started? A main process that died without one was ended from inside."""
+    started = str(state.get("StartedAt") or "")[:19]
+    try:
+        since = int(time.mktime(time.strptime(started, "%Y-%m-%dT%H:%M:%S")) - time.timezone)
+    except ValueError:
+        return True  # cannot tell: not ours to revive
+    events = api.events(since=since, until=int(time.time()) + 1, decode=True,
+                        filters={"container": container, "event": "kill"})
+    return any(True for _ in events)

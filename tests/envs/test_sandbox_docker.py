@@ -204,3 +204,14 @@ def test_output_written_around_the_wrapper_is_capped_on_the_host(box) -> None:
     assert "output past the cap was dropped" in result.stderr, result.stderr[-500:]
     assert "finished" not in result.stdout
     assert run(box.exec("echo still works")).stdout == "still works\n"
+
+
+def test_a_container_stopped_from_inside_is_started_again(box) -> None:
+    """`kill -9 -1` from a command ends the container's main process and so the container: the
+    sweep after the call found it stopped, its `kill` failed and the rollout became an
+    env_failure. The agent did it: the container is started again (its files kept, its
+    processes gone) and the next call runs."""
+    run(box.write_file("kept.txt", b"still here"))
+    run(box.exec("kill -9 -1; sleep 1", timeout=30))
+    assert run(box.exec("cat kept.txt", timeout=30)).stdout == "still here"
+    assert run(box.end_processes()) in ("swept", "restarted")
