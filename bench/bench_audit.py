@@ -54,7 +54,7 @@ def all_targets(scratch: Path, stack: contextlib.ExitStack) -> list[tuple[str, s
     from tests.envs import test_audit as t
 
     out = []
-    for name, kind, tasks, _ in t.BUILTINS:
+    for name, kind, tasks, _ in t.ALL_TARGETS:
         scratch_one = scratch / f"target-{name}-{kind}"
         scratch_one.mkdir(parents=True)
         out.append((f"{name}:{kind}", t._target(name, scratch_one, stack), tasks))
