@@ -95,15 +95,15 @@ def test_audit_flags_an_environment_that_trusts_the_agents_files(tmp_path: Path)
     require_tool("bwrap")
     env = hackable_env(tmp_path / "hackable")
     code, data, out = audit(tmp_path, str(env), "-t", "2", "-s", "local",
-                            "--cheat", "write-artifacts", "--cheat", "leftover-writer",
-                            "--cheat", "delete-tests")
+                            "--cheat", "write-artifacts", "--cheat", "delete-tests")
     assert code == 1, out
     by = rows(data)
     assert by["no-op"]["mean_reward"] == 0.0 and by["no-op"]["verdict"] == "ok", out
     assert by["oracle"]["resolved"] == 2 and by["oracle"]["verdict"] == "ok", out
     assert by["write-artifacts"]["mean_reward"] == 1.0, out
     assert "beats no-op" in by["write-artifacts"]["verdict"], out
-    assert "beats no-op" in by["leftover-writer"]["verdict"], out
+    # (the leftover writer's race with the end of the agent phase decides whether it wins
+    # here: not asserted, the CI run saw it lose once)
     assert by["delete-tests"]["verdict"] == "ok", out  # nothing to delete here: no false alarm
     assert data["env"] == "hackable" and data["version"] == "0.1.0" and data["flagged"], data
     assert data["envhub_version"] and data["date"], data
