@@ -326,11 +326,18 @@ def test_docker_end_processes_kills_what_no_call_started(docker_box) -> None:
 
 @pytest.mark.docker
 def test_docker_end_processes_reports_a_stopped_container(docker_box) -> None:
-    """A container that stopped (its main process killed, OOM) is an infrastructure failure
-    for the runner, not something to revive silently."""
+    """A container whose main process was killed from inside (the agent's own `kill`) is
+    started again, its files kept: the agent's doing, never an env_failure. One stopped from
+    outside (`docker kill`: the engine records it) is an infrastructure failure for the runner,
+    not something to revive silently."""
     from envhub.envs.sandbox.errors import SandboxError
 
+    run(docker_box.write_file("kept.txt", b"kept"))
     docker_box.container.exec_run(["sh", "-c", "kill -9 $(cat /proc/1/task/1/children)"])
+    time.sleep(1)
+    assert run(docker_box.end_processes()) in ("swept", "restarted")
+    assert run(docker_box.exec("cat kept.txt", timeout=30)).stdout == "kept"
+    docker_box.container.kill()
     time.sleep(1)
     with pytest.raises(SandboxError, match="not running"):
         run(docker_box.end_processes())

@@ -153,7 +153,8 @@ def test_a_slide_that_hangs_the_browser_scores_zero_not_env_failure(tmp_path):
     assert verdict.env_failure is None, verdict
     assert verdict.outcome == 0.0 and not verdict.resolved
     assert [s.name for s in verdict.signals] == [UNGRADABLE], verdict
-    assert "slide 2" in verdict.info["ungradable"] and "timed out" in verdict.info["ungradable"]
+    why = verdict.info["ungradable"]  # its deadline, or under load the renderer crashing first
+    assert "slide 2" in why and ("timed out" in why or "crashed" in why), why
     assert time.monotonic() - started < 90
 
 
