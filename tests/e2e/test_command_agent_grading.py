@@ -19,15 +19,21 @@ from tests.e2e.agent_checks import only_rollout
 from tests.support import require_docker, require_tool
 
 
-def gold_fix_agent() -> tuple[str, str]:
-    """(task id, a command agent applying that task's gold patch in its repository)."""
+def gold_fix_command() -> tuple[str, str]:
+    """(task id, a shell command applying that swe-task's gold patch in its repository)."""
     env = load_env("swe-task").env
     task = env.load_tasks()[0]
     swe = env.swe_task(task)  # type: ignore[attr-defined]
     patch = base64.b64encode(swe.patch.encode()).decode()
     repo = shlex.quote(swe.repo_dir)
-    script = f"echo {patch} | base64 -d | git -C {repo} apply - && git -C {repo} diff --stat"
-    return task.id, shlex.join(["sh", "-c", script])
+    return task.id, (f"echo {patch} | base64 -d | git -C {repo} apply - && "
+                     f"git -C {repo} diff --stat")
+
+
+def gold_fix_agent() -> tuple[str, str]:
+    """(task id, a command agent applying that task's gold patch in its repository)."""
+    task_id, script = gold_fix_command()
+    return task_id, shlex.join(["sh", "-c", script])
 
 
 @pytest.mark.parametrize("kind", [pytest.param("local", marks=pytest.mark.bwrap),

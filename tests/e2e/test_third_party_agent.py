@@ -14,7 +14,6 @@ mini's fix is graded and resolves the task, in local and docker sandboxes alike.
 
 from __future__ import annotations
 
-import base64
 import json
 import shlex
 import subprocess
@@ -24,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from envhub.envs.loader import load_env
 from tests.e2e.agent_checks import assert_token_exact, only_rollout, pool_trajectory
+from tests.e2e.test_command_agent_grading import gold_fix_command
 from tests.support import bundled_renderer, require, require_docker, require_tool, tool_call
 
 pytestmark = [pytest.mark.slow]
@@ -134,13 +133,8 @@ GOLD_CONFIG = ("agent.step_limit=5", "model.model_kwargs.max_tokens=4096")
 def gold_fix_script() -> tuple[str, list[str]]:
     """(task id, mini's turns as a model would write them: a thought and one bash tool call
     (the bundled template's Hermes format) applying swe-task's gold patch, then submitting)."""
-    env = load_env("swe-task").env
-    task = env.load_tasks()[0]
-    swe = env.swe_task(task)  # type: ignore[attr-defined]
-    patch = base64.b64encode(swe.patch.encode()).decode()
-    repo = shlex.quote(swe.repo_dir)
-    fix = f"echo {patch} | base64 -d | git -C {repo} apply - && git -C {repo} diff --stat"
-    return task.id, [
+    task_id, fix = gold_fix_command()
+    return task_id, [
         "THOUGHT: I know the fix; I apply it to the repository.\n\n"
         + tool_call("bash", {"command": fix}),
         "THOUGHT: The fix is in place; I submit.\n\n"
