@@ -58,6 +58,10 @@ from envhub.envs.sandbox.shell import (
     wrapper_argv,
 )
 
+# How the runtime answers an exec created just as the container stopped ("cannot exec in a
+# stopped state", "error executing setns process", ...).
+RUNTIME_EXEC_FAILED = b"OCI runtime exec failed"
+
 WORKDIR = "/workspace"
 PIDS_LIMIT = 1024  # stops fork bombs from taking the host down
 BACKSTOP_S = 30.0  # extra wait beyond the in-container timeout before we sweep from outside
@@ -168,8 +172,10 @@ class DockerSandbox:
         if freezer is not None and kill_frozen(freezer, outside({1, *map(int, self._keep)})):
             return "swept"
         try:  # no access to the cgroup (not root, a remote engine): from inside
+            # Not revived by _run: the pids it spares are the old main process's, and a sweep
+            # in a container started again would kill the new one (seen in CI).
             code, out, _ = self._run(["sh", "-c", SWEEP_ALL, "envhub-sweep-all", *self._keep],
-                                     None, "/")
+                                     None, "/", revive=False)
             if code == 0 and SWEEP_CLEAN in out.decode(errors="replace"):
                 return "swept"
         except SandboxClosed:
@@ -181,7 +187,13 @@ class DockerSandbox:
             # process): starting it again ends the agent's processes as a sweep would and keeps
             # its files; only a container that cannot start again is an infrastructure failure.
             if api.inspect_container(self.id)["State"].get("Running"):
-                api.kill(self.id)
+                try:
+                    api.kill(self.id)
+                except docker.errors.APIError as e:
+                    # Its main process was just ended from inside: the container stopped
+                    # between the inspect and the kill (seen in CI). Start it as one stopped.
+                    if "is not running" not in str(e.explanation or e):
+                        raise
                 api.wait(self.id, timeout=30)
             api.start(self.id)
         except docker.errors.NotFound:
@@ -237,9 +249,9 @@ class DockerSandbox:
         docker = import_docker()
         api = docker_client().api
         try:
-            state = api.inspect_container(self.id)["State"]
-            if state.get("Running"):
+            if not _stops(api, self.id):  # an exec was refused as "not running": it stops
                 return True
+            state = api.inspect_container(self.id)["State"]
             if state.get("OOMKilled") or _killed_since(api, self.id, state):
                 return False
             api.start(self.id)
@@ -248,28 +260,45 @@ class DockerSandbox:
         self._keep = self._main_pids()
         return True
 
-    def _run(self, argv: list[str], env: dict[str, str] | None, workdir: str
-             ) -> tuple[int, bytes, bytes]:
+    def _run(self, argv: list[str], env: dict[str, str] | None, workdir: str,
+             revive: bool = True) -> tuple[int, bytes, bytes]:
+        """Run argv to its end: (exit code, stdout, stderr). A container whose main process
+        was ended from inside is started again first when `revive` (see _revived)."""
         docker = import_docker()
         api = docker_client().api
-        try:
+        for attempt in (1, 2):
             try:
-                exec_id = api.exec_create(self.id, argv, stdout=True, stderr=True,
-                                          environment=env, workdir=workdir)["Id"]
+                code, out, err = self._run_once(api, argv, env, workdir)
+            except docker.errors.NotFound:
+                if not _exists(api, self.id):
+                    raise SandboxClosed(f"container {self.id[:12]} is gone (removed or "
+                                        "reaped)") from None
+                why = "it stopped during the exec"  # the exec went with its container
             except docker.errors.APIError as e:
-                if "is not running" not in str(e.explanation or e) or not self._revived():
-                    raise
-                exec_id = api.exec_create(self.id, argv, stdout=True, stderr=True,
-                                          environment=env, workdir=workdir)["Id"]
-            out, err, over = _read_capped(api.exec_start(exec_id, stream=True, demux=True))
-            if over and env and EXEC_ID_VAR in env:  # written around the wrapper's cap
-                self._sweep_call_blocking(env[EXEC_ID_VAR])
-                err += b"\nenvhub: output past the cap was dropped and the command killed"
-            code = api.exec_inspect(exec_id)["ExitCode"]
-        except docker.errors.NotFound:
-            raise SandboxClosed(f"container {self.id[:12]} is gone (removed or reaped)") from None
-        except docker.errors.APIError as e:
-            raise SandboxError(f"docker exec failed: {e.explanation or e}") from None
+                why = str(e.explanation or e)
+                if "is not running" not in why:
+                    raise SandboxError(f"docker exec failed: {why}") from None
+            else:
+                # Created as the container was stopping (its main process ended from inside
+                # an instant before): the runtime refuses to start it (seen in CI). A command
+                # that only prints the runtime's words runs once: its container still runs.
+                if code == 0 or not (out + err).startswith(RUNTIME_EXEC_FAILED) \
+                        or not _stops(api, self.id):
+                    return code, out, err
+                why = (out + err).decode(errors="replace").strip()[:300]
+            if attempt == 2 or not revive or not self._revived():
+                raise SandboxError(f"container {self.id[:12]} is not running: {why}")
+        raise AssertionError("unreachable")
+
+    def _run_once(self, api: Any, argv: list[str], env: dict[str, str] | None, workdir: str
+                  ) -> tuple[int, bytes, bytes]:
+        exec_id = api.exec_create(self.id, argv, stdout=True, stderr=True,
+                                  environment=env, workdir=workdir)["Id"]
+        out, err, over = _read_capped(api.exec_start(exec_id, stream=True, demux=True))
+        if over and env and EXEC_ID_VAR in env:  # written around the wrapper's cap
+            self._sweep_call_blocking(env[EXEC_ID_VAR])
+            err += b"\nenvhub: output past the cap was dropped and the command killed"
+        code = api.exec_inspect(exec_id)["ExitCode"]
         return int(code if code is not None else -1), out or b"", err or b""
 
     async def exec(self, cmd: str, timeout: float | None = None, cwd: str | None = None,
@@ -430,6 +459,28 @@ def reap_docker(run_id: str | None = None, stale_only: bool = False) -> list[str
         untrack(container.id)
         removed.append(container.id)
     return removed
+
+
+def _stops(api: Any, container: str, within_s: float = 2.0) -> bool:
+    """Is `container` stopped (or gone, or not to be inspected), or stopped within
+    `within_s`?"""
+    deadline = time.monotonic() + within_s
+    try:
+        while api.inspect_container(container)["State"].get("Running"):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)
+    except import_docker().errors.APIError:
+        pass
+    return True
+
+
+def _exists(api: Any, container: str) -> bool:
+    try:
+        api.inspect_container(container)
+    except import_docker().errors.NotFound:
+        return False
+    return True
 
 
 def _killed_since(api: Any, container: str, state: dict[str, Any]) -> bool:
