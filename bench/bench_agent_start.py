@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from envhub.envs.runner import EnvChoice, RunConfig, run
+from envhub.orchestrator.groups import EnvChoice, RunConfig, run
 
 AGENT = """#!/usr/bin/env python3
 import json, os, time, urllib.request

@@ -37,7 +37,7 @@ from typing import Any
 def run_loop(sync: bool, args: argparse.Namespace, out: Path,
              reset: bool | None = None) -> dict[str, float]:
     """One `envhub train` loop in this process; its figures from the step rows."""
-    from envhub.train import TrainLoopConfig, train
+    from envhub.orchestrator.train import TrainLoopConfig, train
 
     cfg = TrainLoopConfig(envs=["arith"], steps=args.steps, seed=args.seed, out=out,
                           groups=args.groups, k=args.k, concurrency=args.concurrency,

@@ -1,7 +1,8 @@
 """bench_async --sim: group-aware rollout scheduling (Seer) against FIFO and an oracle, in a
 discrete-event simulation (issue 12, part 2 of bench/bench_async.py; runs on its own too).
 
-The policies are the product's (envs/runner/scheduling.py: FifoPolicy, SeerPolicy); the oracle
+The policies are the product's (orchestrator/groups/scheduling.py: FifoPolicy,
+SeerPolicy); the oracle
 (here) knows every sample's length and starts the longest first (LPT). Workload: G groups x k
 samples, N workers each running one sample at a time; a group's lengths are correlated (samples
 of one prompt): group scale ~ lognormal(0, sigma_g), sample = scale x lognormal(0, sigma_s),
@@ -29,7 +30,12 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-from envhub.envs.runner.scheduling import FifoPolicy, Observation, SchedulePolicy, SeerPolicy
+from envhub.orchestrator.groups.scheduling import (
+    FifoPolicy,
+    Observation,
+    SchedulePolicy,
+    SeerPolicy,
+)
 
 
 class OraclePolicy:

@@ -43,12 +43,12 @@ async def _evaluations(model: str | None, seeds: list[int], scratch: Path,
     """The held-out solved rate of `model` once per seed (in order), through a gateway of its
     own, as `envhub train`'s evaluation runs it."""
     from envhub.envs.agents.tool_calling import ToolCallingAgent
-    from envhub.envs.runner.run import new_run_id
-    from envhub.envs.runner.stream import GroupRunner
     from envhub.gateway.config import GatewayConfig
     from envhub.gateway.server import run_in_thread
-    from envhub.train import TrainLoopConfig, load_training_envs
-    from envhub.training.evaluate import evaluate
+    from envhub.orchestrator.groups.setup import new_run_id
+    from envhub.orchestrator.groups.stream import GroupRunner
+    from envhub.orchestrator.train import TrainLoopConfig, load_training_envs
+    from envhub.orchestrator.training.evaluate import evaluate
 
     cfg = TrainLoopConfig(out=scratch, **({} if samples is None else {"eval_samples": samples}))
     envs = load_training_envs(cfg)

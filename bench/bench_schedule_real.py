@@ -148,7 +148,7 @@ def simulated(seed: int, a: argparse.Namespace, tasks: list[str]) -> dict[str, d
     """The simulation's figures for the same lengths and workers (no overheads)."""
     from bench_async_sim import simulate
 
-    from envhub.envs.runner.scheduling import FifoPolicy, SeerPolicy
+    from envhub.orchestrator.groups.scheduling import FifoPolicy, SeerPolicy
 
     lengths = {(f"g{g}", i): length(seed, t, i, a.base, a.sigma_group, a.sigma_sample, a.cap)
                for g, t in enumerate(tasks) for i in range(a.k)}

@@ -16,7 +16,7 @@ import re
 import shutil
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,15 +55,29 @@ class LoadedEnv:
         return self.manifest.name
 
 
-def available_envs() -> dict[str, str]:
+@dataclass(frozen=True)
+class Catalog:
+    """Where references that are neither folders nor built-in names are found: given by the
+    caller (the orchestrator passes the registry's), so this package imports no registry.
+    `resolve` maps `owner/name@version` to its installed folder (installing it if it must);
+    `installed` lists (reference, folder) of what is installed, newest last."""
+
+    resolve: Callable[[str], Path] | None = None
+    installed: Callable[[], list[tuple[str, Path]]] = list
+
+
+BUILTINS = Catalog()  # folders and built-in names only
+
+
+def available_envs(catalog: Catalog = BUILTINS) -> dict[str, str]:
     """Name → where it comes from ("builtin" or an installed registry reference)."""
     found = {name: "builtin" for name in builtin_folders()}
-    for ref, _path in _installed():
+    for ref, _path in catalog.installed():
         found.setdefault(ref, "installed")
     return found
 
 
-def resolve_folder(ref: str) -> Path:
+def resolve_folder(ref: str, catalog: Catalog = BUILTINS) -> Path:
     """The package folder a reference names; EnvNotFound lists what is available."""
     path = Path(ref).expanduser()
     if path.is_dir():
@@ -75,22 +89,28 @@ def resolve_folder(ref: str) -> Path:
     if ref in builtins:
         return builtins[ref]
     if REGISTRY_REF_RE.match(ref):
-        return _registry_resolve(ref)
+        if catalog.resolve is None:
+            raise EnvNotFound(f"'{ref}' looks like a registry reference but no registry was "
+                              "given to the loader; pass a folder path instead")
+        try:
+            return Path(catalog.resolve(ref))
+        except Exception as e:  # the registry's errors state their fix
+            raise EnvNotFound(f"'{ref}': {e}") from e
     # A bare name matches an installed `owner/name@version`; the last listed (newest) wins.
-    matches = [folder for name, folder in _installed()
+    matches = [folder for name, folder in catalog.installed()
                if name == ref or name.split("/")[-1].split("@")[0] == ref]
     if matches:
         return matches[-1]
-    names = ", ".join(sorted(available_envs())) or "(none)"
+    names = ", ".join(sorted(available_envs(catalog))) or "(none)"
     raise EnvNotFound(f"unknown environment '{ref}'; available: {names}. Give a built-in name, "
                       "a folder path (./my-env) or a registry reference owner/name@version")
 
 
-def load_env(ref: str) -> LoadedEnv:
+def load_env(ref: str, catalog: Catalog = BUILTINS) -> LoadedEnv:
     """Resolve, validate and instantiate. Raises ManifestError / EnvNotFound / EnvLoadError."""
     if ref.startswith(DATASET_PREFIX) or Path(ref).suffix in ROW_FILE_SUFFIXES:
         return load_swe_rows(ref)
-    folder = resolve_folder(ref)
+    folder = resolve_folder(ref, catalog)
     if not (folder / "envhub.toml").is_file() and task_folder_kind(folder) is not None:
         return load_task_folders(folder, ref)
     manifest = load_manifest(folder)
@@ -329,35 +349,3 @@ def rows_to_tasks(rows: list[dict[str, Any]]) -> list[Task]:
         text = next((str(row[f]) for f in INSTRUCTION_FIELDS if row.get(f)), "")
         tasks.append(Task(id=tid, instruction=text, data=row))
     return tasks
-
-
-def _registry_resolve(ref: str) -> Path:
-    try:
-        registry = importlib.import_module("envhub.registry")
-        resolve = registry.resolve
-    except (ImportError, AttributeError):
-        raise EnvNotFound(f"'{ref}' looks like a registry reference but the registry is not "
-                          "available in this install; pass a folder path instead") from None
-    try:
-        return Path(resolve(ref))
-    except Exception as e:
-        raise EnvNotFound(f"'{ref}': {e}") from e
-
-
-def _installed() -> list[tuple[str, Path]]:
-    """(reference, folder) of installed registry packages; empty when there is no registry."""
-    try:
-        registry = importlib.import_module("envhub.registry")
-        listing = registry.installed()
-    except Exception:  # noqa: BLE001 - no registry, or an unreadable store: list only the built-ins
-        return []
-    found = []
-    for item in listing:
-        if isinstance(item, tuple) and len(item) == 2:
-            found.append((str(item[0]), Path(item[1])))
-            continue
-        path = getattr(item, "path", None)
-        ref = getattr(item, "ref", None) or getattr(item, "name", None)
-        if path is not None and ref is not None:
-            found.append((str(ref), Path(path)))
-    return found

@@ -225,7 +225,8 @@ def _explain(err: Any) -> str:
     if err["type"] == "extra_forbidden":
         model: Any = Manifest
         for part in err["loc"][:-1]:
-            field = model.model_fields.get(str(part)) if isinstance(model, type) else None
+            fields = getattr(model, "model_fields", None)
+            field = fields.get(str(part)) if isinstance(fields, dict) else None
             model = field.annotation if field is not None else None
         if isinstance(model, type) and issubclass(model, BaseModel):
             return (f"unknown field; remove it or fix its spelling (allowed here: "

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -68,6 +68,13 @@ def pack_cmd(
     typer.echo(f"{packed.path}\n{packed.digest}  {packed.size} bytes, {packed.files} files")
 
 
+# How `envhub publish` runs `envhub audit` on the package it uploads: (unpacked tree, its
+# digest, output folder, tasks, seconds per cheat) -> the audit's JSON file. The orchestrator's,
+# given at registration (envhub/cli.py): this component imports none of it.
+Auditor = Callable[[Path, str, Path, int, float], Awaitable[Path]]
+_auditor: Auditor | None = None
+
+
 @dataclass
 class AuditChoice:
     """How `envhub publish` gets the package's audit (exactly one way; never skipped unsaid)."""
@@ -85,8 +92,6 @@ async def _audit_package(archive: Path, digest: str, manifest: Any, choice: Audi
     unpacked package (the same code as `envhub audit`), or not_audited for --no-audit."""
     import time
 
-    from envhub.envs.audit import AuditConfig, audit
-    from envhub.envs.audit.cli import write_json
     from envhub.registry.audits import load_audit_file
     from envhub.registry.extract import unpack_into
     from envhub.registry.models import not_audited
@@ -101,14 +106,14 @@ async def _audit_package(archive: Path, digest: str, manifest: Any, choice: Audi
     unpack_into(archive, tree)
     out = choice.out or Path("runs") / time.strftime(
         f"publish-audit-{name}-{version}-%Y%m%d-%H%M%S", time.gmtime())
+    if _auditor is None:
+        raise _fail("this install cannot audit a package (no orchestrator registered): pass "
+                    "--audit FILE from `envhub audit --json`, or --no-audit")
     typer.echo(f"auditing {name}@{version} ({digest}) before publishing: runs go to {out}/ "
                "(--audit FILE uses an earlier `envhub audit --json`)", err=True)
-    report = await audit(AuditConfig(env=str(tree), out=out, tasks=choice.tasks,
-                                     cheat_timeout_s=choice.timeout_s))
-    report.digest = digest  # the audited tree is this archive, unpacked
-    write_json(report, out / "audit.json")
-    typer.echo(f"audit report: {out / 'audit.json'}", err=True)
-    return load_audit_file(out / "audit.json", digest, name, version)
+    report = await _auditor(tree, digest, out, choice.tasks, choice.timeout_s)
+    typer.echo(f"audit report: {report}", err=True)
+    return load_audit_file(report, digest, name, version)
 
 
 async def _publish(path: Path, registry: str | None, token: str | None,
@@ -340,8 +345,11 @@ def token_create_cmd(
         catalog.close()
 
 
-def register(app: typer.Typer) -> None:
-    """Add this component's commands to the top-level app."""
+def register(app: typer.Typer, auditor: Auditor | None = None) -> None:
+    """Add this component's commands to the top-level app; `auditor` runs the audit that
+    `envhub publish` records (without one, publish takes only --audit FILE or --no-audit)."""
+    global _auditor
+    _auditor = auditor
     app.command("pack")(_errors_exit_2(pack_cmd))
     app.command("publish")(publish_cmd)
     app.command("install")(install_cmd)

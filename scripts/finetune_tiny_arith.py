@@ -412,7 +412,7 @@ async def _rollout(gw: Any, admin_key: str, env: Any, task: Any, temperature: fl
     from envhub.envs.agents.base import AgentContext
     from envhub.envs.agents.tool_calling import ToolCallingAgent
     from envhub.envs.environment import RunContext
-    from envhub.envs.runner.memory_sandbox import MemorySandbox
+    from envhub.orchestrator.groups.memory_sandbox import MemorySandbox
     from envhub.sdk import AsyncSession
 
     session = await AsyncSession.open(gw.url, admin_key=admin_key, task_id=task.id, env="arith")

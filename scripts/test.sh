@@ -7,7 +7,7 @@
 # this script with CI=true) anything missing fails, and so does any skipped test
 # (tests/conftest.py); after the suite, CI runs the core tests on the declared floors too
 # (scripts/floors.sh).
-# Before pytest: ruff, mypy (sdk, gateway, trainer, viewer) and the import contracts of DESIGN.md's
+# Before pytest: ruff, mypy (the whole package) and the import contracts of DESIGN.md's
 # layout table (lint-imports, [tool.importlinter] in pyproject.toml). Every check runs and shows
 # its output; any failure fails the script before the tests start. Arguments go to pytest.
 set -euo pipefail
@@ -70,7 +70,7 @@ check() {
   "$@" || failed+=("$name")
 }
 check ruff "$bin/ruff" check .
-check mypy "$bin/mypy" -p envhub.sdk -p envhub.gateway -p envhub.trainer -p envhub.viewer
+check mypy "$bin/mypy" -p envhub
 check import-contracts "$bin/lint-imports"
 if [ ${#failed[@]} -gt 0 ]; then
   echo "FAILED before the tests: ${failed[*]} (output above)" >&2

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-COMPONENTS = ("sdk", "gateway", "envs", "registry", "trainer", "viewer")
+COMPONENTS = ("sdk", "gateway", "envs", "registry", "trainer", "viewer", "orchestrator")
 
 
 def lint_imports(tree: Path) -> subprocess.CompletedProcess[str]:
@@ -54,9 +54,9 @@ def test_contracts_hold_on_this_tree() -> None:
      "envhub.trainer.reach_in -> envhub.gateway.service"),
     ("sdk/reach_in.py", "from envhub.envs import manifest",
      "sdk imports nothing of ours", "envhub.sdk.reach_in -> envhub.envs"),
-    ("registry/reach_in.py", "import envhub.envs.runner.rollout",
+    ("registry/reach_in.py", "import envhub.orchestrator.groups.rollout",
      "registry may import sdk and envs.manifest",
-     "envhub.registry.reach_in -> envhub.envs.runner.rollout"),
+     "envhub.registry.reach_in -> envhub.orchestrator.groups.rollout"),
     ("gateway/reach_in.py", "from envhub.cli import main",
      "gateway may import sdk", "envhub.gateway.reach_in -> envhub.cli"),
     ("viewer/reach_in.py", "from envhub.gateway.render import messages",
@@ -65,6 +65,12 @@ def test_contracts_hold_on_this_tree() -> None:
     ("trainer/reach_in.py", "import envhub.viewer.sources",
      "trainer may import sdk and gateway.pool only",
      "envhub.trainer.reach_in -> envhub.viewer.sources"),
+    # envs reaches the registry only through the resolver its caller gives the loader
+    ("envs/reach_in.py", "from envhub.registry import install",
+     "envs may import sdk", "envhub.envs.reach_in -> envhub.registry.install"),
+    ("orchestrator/reach_in.py", "import envhub.viewer.sources",
+     "orchestrator may import every component but the viewer",
+     "envhub.orchestrator.reach_in -> envhub.viewer.sources"),
 ])
 def test_a_forbidden_import_breaks_its_contract(tmp_path: Path, module: str, line: str,
                                                 contract: str, edge: str) -> None:
@@ -83,3 +89,17 @@ def test_the_trainer_may_import_the_pool(tmp_path: Path) -> None:
         "from envhub.gateway import pool\nfrom envhub.gateway.pool import store\n")
     r = lint_imports(tree)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_a_cycle_between_the_orchestrators_parts_breaks_its_contract(tmp_path: Path) -> None:
+    """groups/ is imported by training/ (the producer runs groups): a groups module importing
+    training back makes the cycle the acyclic contract names."""
+    tree = copy_tree(tmp_path)
+    (tree / "orchestrator" / "groups" / "reach_in.py").write_text(
+        "from envhub.orchestrator.training import loop\n")
+    r = lint_imports(tree)
+    assert r.returncode == 1, r.stdout + r.stderr
+    broken = r.stdout.split("Broken contracts", 1)[1]
+    assert "the orchestrator's parts import each other without cycles" in broken, r.stdout
+    assert "kept, 1 broken." in r.stdout
+

@@ -11,7 +11,8 @@ recorded sample: the exact token ids the engine saw and sampled, its logprobs, t
 and the envhub composite reward, which the reward function `envhub_reward` hands back to TRL.
 TRL then computes its own group advantages from those rewards (one per sequence; TRL's loss has
 no per-token advantages, so envhub's reward-to-go terms, in `token_advantages`, stay in the
-file for trainers that take them). The live twin, `envhub.trl_rollouts.EnvRollouts`, plays
+file for trainers that take them). The live twin,
+`envhub.orchestrator.trl_rollouts.EnvRollouts`, plays
 environments through a gateway instead of replaying a file.
 """
 

@@ -1,6 +1,6 @@
 """`envhub image build-base | build`: the debootstrap base image and environment images.
 
-Wire it with `register(app)` (from envs/cli.py). Expected failures exit with code 2.
+Wire it with `register(app)` (from orchestrator/cli.py). Expected failures exit with code 2.
 """
 
 from __future__ import annotations

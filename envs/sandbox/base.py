@@ -41,7 +41,7 @@ class Sandbox(Protocol):
     id: str
 
     async def exec(
-        self, cmd: str, timeout: float = 60.0, cwd: str | None = None,
+        self, cmd: str, timeout: float | None = None, cwd: str | None = None,
         env: dict[str, str] | None = None,
     ) -> ExecResult: ...
 

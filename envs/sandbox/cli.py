@@ -1,6 +1,6 @@
 """`envhub sandbox reap | list | check`: sandbox housekeeping from the shell.
 
-Wire it with `register(app)` (from envs/cli.py). Heavy imports stay inside the commands.
+Wire it with `register(app)` (from orchestrator/cli.py). Heavy imports stay inside the commands.
 Expected failures print `error: <fix>` on stderr and exit with code 2.
 """
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from envhub.train import task_schedule
+from envhub.orchestrator.train import task_schedule
 from envhub.trainer.source import StoreSource
 from tests.support import envhub
 
@@ -124,7 +124,7 @@ def test_task_schedule_passes_over_every_task_once_per_epoch():
 def test_optimizer_reset_defaults_to_pushes_after_several_steps():
     """A reset before every step (--sync-every 1) would make each AdamW step lr * sign(g): by
     default the moments are cleared only after a push that follows two or more steps."""
-    from envhub.train import TrainLoopConfig
+    from envhub.orchestrator.train import TrainLoopConfig
 
     def resets(**kw):
         return TrainLoopConfig(envs=["arith"], **kw).resets_optimizer
@@ -136,7 +136,7 @@ def test_optimizer_reset_defaults_to_pushes_after_several_steps():
 
 def test_task_stream_interleaves_environments_by_weight_and_holds_out_tasks():
     from envhub.envs.environment import Task
-    from envhub.training.tasks import EnvTasks, split_tasks, task_stream
+    from envhub.orchestrator.training.tasks import EnvTasks, split_tasks, task_stream
 
     def tasks(prefix: str, n: int) -> list[Task]:
         return [Task(f"{prefix}{i}", "") for i in range(n)]
@@ -167,8 +167,8 @@ def test_task_stream_interleaves_a_stratified_environments_kinds_by_share(tmp_pa
     import shutil
 
     from envhub.envs.loader import load_env
-    from envhub.train import TrainLoopConfig, load_training_envs
-    from envhub.training.tasks import split_tasks, task_stream
+    from envhub.orchestrator.train import TrainLoopConfig, load_training_envs
+    from envhub.orchestrator.training.tasks import split_tasks, task_stream
 
     (env,) = load_training_envs(TrainLoopConfig(envs=["arith"]))
     assert env.stratify == "family"
@@ -222,7 +222,7 @@ def test_async_train_on_two_environments_by_weight_with_held_out_eval(tmp_path):
     import shutil
 
     from envhub.envs.loader import load_env
-    from envhub.train import TrainLoopConfig, load_training_envs
+    from envhub.orchestrator.train import TrainLoopConfig, load_training_envs
 
     copy = tmp_path / "arith2"
     shutil.copytree(load_env("arith").folder, copy)

@@ -25,15 +25,15 @@ AGENT = Path(__file__).parent / "data" / "hold_agent.py"
 
 def first_task(seed: int) -> str:
     """The task of the first group a run with `--tasks 2` launches (the seeded task order)."""
-    from envhub.train import TrainLoopConfig, load_training_envs
-    from envhub.training.tasks import task_stream
+    from envhub.orchestrator.train import TrainLoopConfig, load_training_envs
+    from envhub.orchestrator.training.tasks import task_stream
 
     (env,) = load_training_envs(TrainLoopConfig(envs=["arith"], tasks=2, eval_every=0))
     return next(task_stream([env], seed))[1].id
 
 
 def config(out: Path, hold_mode: str, arg: str, **over: object):
-    from envhub.train import TrainLoopConfig
+    from envhub.orchestrator.train import TrainLoopConfig
 
     agent = " ".join(shlex.quote(x) for x in (sys.executable, str(AGENT), "{task_id}",
                                                first_task(0), hold_mode, arg))
@@ -58,7 +58,7 @@ def train_rows(out: Path) -> list[dict]:
 def test_the_window_holds_a_finished_group_until_its_head_is_consumed(tmp_path):
     """Window 1 (strict FIFO): the second group (one call) finishes while the first (two calls
     around a wait) still runs; the trainer waits for the head rather than take it."""
-    from envhub.train import train
+    from envhub.orchestrator.train import train
 
     out, barrier = tmp_path / "run", tmp_path / "release"
     seen = []
@@ -91,7 +91,7 @@ def test_a_push_lands_mid_rollout_and_the_stale_samples_are_dropped(tmp_path):
     version 1; the push lands between the first group's two calls, so each of its sessions
     carries versions 0 and 1, and at step 1 (trainer version 1) they are 1 version old: stale,
     dropped and counted."""
-    from envhub.train import train
+    from envhub.orchestrator.train import train
 
     out = tmp_path / "run"
     train(config(out, "version", "1", window=2, tau=0), log=lambda _: None)

@@ -19,7 +19,7 @@ AGENT = Path(__file__).parent / "data" / "hold_agent.py"
 def start_order(tmp_path: Path, schedule: str) -> tuple[list[tuple[int, int]], list[dict]]:
     """(launch index of the group, sample index) of every session, in start order."""
     from envhub.gateway.pool.store import Store
-    from envhub.train import TrainLoopConfig, train
+    from envhub.orchestrator.train import TrainLoopConfig, train
 
     # hold_agent: two model calls; it holds only on a task that is not in the run
     agent = shlex.join([sys.executable, str(AGENT), "{task_id}", "no-such-task", "file",

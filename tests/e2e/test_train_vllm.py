@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from envhub.orchestrator.training.engines import vllm_python
 from envhub.trainer.source import StoreSource
-from envhub.training.engines import vllm_python
 from tests.support import default_sigint, envhub, require
 
 pytest.importorskip("torch")

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from envhub.envs.errors import AgentSpecError
-from envhub.envs.runner import EnvChoice, RunConfig, run
+from envhub.orchestrator.groups import EnvChoice, RunConfig, run
 from tests.envs.runtime_fixtures.gateway import ADMIN_KEY, FIXTURES, start_gateway
 from tests.support import host_processes_with, require_docker, require_tool, trajectory_json
 

@@ -17,7 +17,7 @@ from envhub.envs.environment import RunContext
 from envhub.envs.errors import AgentError, AgentSpecError
 from envhub.envs.loader import load_env
 from envhub.envs.manifest import AgentLimits
-from envhub.envs.runner.memory_sandbox import MemorySandbox
+from envhub.orchestrator.groups.memory_sandbox import MemorySandbox
 from envhub.sdk import AsyncSession
 from tests.envs.runtime_fixtures.gateway import ADMIN_KEY, FIXTURES, start_gateway, tool_call
 

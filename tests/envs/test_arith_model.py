@@ -18,9 +18,9 @@ from envhub.envs.agents.base import AgentContext
 from envhub.envs.agents.tool_calling import ToolCallingAgent
 from envhub.envs.environment import RunContext
 from envhub.envs.loader import load_env
-from envhub.envs.runner.memory_sandbox import MemorySandbox
 from envhub.gateway.config import BUNDLED_MODEL, GatewayConfig
 from envhub.gateway.server import run_in_thread
+from envhub.orchestrator.groups.memory_sandbox import MemorySandbox
 from envhub.sdk import AsyncSession
 
 pytest.importorskip("torch")

@@ -11,7 +11,7 @@ from envhub.envs.builtin.arith.calculator import CalculatorError, evaluate, pars
 from envhub.envs.builtin.arith.problems import generate
 from envhub.envs.environment import RunContext
 from envhub.envs.loader import load_env
-from envhub.envs.runner.memory_sandbox import MemorySandbox
+from envhub.orchestrator.groups.memory_sandbox import MemorySandbox
 
 
 def test_problems_are_deterministic_and_their_steps_give_the_answer():

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from envhub.envs.errors import RunConfigError
-from envhub.envs.runner import EnvChoice, RunConfig, run
+from envhub.orchestrator.groups import EnvChoice, RunConfig, run
 from tests.envs.runtime_fixtures.gateway import ADMIN_KEY, FIXTURES, start_gateway, tool_call
 from tests.support import require_docker, trajectory_json
 from tests.support import run_leftovers as leftovers
@@ -192,7 +192,7 @@ def test_killed_container_and_broken_image_are_env_failures_and_nothing_is_left(
 
 
 def test_model_flag_maps_onto_gateway_config(tmp_path):
-    from envhub.envs.runner.gateway_link import model_options
+    from envhub.orchestrator.groups.gateway_link import model_options
 
     assert model_options(None) == {}
     assert model_options(str(tmp_path)) == {"model": str(tmp_path)}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from envhub.envs.runner.config import EnvChoice
-from envhub.envs.runner.plan import RolloutKey, allocate, interleave
+from envhub.orchestrator.groups.config import EnvChoice
+from envhub.orchestrator.groups.plan import RolloutKey, allocate, interleave
 
 
 @pytest.mark.parametrize("total,weights,available,expected", [

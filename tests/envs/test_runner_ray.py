@@ -137,11 +137,11 @@ def test_run_spreads_over_two_nodes_and_survives_losing_one(cluster, tmp_path: P
     assert (summary["rollouts"], summary["done"], summary["env_failure"]) == (
         ROLLOUTS, len(by_status["done"]), len(lost))
     # the killed worker's scratch folder is the only leftover, and the next run sweeps it
-    from envhub.envs.runner.run import _sweep_stale_scratch
+    from envhub.orchestrator.groups.setup import sweep_stale_scratch
 
     run_id = json.loads((out / "run.json").read_text())["run_id"]
     assert len(run_leftovers(run_id)) <= len(lost)
-    _sweep_stale_scratch()
+    sweep_stale_scratch()
     assert run_leftovers(run_id) == []
 
 

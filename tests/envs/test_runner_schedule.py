@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from envhub.envs.runner import EnvChoice, RunConfig, run
+from envhub.orchestrator.groups import EnvChoice, RunConfig, run
 from tests.support import envhub
 
 

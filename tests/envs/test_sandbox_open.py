@@ -44,9 +44,9 @@ def test_every_consumer_reads_the_kinds_table() -> None:
     """open_sandbox, reap, the manifest, the run options and the CLI derive from one table;
     a dotted path is a kind too."""
     from envhub.envs.manifest import ManifestError, parse_manifest
-    from envhub.envs.runner import EnvChoice, RunConfig
     from envhub.envs.sandbox import SANDBOXES, reap
     from envhub.envs.sandbox.kinds import choices
+    from envhub.orchestrator.groups import EnvChoice, RunConfig
 
     assert choices() == [*SANDBOXES, "auto"] and choices(manifest=True)[-1] == "none"
     base = 'name = "x"\nversion = "1.0.0"\nentrypoint = "env:E"\n[sandbox]\n'

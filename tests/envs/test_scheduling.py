@@ -1,6 +1,6 @@
-"""Scheduling policies (envs/runner/scheduling.py) with hand-computed orders, and the simulation
-bench's claim in miniature: on a long-tailed workload Seer's tail sits between FIFO's and the
-oracle's."""
+"""Scheduling policies (orchestrator/groups/scheduling.py) with hand-computed orders, and the
+simulation bench's claim in miniature: on a long-tailed workload Seer's tail sits between FIFO's
+and the oracle's."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from envhub.envs.runner.scheduling import (
+from envhub.orchestrator.groups.scheduling import (
     FifoPolicy,
     Observation,
     SeerPolicy,

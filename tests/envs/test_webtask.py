@@ -12,8 +12,8 @@ import pytest
 
 from envhub.envs.builtin.webtask.env import STATE_FILE
 from envhub.envs.loader import load_env
-from envhub.envs.runner.memory_sandbox import MemorySandbox
 from envhub.envs.sandbox.base import MAX_READ_BYTES
+from envhub.orchestrator.groups.memory_sandbox import MemorySandbox
 from tests.envs.browser_boxes import KINDS, Boxes, require_kind
 
 pytestmark = pytest.mark.browser

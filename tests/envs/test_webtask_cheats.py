@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from envhub.envs.loader import load_env
-from envhub.envs.runner import EnvChoice, RunConfig, run
-from envhub.envs.runner.results import RolloutRecord
+from envhub.orchestrator.groups import EnvChoice, RunConfig, run
+from envhub.orchestrator.groups.results import RolloutRecord
 from tests.envs.browser_boxes import KINDS, require_kind
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

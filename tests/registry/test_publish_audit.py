@@ -214,8 +214,8 @@ def test_an_index_from_before_audits_shows_not_audited(tmp_path: Path) -> None:
 
 
 def test_envhub_audit_json_of_a_folder_names_the_digest_publish_packs(tmp_path: Path) -> None:
-    from envhub.envs.audit.audit import package_digest
     from envhub.envs.loader import load_env
+    from envhub.orchestrator.audit.audit import package_digest
 
     folder = shutil.copytree(Path(arith.__file__).parent, tmp_path / "arith",
                              ignore=shutil.ignore_patterns("__pycache__"))

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from envhub.orchestrator.training.ranks import RankLeader, follow
 from envhub.sdk.types import Trajectory
 from envhub.trainer.batch import build_batch
 from envhub.trainer.config import LoraSettings, OptimConfig, TrainerConfig
@@ -28,7 +29,6 @@ from envhub.trainer.prefix_tree import plan_trees
 from envhub.trainer.source import Group
 from envhub.trainer.trainer import Trainer
 from envhub.trainer.weights import full_state, http_pusher
-from envhub.training.ranks import RankLeader, follow
 from tests.trainer.models import tiny_model
 
 SCENARIOS: dict[str, dict[str, Any]] = {

@@ -22,11 +22,11 @@ def test_grpotrainer_with_envhub_rollouts(tmp_path: Path) -> None:
     from trl import GRPOConfig, GRPOTrainer
 
     from envhub.gateway.config import BUNDLED_MODEL
+    from envhub.orchestrator.trl_rollouts import EnvRollouts
     from envhub.trainer.advantages import composite_reward
     from envhub.trainer.config import AdvantageConfig
     from envhub.trainer.export_trl import envhub_reward
     from envhub.trainer.source import HttpSource
-    from envhub.trl_rollouts import EnvRollouts
 
     gw = gateway_in_thread(tmp_path, admin_key=ADMIN_KEY)
     try:

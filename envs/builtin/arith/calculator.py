@@ -45,7 +45,8 @@ def evaluate(expression: str) -> Fraction:
 
 
 def _eval(node: ast.AST) -> Fraction:
-    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+    if isinstance(node, ast.Constant) and isinstance(node.value, int | float) \
+            and not isinstance(node.value, bool):
         if not math.isfinite(node.value):  # a literal past float's range: 1e999 is inf
             raise CalculatorError("result too large (more than 30 digits)")
         return _bounded(Fraction(str(node.value)))

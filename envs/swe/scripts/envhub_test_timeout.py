@@ -206,7 +206,7 @@ def _guard(send):
 
 _send = _channel()
 _check = _guard(_send)
-_config = []
+_config: list[object] = []
 
 
 class TestTimedOut(BaseException):

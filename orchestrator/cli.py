@@ -1,0 +1,223 @@
+"""`envhub list | info | run | init`: the environment runtime's commands.
+
+Heavy imports happen inside the commands so `envhub --help` stays fast. Bad input (a bad
+manifest, an unknown environment, inconsistent flags) exits with code 2 and a message that says
+how to fix it; a run that completes exits 0 even when some rollouts failed (see the table).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from envhub.envs.sandbox.kinds import choices
+from envhub.orchestrator.console import cancellable, describe, fail, user_errors
+
+
+def list_command(
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """Environments available: built-in and installed."""
+    import json
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from envhub.envs.manifest import ManifestError, load_manifest
+    from envhub.orchestrator.catalog import available_envs, resolve_folder
+
+    rows: list[dict[str, Any]] = []
+    for name, source in available_envs().items():
+        try:
+            m = load_manifest(resolve_folder(name))
+            rows.append({"name": name, "version": m.version, "source": source,
+                         "description": m.description, "tools": m.tools})
+        except (ManifestError, ValueError) as e:
+            rows.append({"name": name, "version": "?", "source": source,
+                         "description": f"(broken: {e})", "tools": []})
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    table = Table(title="environments")
+    for col in ("name", "version", "source", "tools", "description"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["name"], r["version"], r["source"], ", ".join(r["tools"]),
+                      r["description"])
+    Console().print(table)
+
+
+def info_command(
+    env: str = typer.Argument(..., help="Built-in name, folder path or owner/name@version."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    show: int = typer.Option(5, "--show", min=0, help="How many task ids to list."),
+) -> None:
+    """An environment's manifest, tasks, tools and reward weights."""
+    import json
+
+    from envhub.envs.loader import check_tools
+    from envhub.orchestrator.catalog import load_env
+
+    try:
+        loaded = load_env(env)
+        tasks = loaded.env.load_tasks()
+        check_tools(loaded, tasks)
+    except user_errors() as e:
+        fail(describe(e))
+    data: dict[str, Any] = {
+        "folder": str(loaded.folder), **loaded.manifest.model_dump(mode="json"),
+        "task_count": len(tasks), "task_ids": [t.id for t in tasks[:show]],
+        "tools": list(loaded.env.tools(tasks[0])) if tasks else loaded.manifest.tools,
+    }
+    if as_json:
+        typer.echo(json.dumps(data, indent=2))
+        return
+    m = loaded.manifest
+    more = ", ..." if len(tasks) > show else ""
+    lines = [
+        f"{m.name} {m.version}  ({loaded.folder})", f"  {m.description}",
+        f"  entrypoint: {m.entrypoint}",
+        f"  tasks: {len(tasks)} ({', '.join(data['task_ids'])}{more})",
+        f"  tools: {', '.join(data['tools'])}",
+        f"  rewards: {', '.join(f'{k}={v:g}' for k, v in m.reward_weights().items())}",
+        f"  sandbox: {m.sandbox.model_dump(exclude_none=True)}",
+        f"  agent limits: {m.agent.model_dump()}",
+    ]
+    typer.echo("\n".join(lines))
+
+
+def run_command(
+    envs: Annotated[list[str], typer.Argument(
+        help="Environments: name, ./folder or owner/name@version; NAME=WEIGHT sets sampling "
+             "ratios.")],
+    agent: str = typer.Option("tool", "--agent", "-a", help="tool | tool:summarize | oracle | "
+                              "a command line, run inside the rollout's sandbox "
+                              "('agent.py {task_file}' with --agent-install "
+                              "script:agent.py; placeholders "
+                              "{instruction} {task_file} {task_id} {model}; OPENAI_BASE_URL/"
+                              "OPENAI_API_KEY and ANTHROPIC_* point at its session)."),
+    agent_install: Annotated[list[str] | None, typer.Option(
+        "--agent-install", help="How a command agent is made present inside the sandbox: "
+        "pip:REQUIREMENT | npm:PACKAGE[@VERSION] | script:PATH (repeatable); its programs "
+        "are on PATH there.")] = None,
+    agent_on_host: bool = typer.Option(False, "--agent-on-host", help="Run a command agent as "
+                                       "a process on this machine instead of inside the "
+                                       "sandbox: NO containment (prints a warning)."),
+    model: str | None = typer.Option(None, "--model", "-m", help="Model for the in-process "
+                                     "gateway: HF folder, provider/name, zero, or scripted:FILE "
+                                     "(a JSON list of completion texts answered in order). "
+                                     "Default: the bundled tiny model."),
+    sandbox: str | None = typer.Option(None, "--sandbox", "-s", help=f"{' | '.join(choices())}"
+                                       " or package.module:Class (default: each manifest's "
+                                       "choice)."),
+    n: int | None = typer.Option(None, "-n", help="Tasks in total (default: all)."),
+    k: int = typer.Option(1, "-k", help="Samples per task (group size)."),
+    concurrency: int = typer.Option(4, "--concurrency", "-c", help="Rollouts in flight."),
+    task: Annotated[list[str] | None, typer.Option(
+        "--task", "-t", help="Only this task id (repeatable).")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Results folder (default: "
+                                             "runs/<run_id>/).")] = None,
+    resume: bool = typer.Option(False, "--resume", help="Skip rollouts finished in --out."),
+    gateway: str | None = typer.Option(None, "--gateway", help="Use this gateway's URL "
+                                       "instead of starting one."),
+    admin_key: str | None = typer.Option(None, "--admin-key", envvar="ENVHUB_ADMIN_KEY",
+                                         help="Admin key of --gateway."),
+    max_turns: int | None = typer.Option(None, "--max-turns", help="Override max_turns."),
+    time_limit: float | None = typer.Option(None, "--time-limit", help="Override the agent "
+                                            "time limit (seconds)."),
+    executor: str = typer.Option("inprocess", "--executor", help="Where rollouts run: inprocess "
+                                 "| ray (each rollout a Ray task on the cluster at RAY_ADDRESS; "
+                                 "needs envhub[ray])."),
+    schedule: str = typer.Option("fifo", "--schedule", help="Which rollout starts next: fifo | "
+                                 "seer (one probe sample per group first, then the rest "
+                                 "longest-first by what the probes took)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display."),
+) -> None:
+    """Run agents on environments: k samples per task, rewards to the pool, results table."""
+    import asyncio
+
+    from envhub.orchestrator.groups import EnvChoice, RunConfig, run
+    from envhub.orchestrator.groups.progress import failure_lines, results_table, table_console
+
+    started: list[Path] = []
+
+    def announce(run_id: str, folder: Path) -> None:
+        started.append(folder)
+        typer.echo(f"run {run_id}: results go to {folder}/", err=True)
+
+    try:
+        config = RunConfig(
+            envs=[EnvChoice.parse(e) for e in envs], agent=agent, model=model,
+            agent_install=agent_install or [], agent_on_host=agent_on_host,
+            sandbox=sandbox, n=n, k=k, concurrency=concurrency, tasks=task or [], out=out,
+            resume=resume, gateway=gateway, admin_key=admin_key, max_turns=max_turns,
+            time_limit_s=time_limit, executor=executor, schedule=schedule)
+        outcome = asyncio.run(cancellable(run(config, progress=not quiet, on_start=announce)))
+    except user_errors() as e:
+        fail(describe(e))
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        more = f" (continue with --resume --out {started[0]})" if started else ""
+        typer.echo(f"interrupted; sandboxes, agent processes and temporary files were cleaned "
+                   f"up{more}", err=True)
+        raise typer.Exit(130) from None
+    console = table_console()
+    console.print(results_table(outcome.records))
+    for line in failure_lines(outcome.records):
+        console.print(line, markup=False, highlight=False)
+    typer.echo(f"run {outcome.run_id}: {len(outcome.records)} rollouts\n"
+               + where_to_look(outcome.out, pool=not gateway))
+
+
+def where_to_look(folder: Path, pool: bool) -> str:
+    """What a run kept and the commands that read it."""
+    lines = [f"results: {folder}/  (summary.json, rollouts/<env>__<task>__<sample>.json"
+             + (", pool.db: every model call with its token ids)" if pool else ")")]
+    if pool:
+        db = f"sqlite:///{folder}/pool.db"
+        lines += [f"  trajectories: envhub export --db {db} --format jsonl --out "
+                  f"{folder}/trajectories.jsonl",
+                  f"  training rows: envhub export --db {db} --format verl --out "
+                  f"{folder}/verl.parquet"]
+    else:
+        lines.append("  trajectories: in the pool of --gateway (envhub export --gateway URL ...)")
+    return "\n".join(lines)
+
+
+def init_command(
+    name: str = typer.Argument(..., help="Folder to create (its name is the env name)."),
+    env_name: str | None = typer.Option(None, "--name", help="Env name if not the folder's."),
+) -> None:
+    """Scaffold a new environment package that `envhub run ./NAME --agent oracle` solves."""
+    from envhub.envs.errors import RunConfigError
+    from envhub.envs.scaffold import scaffold
+
+    target = Path(name)
+    try:
+        folder = scaffold(target, env_name)
+    except RunConfigError as e:
+        fail(str(e))
+    # pathlib drops a leading "./"; keep it so the hint reads as a path, not a name
+    rel = str(folder) if folder.is_absolute() else f"{os.curdir}{os.sep}{folder}"
+    typer.echo(f"created {folder}/ (envhub.toml, env.py, tasks.jsonl, README.md)\n"
+               f"try: envhub run {rel} --agent oracle")
+
+
+def register(app: typer.Typer) -> None:
+    """Add this component's commands to the top-level app."""
+    app.command("list")(list_command)
+    app.command("info")(info_command)
+    app.command("run")(run_command)
+    app.command("init")(init_command)
+    from envhub.orchestrator.train_cli import train_command
+
+    app.command("train")(train_command)
+    from envhub.envs.images import cli as images_cli
+    from envhub.envs.sandbox import cli as sandbox_cli
+    from envhub.orchestrator.audit import cli as audit_cli
+
+    sandbox_cli.register(app)
+    images_cli.register(app)
+    audit_cli.register(app)

@@ -1,0 +1,91 @@
+"""Where rollouts run: the extension point between the runner (or a training loop) and the
+machines. `envhub run --executor NAME`; the table maps names to dotted paths, and a dotted path
+(`package.module:Class`) is taken as well.
+
+Contract: the driver keeps the gateway and the pool. `execute()` takes one rollout up to grading
+and returns its `PendingRollout` with the session still open (the caller scores the group and
+closes the sessions, `scoring.finalize_group`). It never raises for a rollout's own failure:
+infrastructure problems come back as `env_failure` with a reason.
+
+Plugging one into a loop of one's own (e.g. `envhub train`):
+
+    executor = make_executor("ray")
+    await executor.start()                       # connects to RAY_ADDRESS
+    host = executor.gateway_host()               # bind the gateway there
+    pending = await executor.execute(key, group_id, loaded, task, setup)
+    ...
+    await executor.close()
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Protocol
+
+from envhub.envs.environment import Task
+from envhub.envs.errors import RunConfigError
+from envhub.envs.loader import LoadedEnv
+from envhub.orchestrator.groups.plan import RolloutKey
+from envhub.orchestrator.groups.rollout import PendingRollout, RolloutSetup, execute
+
+EXECUTORS = {
+    "inprocess": "envhub.orchestrator.groups.executor:InProcessExecutor",
+    "ray": "envhub.orchestrator.groups.ray_executor:RayExecutor",
+}
+
+
+class RolloutExecutor(Protocol):
+    name: str
+
+    async def start(self) -> None:
+        """Connect to the machines; raises RunConfigError (with the fix) when it cannot."""
+
+    def gateway_host(self) -> str:
+        """The address an in-process gateway binds to so that the rollouts reach it."""
+
+    async def check(self, loaded: LoadedEnv, sandbox_kind: str) -> None:
+        """Raise RunConfigError when no machine can ever run this environment's rollouts."""
+
+    async def execute(self, key: RolloutKey, group_id: str, loaded: LoadedEnv, task: Task,
+                      rs: RolloutSetup) -> PendingRollout:
+        """One rollout up to grading; its session stays open."""
+
+    async def close(self) -> None:
+        """Release the machines (rollouts are all finished or cancelled by now)."""
+
+
+class InProcessExecutor:
+    """Every rollout in this process's event loop (the default)."""
+
+    name = "inprocess"
+
+    async def start(self) -> None:
+        return None
+
+    def gateway_host(self) -> str:
+        return "127.0.0.1"
+
+    async def check(self, loaded: LoadedEnv, sandbox_kind: str) -> None:
+        return None
+
+    async def execute(self, key: RolloutKey, group_id: str, loaded: LoadedEnv, task: Task,
+                      rs: RolloutSetup) -> PendingRollout:
+        return await execute(key, group_id, loaded, task, rs)
+
+    async def close(self) -> None:
+        return None
+
+
+def make_executor(name: str) -> RolloutExecutor:
+    """An executor from the table's name or a `package.module:Class` path."""
+    path = EXECUTORS.get(name, name)
+    module, sep, attr = path.partition(":")
+    if not sep:
+        raise RunConfigError(f"--executor {name!r}: use one of {', '.join(EXECUTORS)} or "
+                             "package.module:Class")
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise RunConfigError(f"--executor {name!r}: cannot load {path}: {e}") from e
+    executor: RolloutExecutor = cls()
+    return executor

@@ -1,0 +1,119 @@
+"""The runner's gateway: one started in-process (default) or an existing one (`--gateway URL`).
+
+The runner reaches it over HTTP only (through the SDK's session client), never through its
+internals, so both cases behave the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from pathlib import Path
+from typing import Any
+
+from envhub.envs.errors import RunConfigError
+from envhub.orchestrator.groups.plan import RolloutKey
+
+CLOSE_TIMEOUT_S = 120.0  # a loaded machine's gateway may answer slowly; the run waits on it
+PROVIDER_URLS = {"openai": "https://api.openai.com/v1", "anthropic": "https://api.anthropic.com"}
+
+
+class GatewayLink:
+    def __init__(self, url: str, admin_key: str, handle: Any = None) -> None:
+        self.url, self.admin_key, self._handle = url.rstrip("/"), admin_key, handle
+
+    @classmethod
+    async def start(cls, model: str | None, db_path: Path, host: str = "127.0.0.1"
+                    ) -> GatewayLink:
+        """Start a gateway in this process (model None: the bundled tiny model), pool in
+        `db_path` (SQLite), listening on `host` (where the rollouts reach it)."""
+        from envhub.gateway.server import GatewayConfig, run_in_thread
+
+        key = "envhub-admin-" + secrets.token_urlsafe(24)
+        try:
+            config = GatewayConfig(host=host, port=0, db=f"sqlite:///{db_path}", admin_key=key,
+                                   **model_options(model))
+            handle = await asyncio.to_thread(run_in_thread, config)
+        except RunConfigError:
+            raise
+        except Exception as e:  # the gateway's own errors state their fix; add ours
+            raise RunConfigError(
+                f"cannot start the in-process gateway for --model {model or '(bundled)'}: "
+                f"{type(e).__name__}: {e}. Or start one yourself (`envhub gateway ...`) and "
+                "pass --gateway URL --admin-key KEY") from e
+        return cls(handle.url, getattr(handle, "admin_key", None) or key, handle)
+
+    @classmethod
+    def connect(cls, url: str, admin_key: str) -> GatewayLink:
+        return cls(url, admin_key)
+
+    async def open_session(self, group_id: str, key: RolloutKey) -> Any:
+        from envhub.sdk import AsyncSession
+
+        return await AsyncSession.open(
+            self.url, admin_key=self.admin_key, group_id=group_id, task_id=key.task_id,
+            env=key.env, sample_index=key.sample)
+
+    async def close_session(self, session_id: str, status: str, reason: str | None) -> None:
+        """Close a session with the admin key: the fallback when the session's own close did
+        not get through (e.g. a timeout on a loaded machine). Transport errors are retried;
+        closing twice is harmless (the status is written again)."""
+        import httpx
+        from tenacity import (
+            AsyncRetrying,
+            retry_if_exception_type,
+            stop_after_attempt,
+            wait_exponential,
+        )
+
+        async with httpx.AsyncClient(timeout=CLOSE_TIMEOUT_S) as http:
+            async for attempt in AsyncRetrying(
+                    retry=retry_if_exception_type(httpx.TransportError),
+                    stop=stop_after_attempt(3), wait=wait_exponential(min=1, max=10),
+                    reraise=True):
+                with attempt:
+                    r = await http.post(f"{self.url}/sessions/{session_id}/close",
+                                        headers={"authorization": f"Bearer {self.admin_key}"},
+                                        json={"status": status, "reason": reason})
+                    r.raise_for_status()
+
+    async def close(self) -> None:
+        if self._handle is not None:
+            handle, self._handle = self._handle, None
+            await asyncio.to_thread(handle.close)
+
+
+def model_options(model: str | None) -> dict[str, Any]:
+    """GatewayConfig fields for `--model`: None → the bundled tiny model on the local engine;
+    an existing folder → that HF model on the local engine; `zero` → the zero-work backend
+    (instant fixed completions, for measuring the runner); `scripted:FILE` → the scripted
+    backend answering FILE's texts (a JSON list) in order through the bundled tokenizer (demos,
+    audits, end-to-end checks of an agent); `provider/name` → a hosted model through the
+    `openai` (litellm) backend."""
+    if model is None:
+        return {}
+    if Path(model).expanduser().is_dir():
+        return {"model": str(Path(model).expanduser())}
+    if model == "zero":
+        return {"backend": "zero"}
+    if model.startswith("scripted:"):
+        return scripted_options(model.removeprefix("scripted:"))
+    provider, sep, _ = model.partition("/")
+    if not sep or provider not in PROVIDER_URLS:
+        raise RunConfigError(
+            f"--model {model!r}: not a model folder; for a hosted model use provider/name with "
+            f"provider one of {', '.join(PROVIDER_URLS)} (e.g. openai/gpt-4.1), `zero`, or "
+            "`scripted:FILE`")
+    # LiteLLM reads the provider's key from its usual variable (OPENAI_API_KEY, ...).
+    return {"backend": "openai", "model_name": model,
+            "upstreams": [f"openai={PROVIDER_URLS[provider]}"]}
+
+
+def scripted_options(script: str) -> dict[str, Any]:
+    """GatewayConfig fields for `--model scripted:FILE` (the file must exist: checked here, before
+    the gateway starts)."""
+    path = Path(script).expanduser()
+    if not path.is_file():
+        raise RunConfigError(f"--model scripted:{script}: no such file; give a JSON list of "
+                             "completion texts, e.g. scripted:./script.json")
+    return {"backend": "scripted", "script": str(path.resolve())}

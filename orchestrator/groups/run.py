@@ -1,0 +1,181 @@
+"""`envhub run`: groups of k samples per task across one or more environments, at most
+`concurrency` rollouts in flight, results folder (`runs/<run_id>/` unless `out` says
+otherwise), resume, and no leftovers.
+
+Leak guarantees: every rollout closes its own sandboxes; at the end the run reaps anything still
+labelled with its run id, removes its scratch folder (command agents' working folders) and
+stops the gateway it started, on success, error or interruption alike (SIGINT, SIGTERM). A run
+killed outright (SIGKILL) leaves its scratch folder, which the next run on the machine removes
+once the owner process is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Self
+
+from envhub.envs.agents import make_agent
+from envhub.envs.errors import RunConfigError
+from envhub.envs.loader import LoadedEnv, check_tools
+from envhub.orchestrator.catalog import load_env
+from envhub.orchestrator.groups.config import RunConfig
+from envhub.orchestrator.groups.dispatch import Dispatcher
+from envhub.orchestrator.groups.executor import RolloutExecutor, make_executor
+from envhub.orchestrator.groups.gateway_link import GatewayLink
+from envhub.orchestrator.groups.plan import GroupPlan, allocate, interleave
+from envhub.orchestrator.groups.progress import RunProgress
+from envhub.orchestrator.groups.results import ResultsFolder, RolloutRecord, summarize
+from envhub.orchestrator.groups.rollout import RolloutSetup
+from envhub.orchestrator.groups.scheduling import make_policy
+from envhub.orchestrator.groups.scoring import finalize_group
+from envhub.orchestrator.groups.setup import (
+    new_run_id,
+    open_scratch,
+    prepare_agent,
+    rollout_setups,
+    sandbox_kind,
+    sweep_stale_scratch,
+    take_down,
+)
+from envhub.orchestrator.groups.stream import rollout_group
+
+log = logging.getLogger(__name__)
+RUNS_DIR = Path("runs")  # results of runs without --out: runs/<run_id>/
+
+
+@dataclass
+class RunOutcome:
+    run_id: str
+    records: list[RolloutRecord]
+    summary: dict[str, Any]
+    out: Path  # the results folder
+
+
+def plan_groups(config: RunConfig) -> list[GroupPlan]:
+    """Load the environments and their tasks; allocate tasks by weight; k samples each."""
+    loaded: list[LoadedEnv] = [load_env(c.ref) for c in config.envs]
+    names = [le.name for le in loaded]
+    if len(set(names)) != len(names):
+        raise RunConfigError(f"environment listed twice ({', '.join(names)}); give each once "
+                             "with a weight, e.g. arith=3")
+    wanted = set(config.tasks)
+    task_lists = []
+    for le in loaded:
+        tasks = le.env.load_tasks()
+        check_tools(le, tasks)
+        if wanted:
+            tasks = [t for t in tasks if t.id in wanted]
+        task_lists.append(tasks)
+    counts = allocate(config.n, [c.weight for c in config.envs], [len(t) for t in task_lists])
+    per_env = [[GroupPlan(le, t, config.k) for t in tasks[:count]]
+               for le, tasks, count in zip(loaded, task_lists, counts, strict=True)]
+    groups = interleave(per_env, [c.weight for c in config.envs])
+    if not groups:
+        hint = f" matching --task {', '.join(sorted(wanted))}" if wanted else ""
+        raise RunConfigError(f"no tasks to run{hint} in {', '.join(names)}")
+    return groups
+
+
+async def run(config: RunConfig, console: Any = None, progress: bool = True,
+              on_start: Callable[[str, Path], None] | None = None) -> RunOutcome:
+    """Execute a run; raises RunConfigError/EnvLoadError/ManifestError/AgentSpecError before
+    anything starts when the options or packages are bad. `on_start(run_id, results folder)` is
+    called once the folder exists, before the first rollout."""
+    agent = make_agent(config.agent, config.agent_install, config.agent_on_host)
+    make_policy(config.schedule)  # a dotted path that does not load stops the run here
+    # In a thread: loading reads task files and may install a registry package, and a
+    # registry install runs its own event loop.
+    groups = await asyncio.to_thread(plan_groups, config)
+    kinds = await asyncio.to_thread(
+        lambda: {g.loaded.name: sandbox_kind(config, g.loaded) for g in groups})
+    agent_kinds = await prepare_agent(agent, config.sandbox, kinds)
+    executor = make_executor(config.executor)
+    await executor.start()
+    try:
+        for g in {g.loaded.name: g for g in groups}.values():
+            await executor.check(g.loaded, kinds[g.loaded.name])
+        return await _run_started(config, agent, groups, kinds, agent_kinds, executor, console,
+                                  progress, on_start)
+    finally:
+        await executor.close()
+
+
+async def _run_started(config: RunConfig, agent: Any, groups: list[GroupPlan],
+                       kinds: dict[str, str], agent_kinds: dict[str, str],
+                       executor: RolloutExecutor, console: Any, progress: bool,
+                       on_start: Callable[[str, Path], None] | None) -> RunOutcome:
+    run_id = new_run_id()
+    # Results are kept by default: a run's trajectories are the product, never a temp file.
+    out = config.out or RUNS_DIR / run_id
+    results = ResultsFolder(out)
+    run_id = results.start(run_id, config.model_dump(mode="json"), config.resume)
+    if on_start is not None:
+        on_start(run_id, out)
+    sweep_stale_scratch()
+    scratch = open_scratch(run_id)
+    link: GatewayLink | None = None
+    records: list[RolloutRecord] = []
+    started = time.time()
+    try:
+        if config.gateway:
+            link = GatewayLink.connect(config.gateway, config.admin_key or "")
+        else:
+            link = await GatewayLink.start(config.model, out / "pool.db",
+                                           executor.gateway_host())
+        setups = rollout_setups(run_id, agent, config.agent, link, kinds, agent_kinds, scratch,
+                                config.max_turns, config.time_limit_s, config.agent_install,
+                                config.agent_on_host)
+        total = sum(g.k for g in groups)
+        with RunProgress(total, console) if progress else _NoProgress() as bar:
+            slots = Dispatcher(make_policy(config.schedule), config.concurrency)
+            await asyncio.gather(*(
+                _run_group(g, run_id, setups[g.loaded.name], executor, results, slots, bar,
+                           records)
+                for g in groups))
+    finally:
+        if link is not None:
+            await link.close()
+        await take_down(run_id, {*kinds.values(), *agent_kinds.values()}, scratch)
+    summary = {"run_id": run_id, "agent": config.agent, "started_at": started,
+               "finished_at": time.time(), **summarize(records)}
+    results.write_summary(summary)
+    return RunOutcome(run_id, records, summary, out)
+
+
+async def _run_group(g: GroupPlan, run_id: str, rs: RolloutSetup, executor: RolloutExecutor,
+                     results: ResultsFolder, slots: Dispatcher, bar: Any,
+                     records: list[RolloutRecord]) -> None:
+    keys = g.keys()
+    earlier = {k: results.finished(k) for k in keys}
+    for rec in earlier.values():
+        if rec is not None:
+            records.append(rec)
+            bar.add(rec, resumed=True)
+    todo = [k for k in keys if earlier[k] is None]
+    if not todo:
+        return
+    group_id = f"{run_id}:{g.loaded.name}:{g.task.id}"
+    pendings = await rollout_group(todo, group_id, g.loaded, g.task, rs, executor=executor,
+                                   slots=slots)
+    done_before = [r for r in earlier.values() if r is not None]
+    new = await finalize_group(list(pendings), g.loaded, rs.agent_name, done_before, rs.link)
+    for key, rec in zip(todo, new, strict=True):
+        results.write(key, rec)
+        records.append(rec)
+        bar.add(rec)
+
+
+class _NoProgress:
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def add(self, record: RolloutRecord, resumed: bool = False) -> None:
+        return None

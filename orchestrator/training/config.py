@@ -1,0 +1,149 @@
+"""`envhub train`'s configuration: every option of the RL loop, validated (the command line
+is generated from it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+from envhub.orchestrator.groups.config import EnvChoice, check_schedule
+
+
+class TrainLoopConfig(BaseModel):
+    envs: list[EnvChoice] = Field(default_factory=lambda: [EnvChoice(ref="arith")],
+                                  description="environments to train on, with sampling weights "
+                                  "(`arith=3 swe-task=1`: three groups of arith per swe-task)")
+    steps: int = Field(20, ge=1, description="optimizer steps")
+    seed: int = Field(0, description="seeds torch, task order and sampling")
+    out: Path = Field(Path("runs/train"), description="metrics.jsonl, pool.db, weights/")
+    groups: int = Field(16, ge=1, description="groups (tasks x k samples) per optimizer step")
+    k: int = Field(4, ge=2, description="samples per task (group size)")
+    concurrency: int = Field(16, ge=1, description="rollouts in flight")
+    lr: float = Field(1e-4, gt=0, description="AdamW learning rate")
+    tau: int | None = Field(2, ge=0, description="staleness bound (versions)")
+    sync: bool = Field(False, description="the synchronous loop: roll out a step's groups, "
+                       "wait for all, train, push (for comparison)")
+    window: int | None = Field(None, ge=0, description="windowed-FIFO size in groups (0: greedy, "
+                               "any finished group; None: 2 x groups asynchronous, greedy --sync)")
+    buffer: int | None = Field(None, ge=1, description="asynchronous: most groups launched but "
+                               "not yet trained on (None: tau x sync_every steps' worth of "
+                               "groups, at least one step's, so that a group waiting its turn "
+                               "is not made stale by the wait; 3 x groups without tau); "
+                               "bounds how far rollouts run ahead of the trainer")
+    model: str | None = Field(None, description="HF model folder (default: the bundled one)")
+    engine: Literal["embedded", "vllm"] = Field("embedded", description="what samples: the "
+                                                "gateway's embedded engine, or a real vLLM "
+                                                "server (orchestrator/training/engines.py)")
+    engine_url: str | None = Field(None, pattern=r"^https?://\S+$", description="with vllm: "
+                                   "an already running vLLM server (VLLM_SERVER_DEV_MODE=1, "
+                                   "serving --model) instead of starting one")
+    engine_start_timeout: float = Field(900.0, gt=0, description="seconds the started vLLM "
+                                        "server may take to answer /health")
+    agent: str = Field("tool", description="the agent: tool (built-in) or a command line")
+    agent_install: list[str] = Field(default_factory=list, description="how a command agent's "
+                                     "programs get into the sandbox: pip:REQ | script:PATH")
+    agent_on_host: bool = Field(False, description="run a command agent as a host process (no "
+                                "containment)")
+    max_turns: int | None = Field(None, ge=1, description="override the env's max_turns")
+    tasks: int | None = Field(None, ge=1, description="train on each env's first N training "
+                              "tasks (None: all of them)")
+    sync_every: int = Field(1, ge=1, description="push the weights to the engine every K "
+                            "optimizer steps (and after the last one)")
+    reset_optimizer: bool | None = Field(None, description="clear AdamW's moments after each "
+                                         "push (None: on when a push follows several optimizer "
+                                         "steps, --sync-every >= 2, as GLM-5 does at every "
+                                         "weight sync; off at --sync-every 1 and with --sync)")
+    eval_every: int = Field(15, ge=0, description="held-out evaluation every E steps (and before "
+                            "the first and after the last); 0: none, and no task held out")
+    eval_samples: int = Field(8, ge=1, description="samples of each held-out task per "
+                              "evaluation, drawn as training samples them (the agent's "
+                              "temperature); eval/resolved_rate is their mean. The built-in "
+                              "agent draws them with the same random numbers in every "
+                              "evaluation of a run (sampling seeds from --seed, per task, "
+                              "sample and turn), so two evaluations differ by the weights")
+    eval_greedy: bool = Field(False, description="evaluate greedily instead: one sample per "
+                              "held-out task at temperature 0 (built-in agent)")
+    eval_tasks: int = Field(64, ge=1, description="held-out tasks per environment: its last N "
+                            "(with a [tasks] stratify field: each kind's last, by its share), "
+                            "never trained on")
+    std_norm: bool = Field(False, description="GRPO advantages divided by the group's reward "
+                           "std; off (default): plain r - mean (GLM-5's formula, Dr. GRPO), so "
+                           "a reward's weight keeps its meaning. With it on, a group whose "
+                           "outcomes tie has its advantages scaled to unit size from whatever "
+                           "differs: for arith, the 0.05-weighted time reward's jitter of a "
+                           "few ms between samples run together (trainer/README.md)")
+    gradient_checkpointing: bool = Field(False, description="recompute activations in the "
+                                         "backward pass (less memory, more compute)")
+    precision: str = Field("fp32", pattern="^(fp32|bf16)$", description="bf16: bfloat16 "
+                           "compute with fp32 master weights")
+    lora_rank: int | None = Field(None, ge=1, description="train LoRA adapters of this rank "
+                                  "(PEFT) instead of all weights; pushes merged weights")
+    lora_alpha: int | None = Field(None, ge=1, description="LoRA alpha (default 2 x rank)")
+    lora_targets: list[str] | None = Field(None, description="module names to adapt "
+                                           "(default: every linear layer but the LM head)")
+    chains: Literal["all", "main"] = Field("all", description="conversations of a session to "
+                                           "train on: all, or the main one (side calls of CLIs "
+                                           "are other chains)")
+    keep_weights: int = Field(2, ge=1, description="weight versions kept in OUT/weights (the "
+                              "newest; older ones are deleted once a newer one is served)")
+    executor: str = Field("inprocess", description="where rollouts run: inprocess | ray (each "
+                          "rollout a Ray task on the cluster at RAY_ADDRESS) | "
+                          "package.module:Class (orchestrator/groups/executor.py); held-out "
+                          "evaluation runs in this process")
+    schedule: str = Field("fifo", description="which rollout starts next: fifo (a group's "
+                          "samples start together, when all fit) | seer (groups launched while "
+                          "the buffer has room; one probe per group first, then the rest "
+                          "longest-first) | package.module:Class "
+                          "(orchestrator/groups/scheduling.py)")
+
+    @field_validator("envs", mode="before")
+    @classmethod
+    def _envs(cls, v: Any) -> Any:
+        items = [v] if isinstance(v, str) else v
+        return [EnvChoice.parse(x) if isinstance(x, str) else x for x in items]
+
+    @field_validator("schedule")
+    @classmethod
+    def _schedule(cls, v: str) -> str:
+        return check_schedule(v)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrainLoopConfig:
+        refs = [e.ref for e in self.envs]
+        if not refs or len(set(refs)) != len(refs):
+            raise ValueError(f"give each environment once (got {', '.join(refs) or 'none'}), "
+                             "with a weight if wanted: arith=3 swe-task=1")
+        if self.engine_url is not None and self.engine != "vllm":
+            raise ValueError("--engine-url names a vLLM server: add --engine vllm")
+        if self.buffer is not None and self.buffer < self.groups:
+            raise ValueError(f"buffer {self.buffer} < groups {self.groups}: the trainer needs "
+                             "`groups` finished groups per step; raise buffer")
+        return self
+
+    @property
+    def window_size(self) -> int | None:
+        """Groups the window spans (None: greedy)."""
+        if self.window is None:
+            return None if self.sync else 2 * self.groups
+        return self.window or None
+
+    @property
+    def buffer_size(self) -> int:
+        if self.buffer is not None:
+            return self.buffer
+        if self.tau is None:
+            return 3 * self.groups
+        # A group launched when the buffer has room is trained once the buffer ahead of it is:
+        # after buffer / groups steps, i.e. buffer / (groups x sync_every) pushes.
+        return max(1, self.tau * self.sync_every) * self.groups
+
+    @property
+    def resets_optimizer(self) -> bool:
+        """By default after a push that follows several optimizer steps (async, K >= 2). With
+        K = 1 a reset before every step leaves AdamW no memory: each step is lr * sign(g) of one
+        batch's gradient, mostly noise (trainer/README.md measures it)."""
+        if self.reset_optimizer is not None:
+            return self.reset_optimizer
+        return not self.sync and self.sync_every > 1

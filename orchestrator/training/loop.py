@@ -1,0 +1,182 @@
+"""The trainer's side of `envhub train`: per step, take groups (windowed FIFO over the
+producer's generation order), train, push every K steps, write the step's row; held-out
+evaluation before the first step, every E steps and after the last."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from envhub.orchestrator.groups.results import RolloutRecord
+from envhub.orchestrator.training.evaluate import evaluate
+from envhub.orchestrator.training.metrics import step_metrics
+from envhub.orchestrator.training.source import LaunchOrderSource, wait_state
+from envhub.trainer.filters import oldest_version
+from envhub.trainer.source import Group
+
+if TYPE_CHECKING:
+    from envhub.orchestrator.training.config import TrainLoopConfig
+    from envhub.orchestrator.training.producer import Producer
+    from envhub.orchestrator.training.tasks import EnvTasks
+    from envhub.trainer.trainer import Trainer
+    from envhub.trainer.window import GroupWindow
+
+POLL_S = 2.0  # longest wait between two looks at the window (a safety net: completions notify)
+PUSH_ATTEMPTS = 8  # a weight push the gateway answers 503/429 is retried (about 2.5 min in all)
+
+
+class Loop:
+    def __init__(self, cfg: TrainLoopConfig, trainer: Trainer, producer: Producer,
+                 source: LaunchOrderSource, window: GroupWindow, envs: list[EnvTasks], *,
+                 push_url: str, admin_key: str, log: Callable[[str], Any],
+                 on_wait: Callable[[Any], None] | None = None, eval_agent: Any = None) -> None:
+        self.cfg, self.trainer, self.producer = cfg, trainer, producer
+        self.source, self.window, self.envs = source, window, envs
+        self.push_url, self.admin_key, self.log = push_url, admin_key, log
+        self.on_wait, self.eval_agent = on_wait, eval_agent
+        self.rows: list[dict[str, Any]] = []
+        self._released: set[str] = set()  # groups handed back to the producer's buffer
+        self._started = time.perf_counter()
+
+    def run(self) -> list[dict[str, Any]]:
+        cfg = self.cfg
+        if cfg.eval_every:
+            self.evaluate(after_step=-1)
+        if not cfg.sync:
+            self.producer.start()
+        for step in range(cfg.steps):
+            t0 = time.perf_counter()
+            if cfg.sync:
+                self.producer.run_groups(cfg.groups)
+                groups = self.take(cfg.groups, wait=False)
+            else:
+                groups = self.take(cfg.groups, wait=True)
+            t1 = time.perf_counter()
+            lag = _staleness(groups, self.trainer.version)
+            stats = self.trainer.step(groups)
+            t2 = time.perf_counter()
+            pushed = (step + 1) % cfg.sync_every == 0 or step == cfg.steps - 1
+            if pushed:
+                self.push()
+            t3 = time.perf_counter()
+            self.write_step(step, groups, stats, lag, (t0, t1, t2, t3))
+            if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step == cfg.steps - 1):
+                self.evaluate(after_step=step)
+        return self.rows
+
+    # -- taking groups ------------------------------------------------------------------------
+
+    def take(self, n: int, wait: bool) -> list[Group]:
+        """`n` groups from the window; with `wait`, block until enough are finished inside it
+        (the head moves only when consumed). Without, whatever the window allows now."""
+        taken: list[Group] = []
+        while len(taken) < n:
+            seen = self.producer.completed
+            taken += self.window.take(n - len(taken))
+            self._release([g.group_id for g in taken])
+            if len(taken) >= n or not wait:
+                break
+            if self.on_wait is not None:
+                self.on_wait(wait_state(self.window, self.source.list_groups()))
+            self.producer.wait_change(seen, POLL_S)
+        self.producer.check()
+        return taken
+
+    def _release(self, taken: list[str]) -> None:
+        # Groups with no session at all are passed (nothing to train on) and freed too.
+        empty = self.source.empty_done() - self.window.consumed
+        self.window.consumed |= empty
+        new = [g for g in [*taken, *sorted(empty)] if g not in self._released]
+        self._released.update(new)
+        if new:
+            self.producer.taken(new)
+
+    # -- weights ------------------------------------------------------------------------------
+
+    def push(self) -> None:
+        import httpx
+        from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
+
+        from envhub.orchestrator.training.outputs import prune_weights
+
+        def busy(e: BaseException) -> bool:  # 503: no engine in rotation (a heartbeat the
+            # loaded machine answered late took it out until the next one); 429: still draining
+            return isinstance(e, httpx.HTTPStatusError) and e.response.status_code in (429, 503)
+
+        @retry(retry=retry_if_exception(busy), stop=stop_after_attempt(PUSH_ATTEMPTS),
+               wait=wait_exponential(min=2, max=30), reraise=True)
+        def post(path: str) -> None:
+            r = httpx.post(self.push_url, json={"path": path},
+                           headers={"authorization": f"Bearer {self.admin_key}"}, timeout=600)
+            r.raise_for_status()
+
+        self.trainer.sync(self.cfg.out / "weights", push=post)
+        prune_weights(self.cfg.out / "weights", self.cfg.keep_weights)
+
+    # -- rows ---------------------------------------------------------------------------------
+
+    def write_step(self, step: int, groups: list[Group], stats: dict[str, Any],
+                   lag: dict[str, float], times: tuple[float, float, float, float]) -> None:
+        from envhub.orchestrator.training.outputs import append_row
+
+        t0, t1, t2, t3 = times
+        by_env: dict[str, list[RolloutRecord]] = {}
+        for g in groups:
+            by_env.setdefault(self.producer.env_of[g.group_id], []).extend(
+                self.producer.done.get(g.group_id, []))
+        row: dict[str, Any] = {"phase": "train", "step": step,
+                               "weight_version": self.trainer.version,
+                               "ranks": getattr(self.trainer, "ranks", 1),
+                               **step_metrics(by_env, stats), **lag,
+                               "groups_trained": len(groups),
+                               "groups": [g.group_id for g in groups],
+                               # asynchronous: the trainer's wait for groups (its idle time)
+                               "rollout_s": round(t1 - t0, 3), "train_s": round(t2 - t1, 3),
+                               "push_s": round(t3 - t2, 3),
+                               "wall_s": round(t3 - self._started, 3),
+                               "in_flight": self.producer.in_flight,
+                               "queued": self.producer.queued,
+                               "groups_launched": len(self.producer.order)}
+        self.rows.append(row)
+        append_row(self.cfg.out, row)
+        self.log(f"step {step:>3}  reward {row['reward_mean']:+.3f}  resolved "
+                 f"{row['resolved_rate']:.2f}  groups {len(groups)}  stale "
+                 f"{int(row['filter/stale'])}  wait {t1 - t0:.1f}s  train {t2 - t1:.1f}s  "
+                 f"v{self.trainer.version}")
+
+    def evaluate(self, after_step: int) -> None:
+        from envhub.orchestrator.training.outputs import append_row
+
+        assert self.producer.runner is not None
+        t0 = time.perf_counter()
+        metrics = self.producer.call(evaluate(self.producer.runner, self.envs,
+                                              self.trainer.version, self.cfg.concurrency,
+                                              self.eval_agent, self.cfg.eval_samples,
+                                              self.cfg.eval_greedy, seed=self.cfg.seed))
+        row = {"phase": "eval", "after_step": after_step,
+               "weight_version": self.trainer.version, **metrics,
+               "eval_s": round(time.perf_counter() - t0, 3)}
+        self.rows.append(row)
+        append_row(self.cfg.out, row)
+        self.log(f"eval after step {after_step:>3}  v{self.trainer.version}  reward "
+                 f"{row['eval/reward_mean']:+.3f}  resolved {row['eval/resolved_rate']:.2f} "
+                 f"({int(row['eval/rollouts'])} held-out rollouts"
+                 f"{', greedy' if self.cfg.eval_greedy else ''})")
+
+
+def _staleness(groups: list[Group], version: int) -> dict[str, float]:
+    """How many versions behind the trainer the taken samples' oldest tokens are, and how many
+    samples were generated by more than one weight version (a push landed mid-rollout)."""
+    lags, mixed = [], 0
+    for g in groups:
+        for t in g.trajectories:
+            w0 = oldest_version(t)
+            if w0 is not None:
+                lags.append(version - w0)
+            versions = {v for seg in t.segments
+                        for v, m in zip(seg.weight_versions, seg.loss_mask, strict=True) if m}
+            mixed += len(versions) > 1
+    return {"staleness/mean": statistics.fmean(lags) if lags else 0.0,
+            "staleness/max": float(max(lags, default=0)), "versions/mixed_samples": float(mixed)}

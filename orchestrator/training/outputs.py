@@ -1,0 +1,21 @@
+"""What the loop writes under OUT: metrics rows and the weight versions it keeps."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def prune_weights(folder: Path, keep: int) -> None:
+    """Delete all but the newest `keep` version folders (v000001, ...) under `folder`."""
+    import shutil
+
+    versions = sorted(p for p in folder.glob("v[0-9]*") if p.is_dir())
+    for old in versions[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def append_row(out: Path, row: dict[str, Any]) -> None:
+    with open(out / "metrics.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps(row) + "\n")

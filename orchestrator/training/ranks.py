@@ -1,0 +1,109 @@
+"""Several trainer ranks under torchrun: rank 0 leads, the others follow.
+
+Rank 0 runs the gateway, the rollouts and the loop (orchestrator/training/loop.py). The trainer is
+FSDP2-sharded, so every rank must join each step's and each push's collectives: rank 0's
+`RankLeader` stands in for the Trainer in the loop and announces every `step(groups)` and
+`sync(root)` to the other ranks (a pickled broadcast), which run the same call in `follow`.
+A `stop` (always sent, also when rank 0 fails) ends the followers; a follower waits for it
+also after rank 0's weight push failed, so that rank 0 lives to report the error.
+
+The commands travel on their own gloo group whose timeout is `COMMAND_TIMEOUT`, not the
+process group's (gloo's default 30 min, NCCL's 10): between two commands rank 0 runs
+rollouts, evaluations or starts an engine, which may take longer, and a follower waiting for
+the next command must not give up then. A rank 0 that dies does not leave followers waiting
+out this timeout: torchrun ends the other ranks when one exits with an error.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from envhub.trainer.errors import PeerFailed
+
+if TYPE_CHECKING:
+    from envhub.trainer.distributed import DataParallel
+    from envhub.trainer.source import Group
+    from envhub.trainer.trainer import Trainer
+
+
+COMMAND_TIMEOUT = timedelta(days=7)
+
+
+def _command_group() -> Any:
+    """The group commands travel on (collective: every rank calls it once, at the start)."""
+    import torch.distributed as dist
+
+    return dist.new_group(backend="gloo", timeout=COMMAND_TIMEOUT)
+
+
+def _broadcast(group: Any, message: Any) -> Any:
+    import torch.distributed as dist
+
+    box = [message]
+    dist.broadcast_object_list(box, src=0, group=group)
+    return box[0]
+
+
+class RankLeader:
+    """The Trainer as rank 0's loop sees it; each call is announced to the other ranks."""
+
+    def __init__(self, trainer: Trainer, dp: DataParallel):
+        self.trainer = trainer
+        self.ranks = dp.world
+        self._stopped = False
+        self._commands = _command_group()
+
+    @property
+    def version(self) -> int:
+        return self.trainer.version
+
+    def step(self, groups: list[Group]) -> dict[str, Any]:
+        _broadcast(self._commands, ("step", groups))
+        return self.trainer.step(groups)
+
+    def sync(self, root: str | Path, push: Any = None) -> Path | None:
+        _broadcast(self._commands, ("sync", str(root)))
+        return self.trainer.sync(root, push=push)
+
+    def stop(self) -> None:
+        if not self._stopped:
+            self._stopped = True
+            _broadcast(self._commands, ("stop", None))
+            _close(together=True)
+
+
+def follow(trainer: Trainer, weights: Path) -> None:
+    """A non-zero rank: run rank 0's steps and pushes (rank 0 alone writes and pushes)."""
+    commands = _command_group()
+    try:
+        while True:
+            command, arg = _broadcast(commands, None)
+            if command == "step":
+                trainer.step(arg)
+            elif command == "sync":
+                try:
+                    trainer.sync(arg, push=None)
+                except PeerFailed:
+                    # Rank 0's push failed: it raises the push's own error, reports it and
+                    # sends `stop`. Leaving now would make torchrun end rank 0 before it can.
+                    continue
+            else:
+                _close(together=True)
+                return
+    finally:
+        _close()
+
+
+def _close(together: bool = False) -> None:
+    """Leave the process group; `together` (on `stop`, both ranks there) after a barrier: a
+    rank tearing gloo down while its peer still has the stop broadcast in flight was seen to
+    abort a rank at exit ("terminate called without an active exception"). Not on a failure,
+    where the peer may never come."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        if together:
+            dist.barrier()
+        dist.destroy_process_group()
