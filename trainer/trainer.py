@@ -262,7 +262,7 @@ class Trainer:
         self.version = int(state["version"])
         self.steps = int(state["steps"])
         if window is not None:
-            window.consumed = set(state.get("consumed_groups", []))
+            window.restore(state.get("consumed_groups", []))
 
 
 def _flat_index(seqs: list[TrainSequence], seq_index: torch.Tensor,

@@ -10,7 +10,7 @@ W keeps the trainer busy while a slow group (long agent run) finishes.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Set
 
 from envhub.trainer.source import Group, GroupInfo, TrajectorySource, load_group
 
@@ -25,16 +25,33 @@ class GroupWindow:
         self.source = source
         self.window = window
         self.group_size = group_size
-        self.consumed: set[str] = set(consumed)
+        self._consumed: set[str] = set(consumed)
+
+    @property
+    def consumed(self) -> Set[str]:
+        """Groups taken or skipped. The window alone changes it (`take`, `skip`, `restore`):
+        the loop and the producer read it."""
+        return self._consumed
+
+    def skip(self, group_ids: Iterable[str]) -> set[str]:
+        """Mark finished groups consumed without loading them (nothing in them to train on);
+        returns those not consumed before."""
+        new = set(group_ids) - self._consumed
+        self._consumed |= new
+        return new
+
+    def restore(self, consumed: Iterable[str]) -> None:
+        """The consumed set of a checkpoint (resume)."""
+        self._consumed = set(consumed)
 
     def ready(self) -> list[GroupInfo]:
         """Finished groups the window allows now, oldest first."""
         groups = self.source.list_groups()
-        head = next((i for i, g in enumerate(groups) if g.group_id not in self.consumed),
+        head = next((i for i, g in enumerate(groups) if g.group_id not in self._consumed),
                     len(groups))
         candidates = groups[head:] if self.window is None else groups[head:head + self.window]
         return [g for g in candidates
-                if g.group_id not in self.consumed and g.finished(self.group_size)]
+                if g.group_id not in self._consumed and g.finished(self.group_size)]
 
     def take(self, n: int) -> list[Group]:
         """Up to `n` groups (fewer when not enough are ready), marked consumed.
@@ -49,5 +66,5 @@ class GroupWindow:
                 break
             info = ready[0]
             taken.append(load_group(self.source, info))
-            self.consumed.add(info.group_id)
+            self._consumed.add(info.group_id)
         return taken

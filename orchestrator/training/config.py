@@ -1,5 +1,5 @@
-"""`envhub train`'s configuration: every option of the RL loop, validated (the command line
-is generated from it)."""
+"""`envhub train`'s configuration: every option of the RL loop, validated. The command line
+(orchestrator/train_cli.py) builds one from its flags."""
 
 from __future__ import annotations
 

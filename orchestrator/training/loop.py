@@ -86,8 +86,7 @@ class Loop:
 
     def _release(self, taken: list[str]) -> None:
         # Groups with no session at all are passed (nothing to train on) and freed too.
-        empty = self.source.empty_done() - self.window.consumed
-        self.window.consumed |= empty
+        empty = self.window.skip(self.source.empty_done())
         new = [g for g in [*taken, *sorted(empty)] if g not in self._released]
         self._released.update(new)
         if new:
