@@ -46,6 +46,13 @@ class ServerThread:
         self.close()
 
 
+# How long an idle client connection stays open. Above the clients' own idle limit (httpx's
+# pool keeps one 5 s): at uvicorn's default, also 5 s, a client reused a connection the server
+# was closing that instant, and its request failed with a ReadError (seen with 400 rollouts in
+# flight on a loaded machine: 21 of 400 became env_failure).
+KEEP_ALIVE_S = 75
+
+
 def bind(host: str, port: int) -> socket.socket:
     """A listening-ready socket on (host, port); port 0 picks a free one. Binding before
     uvicorn starts tells the caller the port without a race against other processes."""
@@ -69,7 +76,8 @@ def serve_in_thread(app: Any, host: str = "127.0.0.1", port: int = 0, *,
     sock = bind(host, port)
     url = f"http://{host}:{sock.getsockname()[1]}"
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan=lifespan,
-                                           timeout_graceful_shutdown=graceful_timeout))
+                                           timeout_graceful_shutdown=graceful_timeout,
+                                           timeout_keep_alive=KEEP_ALIVE_S))
 
     async def run() -> None:
         try:

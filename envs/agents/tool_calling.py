@@ -130,7 +130,9 @@ class ToolCallingAgent:
         except openai.APITimeoutError:
             return None  # timed out at the agent's remaining time: its limit, not the gateway's
         except openai.APIConnectionError as e:
-            raise EnvFailure(f"gateway unreachable: {type(e).__name__}: {e}") from None
+            cause = e.__cause__  # the transport's error says what happened to the connection
+            why = f" ({type(cause).__name__}: {cause})" if cause is not None else ""
+            raise EnvFailure(f"gateway unreachable: {type(e).__name__}: {e}{why}") from None
 
     def _turn_seed(self, ctx: AgentContext, turn: int) -> int | None:
         if self.seed is None:
