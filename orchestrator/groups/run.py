@@ -37,6 +37,7 @@ from envhub.orchestrator.groups.setup import (
     new_run_id,
     open_scratch,
     prepare_agent,
+    raise_open_files_limit,
     rollout_setups,
     sandbox_kind,
     sweep_stale_scratch,
@@ -87,6 +88,7 @@ async def run(config: RunConfig, console: Any = None, progress: bool = True,
     anything starts when the options or packages are bad. `on_start(run_id, results folder)` is
     called once the folder exists, before the first rollout."""
     agent = make_agent(config.agent, config.agent_install, config.agent_on_host)
+    raise_open_files_limit()
     make_policy(config.schedule)  # a dotted path that does not load stops the run here
     # In a thread: loading reads task files and may install a registry package, and a
     # registry install runs its own event loop.

@@ -33,6 +33,7 @@ from envhub.orchestrator.groups.setup import (
     load_envs,
     open_scratch,
     prepare_agent,
+    raise_open_files_limit,
     rollout_setups,
     sweep_stale_scratch,
     take_down,
@@ -106,6 +107,7 @@ class GroupRunner:
         Raises the loader's errors (with their fix) for a bad environment.
         `agent_install`/`agent_on_host` are the agent's (make_agent's), for an executor that
         rebuilds it on another machine."""
+        raise_open_files_limit()
         envs, kinds = await asyncio.to_thread(load_envs, refs, sandbox)
         agent_kinds = await prepare_agent(agent, sandbox, kinds)  # in-sandbox command agents
         results = None
