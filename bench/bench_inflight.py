@@ -52,7 +52,7 @@ def most_open(db: Path) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rollouts", type=int, default=1000)
-    ap.add_argument("--k", type=int, default=5, help="samples per task (group size; arith has
+    ap.add_argument("--k", type=int, default=5, help="samples per task (group size; arith has "
                     "224 tasks, so 1,000 rollouts need k >= 5)")
     a = ap.parse_args()
     out = Path(tempfile.mkdtemp(prefix="envhub-bench-inflight-")) / "run"
