@@ -233,7 +233,12 @@ def swebench_rows(tmp_path: Path) -> Iterator[str]:
     from envhub.envs.images import build_env_image
     from envhub.envs.sandbox.engine import docker_client
     from envhub.envs.swe.swebench import image_names
-    from tests.envs.test_swebench_rows import DOCKERFILE, INSTANCE, swebench_row
+    from tests.envs.test_swebench_rows import (
+        DOCKERFILE,
+        INSTANCE,
+        swebench_image_names,
+        swebench_row,
+    )
 
     (tmp_path / "image").mkdir()
     (tmp_path / "image" / "Dockerfile").write_text(DOCKERFILE)
@@ -243,12 +248,13 @@ def swebench_rows(tmp_path: Path) -> Iterator[str]:
     rows_file = tmp_path / "swebench.jsonl"
     rows_file.write_text(json.dumps(swebench_row(base.decode().strip())) + "\n")
     pulled = image_names(INSTANCE)[1]
-    client.images.get(built).tag(pulled.split(":")[0], "latest")
-    try:
-        yield str(rows_file)
-    finally:
-        if client.images.list(name=pulled.split(":")[0]):
-            client.images.remove(pulled)
+    with swebench_image_names():
+        client.images.get(built).tag(pulled.split(":")[0], "latest")
+        try:
+            yield str(rows_file)
+        finally:
+            if client.images.list(name=pulled.split(":")[0]):
+                client.images.remove(pulled)
 
 
 @pytest.mark.slow

@@ -4,8 +4,13 @@ image is missing; rows envhub cannot grade (non-pytest, SWE-smith) refused with 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -92,6 +97,17 @@ def _summary(result, out: Path) -> dict:
 
 @pytest.mark.docker
 @pytest.mark.slow
+@contextlib.contextmanager
+def swebench_image_names() -> Iterator[None]:
+    """Hold the SWE-bench image names, which are global to the Docker engine, for one test at
+    a time across xdist workers. This test and the swebench-row audit (test_audit.py) both tag
+    and remove them. When they ran at once, an audit rollout's setup found no repository in
+    its image and became an env_failure (seen in CI)."""
+    with open(Path(tempfile.gettempdir()) / "envhub-tests-swebench-images.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def test_swebench_row_runs_on_its_image_oracle_solves_and_noop_scores_zero(
         tmp_path: Path) -> None:
     require_docker()
@@ -111,6 +127,12 @@ def test_swebench_row_runs_on_its_image_oracle_solves_and_noop_scores_zero(
     rows.write_text(json.dumps(row) + "\n")
     parquet = tmp_path / "swebench.parquet"
     pq.write_table(pa.Table.from_pylist([row]), parquet)
+    with swebench_image_names():
+        _run_on_the_harness_names(tmp_path, client, built, rows, parquet)
+
+
+def _run_on_the_harness_names(tmp_path: Path, client: Any, built: str, rows: Path,
+                              parquet: Path) -> None:
     local, pulled = image_names(INSTANCE)[:2]
     for name in (local, pulled):  # a stale tag from an interrupted run
         if client.images.list(name=name.split(":")[0]):

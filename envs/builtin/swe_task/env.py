@@ -94,7 +94,8 @@ class SWETaskEnv:
             if head.exit_code != 0 or (exact and head.stdout.strip() != swe.base_commit):
                 raise EnvFailure(f"{swe.instance_id}: image {spec.image} does not hold the "
                                  f"repository at {swe.base_commit} in {swe.repo_dir} "
-                                 f"({head.stdout.strip() or head.stderr.strip()[-300:]})")
+                                 f"(exit {head.exit_code}: "
+                                 f"{head.stdout.strip() or head.stderr.strip()[-300:]})")
             return sandbox, head.stdout.strip()
         except BaseException:
             await sandbox.close()
