@@ -14,8 +14,7 @@ WEIGHTED_RE = re.compile(r"^(?P<ref>.+?)=(?P<weight>\d+(?:\.\d+)?)$")
 
 def check_schedule(name: str) -> str:
     """A scheduling policy's name (orchestrator/groups/scheduling.py) or dotted path;
-    ValueError naming
-    the choices otherwise (`envhub run` and `envhub train --schedule`)."""
+    ValueError naming the choices otherwise (`envhub run` and `envhub train --schedule`)."""
     from envhub.orchestrator.groups.scheduling import POLICIES
 
     if name not in POLICIES and ":" not in name:

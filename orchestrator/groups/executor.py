@@ -19,13 +19,12 @@ Plugging one into a loop of one's own (e.g. `envhub train`):
 
 from __future__ import annotations
 
-import importlib
 from typing import Protocol
 
 from envhub.envs.environment import Task
-from envhub.envs.errors import RunConfigError
 from envhub.envs.loader import LoadedEnv
 from envhub.orchestrator.groups.plan import RolloutKey
+from envhub.orchestrator.groups.plugins import load_named
 from envhub.orchestrator.groups.rollout import PendingRollout, RolloutSetup, execute
 
 EXECUTORS = {
@@ -78,14 +77,5 @@ class InProcessExecutor:
 
 def make_executor(name: str) -> RolloutExecutor:
     """An executor from the table's name or a `package.module:Class` path."""
-    path = EXECUTORS.get(name, name)
-    module, sep, attr = path.partition(":")
-    if not sep:
-        raise RunConfigError(f"--executor {name!r}: use one of {', '.join(EXECUTORS)} or "
-                             "package.module:Class")
-    try:
-        cls = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as e:
-        raise RunConfigError(f"--executor {name!r}: cannot load {path}: {e}") from e
-    executor: RolloutExecutor = cls()
+    executor: RolloutExecutor = load_named(name, EXECUTORS, "--executor")
     return executor

@@ -25,12 +25,11 @@ once. Ties go to the group added first, then the lower sample index.
 
 from __future__ import annotations
 
-import importlib
 from collections import deque
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from envhub.envs.errors import RunConfigError
+from envhub.orchestrator.groups.plugins import load_named
 
 Measure = Literal["tokens", "turns", "seconds"]
 
@@ -134,14 +133,5 @@ class SeerPolicy:
 def make_policy(name: str) -> SchedulePolicy:
     """A policy from the table's name or a `package.module:Class` path; RunConfigError (with
     the choices) when there is none."""
-    path = POLICIES.get(name, name)
-    module, sep, attr = path.partition(":")
-    if not sep:
-        raise RunConfigError(f"scheduling policy {name!r}: use one of {', '.join(POLICIES)} or "
-                         "package.module:Class")
-    try:
-        cls = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as e:
-        raise RunConfigError(f"scheduling policy {name!r}: cannot load {path}: {e}") from e
-    policy: SchedulePolicy = cls()
+    policy: SchedulePolicy = load_named(name, POLICIES, "scheduling policy")
     return policy
