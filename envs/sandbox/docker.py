@@ -58,9 +58,10 @@ from envhub.envs.sandbox.shell import (
     wrapper_argv,
 )
 
-# How the runtime answers an exec created just as the container stopped ("cannot exec in a
-# stopped state", "error executing setns process", ...).
-RUNTIME_EXEC_FAILED = b"OCI runtime exec failed"
+# How the runtime answers an exec created just as the container stopped: with or without the
+# "OCI runtime exec failed: exec failed: " prefix, by engine version (both seen in CI).
+RUNTIME_EXEC_FAILED = (b"OCI runtime exec failed", b"cannot exec in a stopped state",
+                       b"error executing setns process")
 
 WORKDIR = "/workspace"
 PIDS_LIMIT = 1024  # stops fork bombs from taking the host down
@@ -282,7 +283,7 @@ class DockerSandbox:
                 # Created as the container was stopping (its main process ended from inside
                 # an instant before): the runtime refuses to start it (seen in CI). A command
                 # that only prints the runtime's words runs once: its container still runs.
-                if code == 0 or not (out + err).startswith(RUNTIME_EXEC_FAILED) \
+                if code == 0 or not (out + err).lstrip().startswith(RUNTIME_EXEC_FAILED) \
                         or not _stops(api, self.id):
                     return code, out, err
                 why = (out + err).decode(errors="replace").strip()[:300]
