@@ -134,6 +134,11 @@ def run_command(
     schedule: str = typer.Option("fifo", "--schedule", help="Which rollout starts next: fifo | "
                                  "seer (one probe sample per group first, then the rest "
                                  "longest-first by what the probes took)."),
+    services: str | None = typer.Option(None, "--services", help="HOST:PORT to listen on for "
+                                        "task services (envhub serve); give their "
+                                        "environments as service:NAME."),
+    service_wait: float = typer.Option(60.0, "--service-wait", help="Seconds a rollout waits "
+                                       "for a live task service of its name with a free slot."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display."),
 ) -> None:
     """Run agents on environments: k samples per task, rewards to the pool, results table."""
@@ -154,7 +159,8 @@ def run_command(
             agent_install=agent_install or [], agent_on_host=agent_on_host,
             sandbox=sandbox, n=n, k=k, concurrency=concurrency, tasks=task or [], out=out,
             resume=resume, gateway=gateway, admin_key=admin_key, max_turns=max_turns,
-            time_limit_s=time_limit, executor=executor, schedule=schedule)
+            time_limit_s=time_limit, executor=executor, schedule=schedule, services=services,
+            service_wait_s=service_wait)
         outcome = asyncio.run(cancellable(run(config, progress=not quiet, on_start=announce)))
     except user_errors() as e:
         fail(describe(e))
@@ -186,6 +192,43 @@ def where_to_look(folder: Path, pool: bool) -> str:
     return "\n".join(lines)
 
 
+def serve_command(
+    env: str = typer.Argument(..., help="Built-in name, folder path or owner/name@version."),
+    orchestrator: str = typer.Option(..., "--orchestrator", help="URL where the run's task "
+                                     "services register (envhub run --services HOST:PORT)."),
+    name: str | None = typer.Option(None, "--name", help="Register as this name (a run asks "
+                                    "for service:NAME); default the environment's name."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
+    port: int = typer.Option(0, "--port", min=0, max=65535, help="Port (0: a free one)."),
+    advertise: str | None = typer.Option(None, "--advertise", help="URL the orchestrator "
+                                         "reaches this service at (default http://HOST:PORT)."),
+    capacity: int = typer.Option(64, "--capacity", min=1, max=4096, help="Rollouts at once."),
+    agent: str = typer.Option("tool", "--agent", "-a", help="The service's agent: tool | "
+                              "tool:summarize | oracle | a command line (as envhub run)."),
+    agent_install: Annotated[list[str] | None, typer.Option(
+        "--agent-install", help="As envhub run's (repeatable).")] = None,
+    sandbox: str | None = typer.Option(None, "--sandbox", "-s", help="Sandbox kind (default: "
+                                       "the manifest's choice)."),
+) -> None:
+    """Serve an environment as a task service: register with a run's orchestrator and run the
+    rollouts it asks for (protocol: orchestrator/services)."""
+    import asyncio
+
+    from envhub.orchestrator.services.serve import ServeOptions, serve
+
+    opts = ServeOptions(env=env, orchestrator=orchestrator, name=name, host=host, port=port,
+                        advertise=advertise, capacity=capacity, agent=agent,
+                        agent_install=tuple(agent_install or ()), sandbox=sandbox)
+    if not orchestrator.startswith(("http://", "https://")):
+        fail(f"--orchestrator {orchestrator}: use a URL such as http://127.0.0.1:7000")
+    try:
+        asyncio.run(serve(opts))
+    except user_errors() as e:
+        fail(describe(e))
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+
+
 def init_command(
     name: str = typer.Argument(..., help="Folder to create (its name is the env name)."),
     env_name: str | None = typer.Option(None, "--name", help="Env name if not the folder's."),
@@ -211,6 +254,7 @@ def register(app: typer.Typer) -> None:
     app.command("info")(info_command)
     app.command("run")(run_command)
     app.command("init")(init_command)
+    app.command("serve")(serve_command)
     from envhub.orchestrator.train_cli import train_command
 
     app.command("train")(train_command)

@@ -68,6 +68,11 @@ class RunConfig(BaseModel):
                           "probe per group first, then longest-first; runner/scheduling.py)")
     executor: str = Field("inprocess", description="where rollouts run: inprocess | ray (a Ray "
                           "cluster at RAY_ADDRESS) | package.module:Class (runner/executor.py)")
+    services: str | None = Field(None, description="HOST:PORT where task services register "
+                                 "(orchestrator/services); environments given as service:NAME "
+                                 "run in them")
+    service_wait_s: float = Field(60.0, gt=0, le=3600, description="how long a rollout (or the "
+                                  "plan) waits for a live service of its name with a free slot")
 
     @field_validator("sandbox")
     @classmethod
@@ -94,4 +99,8 @@ class RunConfig(BaseModel):
             raise ValueError("--resume needs --out DIR (the folder of the run to resume)")
         if self.gateway and not self.admin_key:
             raise ValueError("--gateway needs --admin-key (or ENVHUB_ADMIN_KEY)")
+        served = [c.ref for c in self.envs if c.ref.startswith("service:")]
+        if served and not self.services:
+            raise ValueError(f"{served[0]} runs in a task service: give --services HOST:PORT, "
+                             "where services register (e.g. 127.0.0.1:7000)")
         return self

@@ -28,7 +28,6 @@ import functools
 import ipaddress
 import logging
 import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,35 +36,14 @@ from urllib.parse import urlparse
 from envhub.envs.environment import Task, Verdict
 from envhub.envs.errors import RunConfigError
 from envhub.envs.loader import LoadedEnv
+from envhub.orchestrator.groups.attached import RemoteRollout, attached_rollout
 from envhub.orchestrator.groups.plan import RolloutKey
-from envhub.orchestrator.groups.rollout import PendingRollout, RolloutSetup, execute
+from envhub.orchestrator.groups.rollout import PendingRollout, RolloutSetup
 from envhub.orchestrator.groups.scoring import close_session
-from envhub.orchestrator.groups.setup import open_scratch
 
 log = logging.getLogger(__name__)
 HOST_SERVICE_KINDS = ("docker",)  # sandbox kinds placed by a custom resource of that name
 MIB = 1 << 20
-
-
-@dataclass
-class RemoteRollout:
-    """What a node needs to run one rollout (pickled to it)."""
-
-    key: RolloutKey
-    group_id: str
-    env_ref: str
-    task: Task
-    run_id: str
-    agent: str
-    agent_install: list[str]
-    agent_on_host: bool
-    sandbox_kind: str
-    agent_kind: str | None
-    model: str
-    limits_override: dict[str, Any]
-    gateway_url: str
-    session_id: str
-    api_key: str
 
 
 @dataclass
@@ -204,46 +182,17 @@ def run_on_node(job: RemoteRollout) -> RemoteResult:
 
 
 async def _run_on_node(job: RemoteRollout) -> RemoteResult:
-    import httpx
     import ray
 
     from envhub.envs.agents import make_agent
-    from envhub.sdk import AsyncSession
 
-    loaded = _load(job.env_ref)
     agent = make_agent(job.agent, job.agent_install, job.agent_on_host)
-    prepare = getattr(agent, "prepare", None)  # in-sandbox agents build their bundle per node
-    if getattr(agent, "in_sandbox", False) and prepare is not None:
-        await prepare(job.agent_kind or job.sandbox_kind)
-    scratch = open_scratch(job.run_id)  # if the node dies under it, the next run sweeps it
-    http = httpx.AsyncClient(timeout=60)
-    try:
-        # The session is the driver's: this side only uses it, never closes it.
-        session = AsyncSession(job.gateway_url, job.session_id, job.api_key, http)
-        rs = RolloutSetup(run_id=job.run_id, agent=agent, agent_name=job.agent,
-                          link=_AttachedLink(job.gateway_url, session),
-                          sandbox_kind=job.sandbox_kind, scratch=scratch, model=job.model,
-                          limits_override=job.limits_override, agent_kind=job.agent_kind,
-                          agent_install=job.agent_install, agent_on_host=job.agent_on_host)
-        p = await execute(job.key, job.group_id, loaded, job.task, rs)
-    finally:
-        await http.aclose()
-        shutil.rmtree(scratch, ignore_errors=True)
+    p = await attached_rollout(job, _load(job.env_ref), agent)
     ctx = ray.get_runtime_context()
     node = {"node_id": ctx.get_node_id(), "ip": ray.util.get_node_ip_address(),
             "resources": ",".join(sorted(_custom_resources(ctx)))}
     return RemoteResult(p.status, p.reason, p.stopped, p.turns, p.agent_info, p.verdict,
                         p.duration_s, p.setup_s, p.verify_s, node)
-
-
-class _AttachedLink:
-    """A GatewayLink whose one session was opened by the driver."""
-
-    def __init__(self, url: str, session: Any) -> None:
-        self.url, self._session = url, session
-
-    async def open_session(self, group_id: str, key: RolloutKey) -> Any:
-        return self._session
 
 
 @functools.cache

@@ -12,9 +12,10 @@ once the owner process is gone.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
@@ -44,6 +45,7 @@ from envhub.orchestrator.groups.setup import (
     take_down,
 )
 from envhub.orchestrator.groups.stream import rollout_group
+from envhub.orchestrator.services.hub import PREFIX, ServiceHub
 
 log = logging.getLogger(__name__)
 RUNS_DIR = Path("runs")  # results of runs without --out: runs/<run_id>/
@@ -57,9 +59,12 @@ class RunOutcome:
     out: Path  # the results folder
 
 
-def plan_groups(config: RunConfig) -> list[GroupPlan]:
-    """Load the environments and their tasks; allocate tasks by weight; k samples each."""
-    loaded: list[LoadedEnv] = [load_env(c.ref) for c in config.envs]
+def plan_groups(config: RunConfig, served: dict[str, LoadedEnv] | None = None
+                ) -> list[GroupPlan]:
+    """Load the environments and their tasks; allocate tasks by weight; k samples each.
+    `served`: the environments of task services, by reference (service:NAME)."""
+    served = served or {}
+    loaded = [served.get(c.ref) or load_env(c.ref) for c in config.envs]
     names = [le.name for le in loaded]
     if len(set(names)) != len(names):
         raise RunConfigError(f"environment listed twice ({', '.join(names)}); give each once "
@@ -90,26 +95,63 @@ async def run(config: RunConfig, console: Any = None, progress: bool = True,
     agent = make_agent(config.agent, config.agent_install, config.agent_on_host)
     raise_open_files_limit()
     make_policy(config.schedule)  # a dotted path that does not load stops the run here
-    # In a thread: loading reads task files and may install a registry package, and a
-    # registry install runs its own event loop.
-    groups = await asyncio.to_thread(plan_groups, config)
-    kinds = await asyncio.to_thread(
-        lambda: {g.loaded.name: sandbox_kind(config, g.loaded) for g in groups})
-    agent_kinds = await prepare_agent(agent, config.sandbox, kinds)
-    executor = make_executor(config.executor)
-    await executor.start()
-    try:
+    async with contextlib.AsyncExitStack() as stack:
+        hub = await stack.enter_async_context(_services(config))
+        served = {c.ref: await hub.load(c.ref.removeprefix(PREFIX))
+                  for c in config.envs if hub is not None and c.ref.startswith(PREFIX)}
+        # In a thread: loading reads task files and may install a registry package, and a
+        # registry install runs its own event loop.
+        groups = await asyncio.to_thread(plan_groups, config, served)
+        kinds = await asyncio.to_thread(
+            lambda: {g.loaded.name: sandbox_kind(config, g.loaded) for g in groups})
+        agent_kinds = await prepare_agent(agent, config.sandbox, kinds)
+        executor = make_executor(config.executor)
+        await executor.start()
+        stack.push_async_callback(executor.close)
+        route = _Route(executor, hub)
         for g in {g.loaded.name: g for g in groups}.values():
-            await executor.check(g.loaded, kinds[g.loaded.name])
-        return await _run_started(config, agent, groups, kinds, agent_kinds, executor, console,
+            await route(g.loaded).check(g.loaded, kinds[g.loaded.name])
+        return await _run_started(config, agent, groups, kinds, agent_kinds, route, console,
                                   progress, on_start)
+    raise AssertionError("unreachable")  # the stack re-raises or the body returned
+
+
+@contextlib.asynccontextmanager
+async def _services(config: RunConfig) -> AsyncIterator[ServiceHub | None]:
+    """The task services' hub of `--services`, listening for the whole run."""
+    if not config.services:
+        yield None
+        return
+    hub = ServiceHub(config.services, wait_s=config.service_wait_s)
+    await hub.start()
+    try:
+        yield hub
     finally:
-        await executor.close()
+        await hub.close()
+
+
+@dataclass
+class _Route:
+    """Which executor runs an environment's rollouts: its task service's hub for service:NAME,
+    the run's executor for the rest."""
+
+    executor: RolloutExecutor
+    hub: ServiceHub | None
+
+    def __call__(self, loaded: LoadedEnv) -> RolloutExecutor:
+        if self.hub is not None and loaded.ref.startswith(PREFIX):
+            return self.hub
+        return self.executor
+
+    def gateway_host(self) -> str:
+        if self.hub is not None and self.executor.name == "inprocess":
+            return self.hub.gateway_host()
+        return self.executor.gateway_host()
 
 
 async def _run_started(config: RunConfig, agent: Any, groups: list[GroupPlan],
                        kinds: dict[str, str], agent_kinds: dict[str, str],
-                       executor: RolloutExecutor, console: Any, progress: bool,
+                       route: _Route, console: Any, progress: bool,
                        on_start: Callable[[str, Path], None] | None) -> RunOutcome:
     run_id = new_run_id()
     # Results are kept by default: a run's trajectories are the product, never a temp file.
@@ -128,7 +170,7 @@ async def _run_started(config: RunConfig, agent: Any, groups: list[GroupPlan],
             link = GatewayLink.connect(config.gateway, config.admin_key or "")
         else:
             link = await GatewayLink.start(config.model, out / "pool.db",
-                                           executor.gateway_host())
+                                           route.gateway_host())
         setups = rollout_setups(run_id, agent, config.agent, link, kinds, agent_kinds, scratch,
                                 config.max_turns, config.time_limit_s, config.agent_install,
                                 config.agent_on_host)
@@ -136,8 +178,8 @@ async def _run_started(config: RunConfig, agent: Any, groups: list[GroupPlan],
         with RunProgress(total, console) if progress else _NoProgress() as bar:
             slots = Dispatcher(make_policy(config.schedule), config.concurrency)
             await asyncio.gather(*(
-                _run_group(g, run_id, setups[g.loaded.name], executor, results, slots, bar,
-                           records)
+                _run_group(g, run_id, setups[g.loaded.name], route(g.loaded), results, slots,
+                           bar, records)
                 for g in groups))
     finally:
         if link is not None:

@@ -1,0 +1,70 @@
+"""A rollout run away from the driver (on a Ray node, in a task service), attached to the
+session the driver opened for it: setup, agent and grading here; scoring and closing there."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from envhub.envs.environment import Task
+from envhub.envs.loader import LoadedEnv
+from envhub.orchestrator.groups.plan import RolloutKey
+from envhub.orchestrator.groups.rollout import PendingRollout, RolloutSetup, execute
+from envhub.orchestrator.groups.setup import open_scratch
+
+
+@dataclass
+class RemoteRollout:
+    """What a node needs to run one rollout (pickled to it)."""
+
+    key: RolloutKey
+    group_id: str
+    env_ref: str
+    task: Task
+    run_id: str
+    agent: str
+    agent_install: list[str]
+    agent_on_host: bool
+    sandbox_kind: str
+    agent_kind: str | None
+    model: str
+    limits_override: dict[str, Any]
+    gateway_url: str
+    session_id: str
+    api_key: str
+
+
+async def attached_rollout(job: RemoteRollout, loaded: LoadedEnv, agent: Any
+                           ) -> PendingRollout:
+    """Run `job` here up to grading, in the driver's session (used, never closed)."""
+    from envhub.sdk import AsyncSession
+
+    prepare = getattr(agent, "prepare", None)  # in-sandbox agents build their bundle per node
+    if getattr(agent, "in_sandbox", False) and prepare is not None:
+        await prepare(job.agent_kind or job.sandbox_kind)
+    scratch = open_scratch(job.run_id)  # if this process dies under it, the next run sweeps it
+    http = httpx.AsyncClient(timeout=60)
+    try:
+        session = AsyncSession(job.gateway_url, job.session_id, job.api_key, http)
+        rs = RolloutSetup(run_id=job.run_id, agent=agent, agent_name=job.agent,
+                          link=AttachedLink(job.gateway_url, session),
+                          sandbox_kind=job.sandbox_kind, scratch=scratch, model=job.model,
+                          limits_override=job.limits_override, agent_kind=job.agent_kind,
+                          agent_install=job.agent_install, agent_on_host=job.agent_on_host)
+        return await execute(job.key, job.group_id, loaded, job.task, rs)
+    finally:
+        await http.aclose()
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+class AttachedLink:
+    """A GatewayLink whose one session was opened by the driver."""
+
+    def __init__(self, url: str, session: Any) -> None:
+        self.url, self._session = url, session
+
+    async def open_session(self, group_id: str, key: RolloutKey) -> Any:
+        return self._session

@@ -1,0 +1,284 @@
+"""The orchestrator's side of task services: where they register (an HTTP server of its own),
+and the executor of `service:NAME` environments (it asks a live service of that name to run
+each rollout). Protocol and failure accounting: __init__.py.
+
+    hub = ServiceHub("127.0.0.1:7000")
+    await hub.start()
+    loaded = await hub.load("echo")          # waits for a service named echo; its tasks
+    pending = await hub.execute(key, group_id, loaded, task, setup)
+    await hub.close()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from pydantic import ValidationError
+
+from envhub.envs.environment import Task, Verdict
+from envhub.envs.errors import RunConfigError
+from envhub.envs.loader import LoadedEnv
+from envhub.envs.manifest import Manifest, SandboxSpec
+from envhub.orchestrator.groups.plan import RolloutKey
+from envhub.orchestrator.groups.rollout import PendingRollout, RolloutSetup
+from envhub.orchestrator.groups.scoring import close_session
+from envhub.orchestrator.services.protocol import (
+    EnvDescription,
+    Heartbeat,
+    Limits,
+    Registered,
+    Registration,
+    RolloutReport,
+    RolloutRequest,
+)
+
+PREFIX = "service:"  # an environment reference served by a task service: service:NAME
+HEARTBEAT_S = 2.0
+HEARTBEATS_MISSED = 3  # a service silent this many periods is taken as dead
+MAX_ANSWER = 16 << 20  # bytes of one rollout's answer
+
+
+@dataclass
+class _Service:
+    id: str
+    name: str
+    url: str
+    capacity: int
+    last_beat: float
+    busy: int = 0  # our requests outstanding
+    reported: int = 0  # what its last heartbeat said
+
+
+class ServiceHub:
+    """Registered services, their liveness and load; the `RolloutExecutor` of their
+    environments."""
+
+    name = "services"
+
+    def __init__(self, listen: str, heartbeat_s: float = HEARTBEAT_S, wait_s: float = 60.0
+                 ) -> None:
+        host, _, port = listen.rpartition(":")
+        if not host or not port.isdigit():
+            raise RunConfigError(f"--services {listen}: use HOST:PORT, e.g. 127.0.0.1:7000")
+        self.host, self.port = host.strip("[]"), int(port)
+        self.heartbeat_s, self.wait_s = heartbeat_s, wait_s
+        self._services: dict[str, _Service] = {}
+        self._lock = threading.Lock()  # the server thread registers, the run's loop reads
+        self._server: Any = None
+        self._http: httpx.AsyncClient | None = None
+        self.url = ""
+
+    # -- the registry (server thread and run loop alike) ---------------------------------
+    def register(self, reg: Registration) -> Registered:
+        service = _Service(uuid.uuid4().hex, reg.name, reg.url.rstrip("/"), reg.capacity,
+                           time.monotonic())
+        with self._lock:
+            self._services[service.id] = service
+        return Registered(id=service.id, heartbeat_s=self.heartbeat_s)
+
+    def beat(self, service_id: str, beat: Heartbeat) -> bool:
+        with self._lock:
+            service = self._services.get(service_id)
+            if service is None or not self._alive(service):
+                self._services.pop(service_id, None)
+                return False
+            service.last_beat, service.reported = time.monotonic(), beat.in_flight
+            return True
+
+    def listing(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [{"id": s.id, "name": s.name, "url": s.url, "capacity": s.capacity,
+                     "in_flight": s.busy, "alive": self._alive(s)}
+                    for s in self._services.values()]
+
+    def _alive(self, service: _Service) -> bool:
+        return time.monotonic() - service.last_beat < self.heartbeat_s * HEARTBEATS_MISSED
+
+    def _drop(self, service: _Service) -> None:
+        """Forget a service that died: its heartbeat gets 404 if it is alive after all, and it
+        registers again."""
+        with self._lock:
+            self._services.pop(service.id, None)
+
+    def _take(self, name: str) -> _Service | None:
+        """The least busy live service of `name` with a free slot, its slot taken."""
+        with self._lock:
+            free = [s for s in self._services.values()
+                    if s.name == name and self._alive(s) and s.busy < s.capacity]
+            if not free:
+                return None
+            service = min(free, key=lambda s: s.busy / s.capacity)
+            service.busy += 1
+            return service
+
+    async def _acquire(self, name: str) -> _Service | None:
+        deadline = time.monotonic() + self.wait_s
+        while (service := self._take(name)) is None:
+            if time.monotonic() > deadline:
+                return None
+            await asyncio.sleep(0.05)
+        return service
+
+    # -- executor ------------------------------------------------------------------------
+    async def start(self) -> None:
+        from envhub.orchestrator.services.app import hub_app
+        from envhub.sdk.serve import serve_in_thread
+
+        try:
+            self._server = serve_in_thread(hub_app(self), self.host, self.port,
+                                           name="envhub-services")
+        except OSError as e:
+            raise RunConfigError(f"--services {self.host}:{self.port}: cannot listen: {e}; "
+                                 "pick a free port") from None
+        self.url = self._server.url
+        self._http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None),
+                                       limits=httpx.Limits(max_connections=None,
+                                                           max_keepalive_connections=64))
+
+    def gateway_host(self) -> str:
+        return "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+
+    async def check(self, loaded: LoadedEnv, sandbox_kind: str) -> None:
+        return None
+
+    async def load(self, name: str) -> LoadedEnv:
+        """The environment a service of `name` serves, as described by the first one live
+        (waits up to wait_s for one to register)."""
+        service = await self._acquire(name)
+        if service is None:
+            raise RunConfigError(f"no task service named {name} registered at {self.url} "
+                                 f"within {self.wait_s:g}s; start one, e.g. `envhub serve ENV "
+                                 f"--name {name} --orchestrator {self.url}`")
+        try:
+            assert self._http is not None
+            r = await self._http.get(f"{service.url}/v1/env", timeout=30.0)
+            r.raise_for_status()
+            described = EnvDescription.model_validate_json(r.content)
+            manifest = Manifest(name=name, version=described.version,
+                                description=described.description, entrypoint="service:remote",
+                                sandbox=SandboxSpec(kind="none"), tools=[],
+                                rewards=dict(described.rewards))
+        except (httpx.HTTPError, ValidationError) as e:
+            raise RunConfigError(f"task service {name} at {service.url}: GET /v1/env: "
+                                 f"{type(e).__name__}: {str(e)[:300]}") from None
+        finally:
+            self._release(service)
+        tasks = [Task(t.id, t.instruction, t.data) for t in described.tasks]
+        return LoadedEnv(Path("."), manifest, ServedEnvironment(manifest, tasks),
+                         f"{PREFIX}{name}")
+
+    def _release(self, service: _Service) -> None:
+        with self._lock:
+            service.busy -= 1
+
+    async def execute(self, key: RolloutKey, group_id: str, loaded: LoadedEnv, task: Task,
+                      rs: RolloutSetup) -> PendingRollout:
+        p = PendingRollout(key, group_id)
+        try:
+            p.session = await rs.link.open_session(group_id, key)
+        except Exception as e:  # noqa: BLE001 - gateway down or refusing: infrastructure
+            return p.fail("env_failure", f"gateway: cannot open a session: "
+                          f"{type(e).__name__}: {e}")
+        service = await self._acquire(loaded.name)
+        if service is None:
+            return p.fail("env_failure", f"no live task service {loaded.name} with a free slot "
+                          f"within {self.wait_s:g}s")
+        request = RolloutRequest(
+            rollout_id=f"{group_id}:{key.sample}", group_id=group_id, task_id=task.id,
+            sample=key.sample, gateway_url=rs.link.url, session_id=str(p.session.id),
+            api_key=str(p.session.api_key), limits=Limits(**rs.limits_override))
+        started = time.monotonic()
+        try:
+            report = await self._ask(service, request)
+        except asyncio.CancelledError:  # interrupted: end its session unscored
+            await asyncio.shield(close_session(p.session, "env_failure", "interrupted"))
+            raise
+        except _ServiceFailed as e:
+            p.duration_s = time.monotonic() - started
+            return p.fail("env_failure", f"task service {loaded.name} ({service.url}): {e}")
+        finally:
+            self._release(service)
+        p.status, p.reason, p.stopped, p.turns = (report.status, report.reason, report.stopped,
+                                                  report.turns)
+        if report.verdict is not None:
+            v = report.verdict
+            p.verdict = Verdict(v.outcome, v.resolved, v.info, v.env_failure, v.signals)
+        p.duration_s, p.setup_s, p.verify_s = report.duration_s, report.setup_s, report.verify_s
+        p.node = {"service": service.url}
+        return p
+
+    async def _ask(self, service: _Service, request: RolloutRequest) -> RolloutReport:
+        """POST the rollout and wait for its answer while the service heartbeats."""
+        assert self._http is not None
+        call = asyncio.ensure_future(self._http.post(f"{service.url}/v1/rollouts",
+                                                     content=request.model_dump_json(),
+                                                     headers={"content-type":
+                                                              "application/json"}))
+        try:
+            while not (await asyncio.wait({call}, timeout=self.heartbeat_s))[0]:
+                if not self._alive(service):
+                    self._drop(service)
+                    raise _ServiceFailed(f"stopped heartbeating for "
+                                         f"{self.heartbeat_s * HEARTBEATS_MISSED:g}s "
+                                         "mid-rollout")
+            r = call.result()
+        except httpx.TransportError as e:  # killed mid-rollout, or gone before it
+            self._drop(service)
+            raise _ServiceFailed(f"connection lost mid-rollout ({type(e).__name__}: "
+                                 f"{str(e)[:200] or 'no detail'})") from None
+        finally:
+            if not call.done():
+                call.cancel()
+        if r.status_code != 200:
+            raise _ServiceFailed(f"answered HTTP {r.status_code}: {r.text[:300]}")
+        if len(r.content) > MAX_ANSWER:
+            raise _ServiceFailed(f"answered {len(r.content)} bytes (at most {MAX_ANSWER})")
+        try:
+            return RolloutReport.model_validate_json(r.content)
+        except ValidationError as e:
+            raise _ServiceFailed(f"answered what is not a rollout report: "
+                                 f"{str(e)[:300]}") from None
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
+        if self._server is not None:
+            await asyncio.to_thread(self._server.close)
+            self._server = None
+
+
+class _ServiceFailed(Exception):
+    pass
+
+
+class ServedEnvironment:
+    """An environment whose rollouts run in its task service: here only its tasks."""
+
+    def __init__(self, manifest: Manifest, tasks: list[Task]) -> None:
+        self.manifest, self._tasks = manifest, tasks
+
+    def load_tasks(self) -> list[Task]:
+        return list(self._tasks)
+
+    def tools(self, task: Task) -> list[str]:
+        return []
+
+    async def setup(self, task: Task, ctx: Any) -> Any:
+        raise RuntimeError(ELSEWHERE)
+
+    async def solve(self, task: Task, sandbox: Any, ctx: Any) -> None:
+        raise RuntimeError(ELSEWHERE)
+
+    async def verify(self, task: Task, sandbox: Any, ctx: Any) -> Verdict:
+        raise RuntimeError(ELSEWHERE)
+
+
+ELSEWHERE = "a served environment's rollouts run in its task service (ServiceHub.execute)"
