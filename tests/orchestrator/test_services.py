@@ -1,0 +1,155 @@
+"""Task services: environments served by processes of their own (`envhub serve`, and a
+JavaScript service that shares no code with envhub) registered with a run, a real gateway
+on loopback, and a service killed with SIGKILL mid-run."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import pytest
+
+from envhub.orchestrator.groups import EnvChoice, RunConfig, run
+from envhub.orchestrator.services import hub as hub_module
+from tests.support import require_tool
+
+ADMIN_KEY = "test-admin-key"
+NODE_SERVICE = Path(hub_module.__file__).parent / "node" / "echo_service.mjs"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def services(tmp_path):
+    """Start service processes (their output in tmp_path); all killed at the end."""
+    started: list[subprocess.Popen] = []
+
+    def start(*argv: str) -> subprocess.Popen:
+        log = open(tmp_path / f"service-{len(started)}.log", "wb")  # noqa: SIM115
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+def node_service(hub: str, *args: str) -> tuple[str, ...]:
+    require_tool("node")
+    return ("node", str(NODE_SERVICE), "--orchestrator", hub, *args)
+
+
+def zero_gateway(tmp_path: Path):
+    """A real gateway on loopback whose engine answers instantly (the zero-work backend)."""
+    from envhub.gateway.config import GatewayConfig
+    from envhub.gateway.server import run_in_thread
+
+    return run_in_thread(GatewayConfig(port=0, db=f"sqlite:///{tmp_path}/pool.db",
+                                       backend="zero", admin_key=ADMIN_KEY))
+
+
+def sessions(gw) -> dict[str, dict]:
+    r = httpx.get(f"{gw.url}/sessions", params={"limit": 10_000},
+                  headers={"authorization": f"Bearer {ADMIN_KEY}"})
+    r.raise_for_status()
+    return {s["id"]: s for s in r.json()}
+
+
+def test_two_services_one_in_javascript_serve_a_run(tmp_path, services):
+    """arith in `envhub serve` (oracle agent) and the JavaScript echo service, 3:1: every
+    rollout runs in its environment's service, in a session of the run's gateway."""
+    port = free_port()
+    hub = f"http://127.0.0.1:{port}"
+    services(sys.executable, "-m", "envhub", "serve", "arith", "--agent", "oracle",
+             "--orchestrator", hub)
+    services(*node_service(hub, "--tasks", "4"))
+    with zero_gateway(tmp_path) as gw:
+        config = RunConfig(envs=[EnvChoice.parse("service:arith=3"),
+                                 EnvChoice.parse("service:echo=1")], n=4, k=2,
+                           services=f"127.0.0.1:{port}", gateway=gw.url, admin_key=ADMIN_KEY,
+                           out=tmp_path / "out")
+        outcome = asyncio.run(run(config, progress=False))
+        pool = sessions(gw)
+    records = outcome.records
+    assert Counter(r.env for r in records) == {"arith": 6, "echo": 2}
+    assert all(r.status == "done" for r in records), [r.reason for r in records]
+    assert all(r.resolved for r in records if r.env == "arith")  # the oracle's answers
+    assert {r.turns for r in records if r.env == "echo"} == {1}
+    where = {env: {r.node["service"] for r in records if r.env == env}
+             for env in ("arith", "echo")}
+    assert len(where["arith"]) == 1 and len(where["echo"]) == 1
+    assert where["arith"] != where["echo"]
+    # the pool holds every rollout's session, closed with its record's status
+    assert {r.session_id for r in records} == set(pool)
+    assert {pool[str(r.session_id)]["status"] for r in records} == {"done"}
+
+
+def test_a_service_killed_mid_run_loses_no_rollout(tmp_path, services):
+    """SIGKILL of the service running 8 rollouts: those 8 end as env_failure naming it, the 4
+    still waiting run in the service that registers after it; 12 records, 12 sessions, each
+    rollout once."""
+    port = free_port()
+    hub = f"http://127.0.0.1:{port}"
+    slow = services(*node_service(hub, "--delay-ms", "30000", "--capacity", "8"))
+    with zero_gateway(tmp_path) as gw:
+        config = RunConfig(envs=[EnvChoice.parse("service:echo")], n=6, k=2, concurrency=12,
+                           services=f"127.0.0.1:{port}", gateway=gw.url, admin_key=ADMIN_KEY,
+                           out=tmp_path / "out")
+
+        async def kill_mid_run():
+            running = asyncio.create_task(run(config, progress=False))
+            async with httpx.AsyncClient() as http:
+                deadline = time.monotonic() + 120
+                while time.monotonic() < deadline and not running.done():
+                    try:
+                        listed = (await http.get(f"{hub}/v1/services")).json()
+                    except httpx.TransportError:
+                        listed = []
+                    if sum(s["in_flight"] for s in listed) == 8:
+                        break
+                    await asyncio.sleep(0.1)
+            slow.kill()
+            services(*node_service(hub))
+            return await running
+
+        outcome = asyncio.run(kill_mid_run())
+        pool = sessions(gw)
+    records = outcome.records
+    assert len(records) == 12
+    assert len({(r.task_id, r.sample) for r in records}) == 12
+    failed = [r for r in records if r.status == "env_failure"]
+    assert len(failed) == 8, [(r.status, r.reason) for r in records]
+    assert all("task service echo" in (r.reason or "") and "connection lost mid-rollout"
+               in (r.reason or "") for r in failed)
+    assert [r.status for r in records if r not in failed] == ["done"] * 4
+    assert {r.session_id for r in records} == set(pool)
+    assert all(pool[str(r.session_id)]["status"] == r.status for r in records)
+
+
+def test_a_run_naming_a_service_without_services_exits_2():
+    from typer.testing import CliRunner
+
+    from envhub.cli import app
+
+    result = CliRunner().invoke(app, ["run", "service:echo", "-q"])
+    assert result.exit_code == 2
+    assert "--services HOST:PORT" in result.output
+
+
+def test_a_service_that_never_registers_stops_the_run_with_the_fix(tmp_path):
+    config = RunConfig(envs=[EnvChoice.parse("service:nobody")], services="127.0.0.1:0",
+                       service_wait_s=0.5, out=tmp_path / "out")
+    with pytest.raises(ValueError, match="no task service named nobody registered"):
+        asyncio.run(run(config, progress=False))
