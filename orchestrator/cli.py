@@ -211,10 +211,10 @@ def serve_command(
                                        "the manifest's choice)."),
 ) -> None:
     """Serve an environment as a task service: register with a run's orchestrator and run the
-    rollouts it asks for (protocol: orchestrator/services)."""
+    rollouts it asks for (protocol: orchestrator/groups/services)."""
     import asyncio
 
-    from envhub.orchestrator.services.serve import ServeOptions, serve
+    from envhub.orchestrator.groups.services.serve import ServeOptions, serve
 
     opts = ServeOptions(env=env, orchestrator=orchestrator, name=name, host=host, port=port,
                         advertise=advertise, capacity=capacity, agent=agent,

@@ -69,8 +69,8 @@ class RunConfig(BaseModel):
     executor: str = Field("inprocess", description="where rollouts run: inprocess | ray (a Ray "
                           "cluster at RAY_ADDRESS) | package.module:Class (runner/executor.py)")
     services: str | None = Field(None, description="HOST:PORT where task services register "
-                                 "(orchestrator/services); environments given as service:NAME "
-                                 "run in them")
+                                 "(groups/services); environments given as service:NAME run "
+                                 "in them")
     service_wait_s: float = Field(60.0, gt=0, le=3600, description="how long a rollout (or the "
                                   "plan) waits for a live service of its name with a free slot")
 

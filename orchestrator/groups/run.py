@@ -34,6 +34,7 @@ from envhub.orchestrator.groups.results import ResultsFolder, RolloutRecord, sum
 from envhub.orchestrator.groups.rollout import RolloutSetup
 from envhub.orchestrator.groups.scheduling import make_policy
 from envhub.orchestrator.groups.scoring import finalize_group
+from envhub.orchestrator.groups.services.hub import PREFIX, ServiceHub
 from envhub.orchestrator.groups.setup import (
     new_run_id,
     open_scratch,
@@ -45,7 +46,6 @@ from envhub.orchestrator.groups.setup import (
     take_down,
 )
 from envhub.orchestrator.groups.stream import rollout_group
-from envhub.orchestrator.services.hub import PREFIX, ServiceHub
 
 log = logging.getLogger(__name__)
 RUNS_DIR = Path("runs")  # results of runs without --out: runs/<run_id>/

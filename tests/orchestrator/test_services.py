@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from envhub.orchestrator.groups import EnvChoice, RunConfig, run
-from envhub.orchestrator.services import hub as hub_module
+from envhub.orchestrator.groups.services import hub as hub_module
 from tests.support import require_tool
 
 ADMIN_KEY = "test-admin-key"

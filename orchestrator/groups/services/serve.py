@@ -22,8 +22,7 @@ from envhub.envs.agents import make_agent
 from envhub.envs.loader import LoadedEnv
 from envhub.orchestrator.groups.attached import RemoteRollout, attached_rollout
 from envhub.orchestrator.groups.plan import RolloutKey
-from envhub.orchestrator.groups.setup import load_envs
-from envhub.orchestrator.services.protocol import (
+from envhub.orchestrator.groups.services.protocol import (
     EnvDescription,
     Registered,
     Registration,
@@ -33,6 +32,7 @@ from envhub.orchestrator.services.protocol import (
     TaskRow,
     VerdictBody,
 )
+from envhub.orchestrator.groups.setup import load_envs
 
 log = logging.getLogger(__name__)
 RETRY_S = 1.0  # between registration attempts while the orchestrator is not there
@@ -148,8 +148,10 @@ async def serve(opts: ServeOptions) -> None:
     """Serve until SIGINT/SIGTERM. Raises the loader's errors (with the fix) up front."""
     import uvicorn
 
+    from envhub.orchestrator.groups.setup import raise_open_files_limit
     from envhub.sdk.serve import KEEP_ALIVE_S, bind
 
+    raise_open_files_limit()  # a connection or two per rollout in flight
     loaded_by_ref, kinds = await asyncio.to_thread(load_envs, [opts.env], opts.sandbox)
     service = TaskService(opts, loaded_by_ref[opts.env], kinds[opts.env])
     sock = bind(opts.host, opts.port)

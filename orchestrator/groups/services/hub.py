@@ -20,6 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from fastapi import FastAPI, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from envhub.envs.environment import Task, Verdict
@@ -29,7 +32,7 @@ from envhub.envs.manifest import Manifest, SandboxSpec
 from envhub.orchestrator.groups.plan import RolloutKey
 from envhub.orchestrator.groups.rollout import PendingRollout, RolloutSetup
 from envhub.orchestrator.groups.scoring import close_session
-from envhub.orchestrator.services.protocol import (
+from envhub.orchestrator.groups.services.protocol import (
     EnvDescription,
     Heartbeat,
     Limits,
@@ -128,7 +131,6 @@ class ServiceHub:
 
     # -- executor ------------------------------------------------------------------------
     async def start(self) -> None:
-        from envhub.orchestrator.services.app import hub_app
         from envhub.sdk.serve import serve_in_thread
 
         try:
@@ -282,3 +284,30 @@ class ServedEnvironment:
 
 
 ELSEWHERE = "a served environment's rollouts run in its task service (ServiceHub.execute)"
+
+
+def hub_app(hub: ServiceHub) -> FastAPI:
+    app = FastAPI(title="envhub task services", docs_url=None, redoc_url=None)
+
+    @app.exception_handler(RequestValidationError)
+    async def _bad(_: Any, e: RequestValidationError) -> JSONResponse:
+        detail = [{"loc": list(err.get("loc", ())), "msg": str(err.get("msg"))}
+                  for err in e.errors()[:5]]
+        return JSONResponse({"error": "bad request", "detail": detail}, status_code=400)
+
+    @app.post("/v1/services")
+    async def register(reg: Registration) -> Registered:
+        return hub.register(reg)
+
+    @app.post("/v1/services/{service_id}/heartbeat", status_code=204)
+    async def heartbeat(service_id: str, beat: Heartbeat) -> Response:
+        if not hub.beat(service_id, beat):
+            return JSONResponse({"error": f"unknown service {service_id}: register again"},
+                                status_code=404)
+        return Response(status_code=204)
+
+    @app.get("/v1/services")
+    async def services() -> list[dict[str, Any]]:
+        return hub.listing()
+
+    return app

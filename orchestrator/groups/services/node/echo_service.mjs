@@ -1,5 +1,5 @@
 // A task service in JavaScript (Node >= 18, no packages): the protocol of
-// orchestrator/services/__init__.py without envhub. It serves "echo": each task asks the model
+// orchestrator/groups/services/__init__.py without envhub. It serves "echo": each task asks the model
 // to repeat a word; one turn through the run's gateway session; outcome 1 when the reply holds
 // the word.
 //
