@@ -64,11 +64,12 @@ def free_port() -> int:
 
 
 def measure(label: str, cmd: list[str], out: Path, services: list[subprocess.Popen],
-            asked: int) -> None:
+            asked: int, env: dict[str, str] | None = None) -> None:
     """Run `cmd` (an envhub run writing to `out`) to its end while sampling it and `services`;
     print one block."""
     started = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})})
     peak = {p.pid: (0, 0) for p in [proc, *services]}
     while proc.poll() is None:
         for pid, (rss0, fds0) in peak.items():
@@ -121,16 +122,18 @@ def main() -> None:
         return
     port = free_port()
     capacity = -(-asked // a.services)
+    token = {"ENVHUB_SERVICES_TOKEN": "bench-inflight-services-token"}
     services = [subprocess.Popen([sys.executable, "-m", "envhub", "serve", "arith",
                                   "--capacity", str(capacity), "--orchestrator",
                                   f"http://127.0.0.1:{port}"],
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                 env={**os.environ, **token})
                 for _ in range(a.services)]
     try:
         measure(f"{a.services} task services", [*base, "service:arith", "--services",
                                                  f"127.0.0.1:{port}", "--out",
                                                  str(root / "services")],
-                root / "services", services, asked)
+                root / "services", services, asked, token)
     finally:
         for p in services:
             p.terminate()

@@ -137,6 +137,10 @@ def run_command(
     services: str | None = typer.Option(None, "--services", help="HOST:PORT to listen on for "
                                         "task services (envhub serve); give their "
                                         "environments as service:NAME."),
+    services_token: str | None = typer.Option(None, "--services-token",
+                                              envvar="ENVHUB_SERVICES_TOKEN", help="What task "
+                                              "services present to register (at least 16 "
+                                              "characters; default: a random one, printed)."),
     service_wait: float = typer.Option(60.0, "--service-wait", help="Seconds a rollout waits "
                                        "for a live task service of its name with a free slot."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display."),
@@ -160,7 +164,7 @@ def run_command(
             sandbox=sandbox, n=n, k=k, concurrency=concurrency, tasks=task or [], out=out,
             resume=resume, gateway=gateway, admin_key=admin_key, max_turns=max_turns,
             time_limit_s=time_limit, executor=executor, schedule=schedule, services=services,
-            service_wait_s=service_wait)
+            services_token=services_token, service_wait_s=service_wait)
         outcome = asyncio.run(cancellable(run(config, progress=not quiet, on_start=announce)))
     except user_errors() as e:
         fail(describe(e))
@@ -202,6 +206,8 @@ def serve_command(
     port: int = typer.Option(0, "--port", min=0, max=65535, help="Port (0: a free one)."),
     advertise: str | None = typer.Option(None, "--advertise", help="URL the orchestrator "
                                          "reaches this service at (default http://HOST:PORT)."),
+    token: str = typer.Option(..., "--token", envvar="ENVHUB_SERVICES_TOKEN", help="The run's "
+                              "services token (envhub run --services-token)."),
     capacity: int = typer.Option(64, "--capacity", min=1, max=4096, help="Rollouts at once."),
     agent: str = typer.Option("tool", "--agent", "-a", help="The service's agent: tool | "
                               "tool:summarize | oracle | a command line (as envhub run)."),
@@ -216,8 +222,8 @@ def serve_command(
 
     from envhub.orchestrator.groups.services.serve import ServeOptions, serve
 
-    opts = ServeOptions(env=env, orchestrator=orchestrator, name=name, host=host, port=port,
-                        advertise=advertise, capacity=capacity, agent=agent,
+    opts = ServeOptions(env=env, orchestrator=orchestrator, token=token, name=name, host=host,
+                        port=port, advertise=advertise, capacity=capacity, agent=agent,
                         agent_install=tuple(agent_install or ()), sandbox=sandbox)
     if not orchestrator.startswith(("http://", "https://")):
         fail(f"--orchestrator {orchestrator}: use a URL such as http://127.0.0.1:7000")

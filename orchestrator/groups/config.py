@@ -71,6 +71,8 @@ class RunConfig(BaseModel):
     services: str | None = Field(None, description="HOST:PORT where task services register "
                                  "(groups/services); environments given as service:NAME run "
                                  "in them")
+    services_token: str | None = Field(None, min_length=16, description="what task services "
+                                       "must present to register (None: a random one, printed)")
     service_wait_s: float = Field(60.0, gt=0, le=3600, description="how long a rollout (or the "
                                   "plan) waits for a live service of its name with a free slot")
 

@@ -122,8 +122,11 @@ async def _services(config: RunConfig) -> AsyncIterator[ServiceHub | None]:
     if not config.services:
         yield None
         return
-    hub = ServiceHub(config.services, wait_s=config.service_wait_s)
+    hub = ServiceHub(config.services, config.services_token, wait_s=config.service_wait_s)
     await hub.start()
+    if not config.services_token:
+        log.warning("task services register at %s with the token %s (envhub serve --token, or "
+                    "ENVHUB_SERVICES_TOKEN)", hub.url, hub.token)
     try:
         yield hub
     finally:

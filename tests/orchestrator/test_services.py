@@ -5,6 +5,9 @@ on loopback, and a service killed with SIGKILL mid-run."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -20,6 +23,8 @@ from envhub.orchestrator.groups.services import hub as hub_module
 from tests.support import require_tool
 
 ADMIN_KEY = "test-admin-key"
+TOKEN = "test-services-token-0123"
+BEARER = {"authorization": f"Bearer {TOKEN}"}
 NODE_SERVICE = Path(hub_module.__file__).parent / "node" / "echo_service.mjs"
 
 
@@ -36,7 +41,8 @@ def services(tmp_path):
 
     def start(*argv: str) -> subprocess.Popen:
         log = open(tmp_path / f"service-{len(started)}.log", "wb")  # noqa: SIM115
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, "ENVHUB_SERVICES_TOKEN": TOKEN})
         started.append(proc)
         return proc
 
@@ -78,8 +84,8 @@ def test_two_services_one_in_javascript_serve_a_run(tmp_path, services):
     with zero_gateway(tmp_path) as gw:
         config = RunConfig(envs=[EnvChoice.parse("service:arith=3"),
                                  EnvChoice.parse("service:echo=1")], n=4, k=2,
-                           services=f"127.0.0.1:{port}", gateway=gw.url, admin_key=ADMIN_KEY,
-                           out=tmp_path / "out")
+                           services=f"127.0.0.1:{port}", services_token=TOKEN,
+                           gateway=gw.url, admin_key=ADMIN_KEY, out=tmp_path / "out")
         outcome = asyncio.run(run(config, progress=False))
         pool = sessions(gw)
     records = outcome.records
@@ -105,12 +111,12 @@ def test_a_service_killed_mid_run_loses_no_rollout(tmp_path, services):
     slow = services(*node_service(hub, "--delay-ms", "30000", "--capacity", "8"))
     with zero_gateway(tmp_path) as gw:
         config = RunConfig(envs=[EnvChoice.parse("service:echo")], n=6, k=2, concurrency=12,
-                           services=f"127.0.0.1:{port}", gateway=gw.url, admin_key=ADMIN_KEY,
-                           out=tmp_path / "out")
+                           services=f"127.0.0.1:{port}", services_token=TOKEN,
+                           gateway=gw.url, admin_key=ADMIN_KEY, out=tmp_path / "out")
 
         async def kill_mid_run():
             running = asyncio.create_task(run(config, progress=False))
-            async with httpx.AsyncClient() as http:
+            async with httpx.AsyncClient(headers=BEARER) as http:
                 deadline = time.monotonic() + 120
                 while time.monotonic() < deadline and not running.done():
                     try:
@@ -136,6 +142,65 @@ def test_a_service_killed_mid_run_loses_no_rollout(tmp_path, services):
     assert [r.status for r in records if r not in failed] == ["done"] * 4
     assert {r.session_id for r in records} == set(pool)
     assert all(pool[str(r.session_id)]["status"] == r.status for r in records)
+
+
+def test_a_hung_service_ends_its_rollouts_as_env_failure(tmp_path, services):
+    """SIGSTOP of the service running every rollout: its connections stay open but its
+    heartbeats stop, and its rollouts end as env_failure saying so (not a wait forever)."""
+    port = free_port()
+    hub = f"http://127.0.0.1:{port}"
+    hung = services(*node_service(hub, "--delay-ms", "600000"))
+    with zero_gateway(tmp_path) as gw:
+        config = RunConfig(envs=[EnvChoice.parse("service:echo")], n=2, k=2,
+                           services=f"127.0.0.1:{port}", services_token=TOKEN,
+                           gateway=gw.url, admin_key=ADMIN_KEY, out=tmp_path / "out")
+
+        async def stop_mid_run():
+            running = asyncio.create_task(run(config, progress=False))
+            async with httpx.AsyncClient(headers=BEARER) as http:
+                while not running.done():
+                    with contextlib.suppress(httpx.TransportError):
+                        listed = (await http.get(f"{hub}/v1/services")).json()
+                        if sum(s["in_flight"] for s in listed) == 4:
+                            break
+                    await asyncio.sleep(0.1)
+            hung.send_signal(signal.SIGSTOP)
+            return await asyncio.wait_for(running, 120)
+
+        outcome = asyncio.run(stop_mid_run())
+        pool = sessions(gw)
+    assert [r.status for r in outcome.records] == ["env_failure"] * 4
+    assert all("stopped heartbeating" in (r.reason or "") for r in outcome.records)
+    assert {pool[str(r.session_id)]["status"] for r in outcome.records} == {"env_failure"}
+
+
+def test_only_holders_of_the_token_register(tmp_path):
+    """An agent that reaches the hub's port cannot register a grader of its own; a bad
+    registration is a 400 naming the field."""
+    from envhub.orchestrator.groups.services.hub import ServiceHub
+
+    async def probe() -> list[tuple[int, str]]:
+        hub = ServiceHub(f"127.0.0.1:{free_port()}", TOKEN)
+        await hub.start()
+        good = {"name": "echo", "url": "http://127.0.0.1:9", "capacity": 4}
+        try:
+            async with httpx.AsyncClient() as http:
+                answers = []
+                for headers, body in (({}, good),
+                                      ({"authorization": "Bearer not-the-token"}, good),
+                                      (BEARER, {**good, "capacity": 0}),
+                                      (BEARER, {**good, "name": "../x"}),
+                                      (BEARER, good)):
+                    r = await http.post(f"{hub.url}/v1/services", json=body, headers=headers)
+                    answers.append((r.status_code, r.text))
+                return answers
+        finally:
+            await hub.close()
+
+    answers = asyncio.run(probe())
+    assert [code for code, _ in answers] == [401, 401, 400, 400, 200]
+    assert "token" in answers[0][1]
+    assert "capacity" in answers[2][1] and "name" in answers[3][1]
 
 
 def test_a_run_naming_a_service_without_services_exits_2():

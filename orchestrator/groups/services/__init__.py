@@ -4,7 +4,9 @@ orchestrator (`envhub run --services HOST:PORT`) and is asked to run rollouts th
 
 The protocol (JSON over HTTP, version 1; the models are in protocol.py):
 
-Service → orchestrator
+Service → orchestrator (every request with `Authorization: Bearer TOKEN`, the run's token:
+`envhub run --services-token` or ENVHUB_SERVICES_TOKEN, else one the run makes and prints;
+anything else gets 401, so nothing without it, an agent included, can register a grader)
   POST /v1/services            {name, url, capacity, protocol: 1}
                                → {id, heartbeat_s}. `name` is the environment it serves (a run
                                asks for it as `service:NAME`); several services of one name

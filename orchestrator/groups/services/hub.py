@@ -2,7 +2,7 @@
 and the executor of `service:NAME` environments (it asks a live service of that name to run
 each rollout). Protocol and failure accounting: __init__.py.
 
-    hub = ServiceHub("127.0.0.1:7000")
+    hub = ServiceHub("127.0.0.1:7000", token)
     await hub.start()
     loaded = await hub.load("echo")          # waits for a service named echo; its tasks
     pending = await hub.execute(key, group_id, loaded, task, setup)
@@ -12,6 +12,8 @@ each rollout). Protocol and failure accounting: __init__.py.
 from __future__ import annotations
 
 import asyncio
+import hmac
+import secrets
 import threading
 import time
 import uuid
@@ -20,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from fastapi import FastAPI, Response
+from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
@@ -65,13 +67,16 @@ class ServiceHub:
 
     name = "services"
 
-    def __init__(self, listen: str, heartbeat_s: float = HEARTBEAT_S, wait_s: float = 60.0
-                 ) -> None:
+    def __init__(self, listen: str, token: str | None = None, heartbeat_s: float = HEARTBEAT_S,
+                 wait_s: float = 60.0) -> None:
         host, _, port = listen.rpartition(":")
         if not host or not port.isdigit():
             raise RunConfigError(f"--services {listen}: use HOST:PORT, e.g. 127.0.0.1:7000")
         self.host, self.port = host.strip("[]"), int(port)
         self.heartbeat_s, self.wait_s = heartbeat_s, wait_s
+        # Whoever registers is asked for rollouts and reports their verdicts: only holders of
+        # the token may (an agent that reaches this port must not register a grader of its own).
+        self.token = token or secrets.token_urlsafe(24)
         self._services: dict[str, _Service] = {}
         self._lock = threading.Lock()  # the server thread registers, the run's loop reads
         self._server: Any = None
@@ -288,6 +293,16 @@ ELSEWHERE = "a served environment's rollouts run in its task service (ServiceHub
 
 def hub_app(hub: ServiceHub) -> FastAPI:
     app = FastAPI(title="envhub task services", docs_url=None, redoc_url=None)
+    expected = f"Bearer {hub.token}".encode()
+
+    @app.middleware("http")
+    async def _token(request: Request, call_next: Any) -> Response:
+        given = request.headers.get("authorization", "").encode()
+        if not hmac.compare_digest(given, expected):
+            return JSONResponse({"error": "a task service needs the run's token as a bearer "
+                                 "token (envhub serve --token, ENVHUB_SERVICES_TOKEN)"},
+                                status_code=401)
+        return await call_next(request)
 
     @app.exception_handler(RequestValidationError)
     async def _bad(_: Any, e: RequestValidationError) -> JSONResponse:

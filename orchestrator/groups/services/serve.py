@@ -42,6 +42,7 @@ RETRY_S = 1.0  # between registration attempts while the orchestrator is not the
 class ServeOptions:
     env: str
     orchestrator: str  # the hub's URL (envhub run --services HOST:PORT)
+    token: str = ""  # the run's services token
     name: str | None = None  # registered as; default the environment's name
     host: str = "127.0.0.1"
     port: int = 0
@@ -118,7 +119,8 @@ async def keep_registered(service: TaskService, url: str, stop: asyncio.Event) -
     unreachable (a service may start before its run)."""
     orchestrator = service.opts.orchestrator.rstrip("/")
     reg = Registration(name=service.name, url=url, capacity=service.opts.capacity)
-    async with httpx.AsyncClient(timeout=10) as http:
+    headers = {"authorization": f"Bearer {service.opts.token}"}
+    async with httpx.AsyncClient(timeout=10, headers=headers) as http:
         me: Registered | None = None
         while not stop.is_set():
             try:
@@ -137,6 +139,10 @@ async def keep_registered(service: TaskService, url: str, stop: asyncio.Event) -
                         continue
                     r.raise_for_status()
             except httpx.HTTPError as e:
+                refused = isinstance(e, httpx.HTTPStatusError) and e.response.status_code == 401
+                if refused:
+                    log.error("the orchestrator at %s refused the token: give the run's "
+                              "(--token or ENVHUB_SERVICES_TOKEN)", orchestrator)
                 log.debug("orchestrator at %s: %s", orchestrator, e)
                 me = None
             wait = me.heartbeat_s / 2 if me is not None else RETRY_S

@@ -3,7 +3,8 @@
 // to repeat a word; one turn through the run's gateway session; outcome 1 when the reply holds
 // the word.
 //
-//   node echo_service.mjs --orchestrator http://127.0.0.1:7000 [--name echo] [--port 0]
+//   ENVHUB_SERVICES_TOKEN=... node echo_service.mjs --orchestrator http://127.0.0.1:7000
+//                         [--token T] [--name echo] [--port 0]
 //                         [--capacity 64] [--delay-ms 0] [--tasks 50]
 //
 // --delay-ms makes every rollout that much slower (a slow task, for ratio experiments).
@@ -17,6 +18,8 @@ if (!/^https?:\/\//.test(orchestrator)) {
   console.error("--orchestrator URL is required, e.g. http://127.0.0.1:7000");
   process.exit(2);
 }
+const token = args.token || process.env.ENVHUB_SERVICES_TOKEN || "";
+const auth = { "content-type": "application/json", authorization: `Bearer ${token}` };
 const name = args.name || "echo";
 const capacity = Number(args.capacity || 64);
 const delayMs = Number(args["delay-ms"] || 0);
@@ -112,13 +115,13 @@ server.listen(Number(args.port || 0), args.host || "127.0.0.1", async () => {
     try {
       if (id === null) {
         const r = await fetch(`${orchestrator}/v1/services`, {
-          method: "POST", headers: { "content-type": "application/json" },
+          method: "POST", headers: auth,
           body: JSON.stringify({ name, url, capacity, protocol: 1 }),
         });
         if (r.ok) ({ id, heartbeat_s: heartbeatS } = await r.json());
       } else {
         const r = await fetch(`${orchestrator}/v1/services/${id}/heartbeat`, {
-          method: "POST", headers: { "content-type": "application/json" },
+          method: "POST", headers: auth,
           body: JSON.stringify({ in_flight: inFlight }),
         });
         if (r.status === 404) { id = null; continue; }
