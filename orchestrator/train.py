@@ -87,7 +87,8 @@ def train(cfg: TrainLoopConfig, log: Callable[[str], Any] = print,
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     agent = make_agent(cfg.agent, cfg.agent_install, cfg.agent_on_host)
-    envs = load_training_envs(cfg)
+    hub, served = _services(cfg, dp is not None, log)
+    envs = load_training_envs(cfg, served)
     admin = "envhub-admin-" + secrets.token_urlsafe(16)
     gw_config = GatewayConfig(port=0, db=f"sqlite:///{cfg.out / 'pool.db'}", admin_key=admin,
                               model=cfg.model)
@@ -117,47 +118,76 @@ def train(cfg: TrainLoopConfig, log: Callable[[str], Any] = print,
     try:
         with serving(cfg, gw_config, log) as engine_config:  # vLLM stops when this ends
             return _lead(cfg, leader or trainer, engine_config, admin, envs, agent, log,
-                         on_wait)
+                         on_wait, hub, served)
     finally:
         if leader is not None:  # the other ranks stop following, also when this failed
             leader.stop()
+        if hub is not None:
+            hub.stop_listening()
+
+
+def _services(cfg: TrainLoopConfig, ranked: bool, log: Callable[[str], Any]
+              ) -> tuple[Any, dict[str, Any]]:
+    """The task services' hub of `--services`, listening, and the environments of the
+    service:NAME references (each waits for its first service); (None, {}) without."""
+    from envhub.envs.errors import RunConfigError
+    from envhub.orchestrator.groups.services.hub import PREFIX, ServiceHub
+
+    if not cfg.services:
+        return None, {}
+    if ranked:
+        raise RunConfigError("--services runs rollouts on one trainer rank: drop "
+                             "--nproc-per-node, or run the environments in this process")
+    hub = ServiceHub(cfg.services, cfg.services_token, wait_s=cfg.service_wait_s)
+    log(f"task services register at {hub.open()}"
+        + ("" if cfg.services_token else f" with the token {hub.token}"))
+    try:
+        return hub, {c.ref: hub.describe(c.ref.removeprefix(PREFIX))
+                     for c in cfg.envs if c.ref.startswith(PREFIX)}
+    except BaseException:
+        hub.stop_listening()
+        raise
 
 
 def _lead(cfg: TrainLoopConfig, trainer: Any, gw_config: Any, admin: str, envs: list[Any],
-          agent: Any, log: Callable[[str], Any],
-          on_wait: Callable[[Any], None] | None) -> list[dict[str, Any]]:
+          agent: Any, log: Callable[[str], Any], on_wait: Callable[[Any], None] | None,
+          hub: Any, served: dict[str, Any]) -> list[dict[str, Any]]:
     """Rank 0 (or the only process): the gateway, the rollouts and the loop."""
     from envhub.gateway.server import run_in_thread
-    from envhub.orchestrator.groups.executor import make_executor
+    from envhub.orchestrator.groups.executor import RoutedExecutor, make_executor
+    from envhub.orchestrator.groups.services.hub import PREFIX
     from envhub.orchestrator.groups.setup import new_run_id
     from envhub.orchestrator.training.loop import Loop
     from envhub.orchestrator.training.producer import Producer
     from envhub.orchestrator.training.source import LaunchOrderSource
-    from envhub.orchestrator.training.tasks import task_stream
+    from envhub.orchestrator.training.tasks import LaunchMix, task_stream
     from envhub.trainer.source import HttpSource
     from envhub.trainer.window import GroupWindow
 
     refs = [e.ref for e in envs]
-    producer = Producer(task_stream(envs, cfg.seed), k=cfg.k, concurrency=cfg.concurrency,
-                        buffer=cfg.buffer_size, run_id=new_run_id(), schedule=cfg.schedule,
-                        executor=make_executor(cfg.executor))
+    mix = LaunchMix([e.weight for e in envs], dynamic=cfg.mix == "dynamic", k=cfg.k)
+    executor = RoutedExecutor(make_executor(cfg.executor), {PREFIX: hub} if hub else {})
+    producer = Producer(task_stream(envs, cfg.seed, mix), k=cfg.k,
+                        concurrency=cfg.concurrency, buffer=cfg.buffer_size,
+                        run_id=new_run_id(), schedule=cfg.schedule, executor=executor)
     gw: Any = None
     http: HttpSource | None = None
     try:
         # Before anything is written: a cluster that cannot be reached leaves no OUT behind.
-        host = producer.start_executor(refs)
+        host = producer.start_executor(refs, served)
         cfg.out.mkdir(parents=True, exist_ok=True)
         (cfg.out / "metrics.jsonl").write_text("")
         gw = run_in_thread(gw_config.model_copy(update={"host": host}))
         http = HttpSource(gw.url, admin)
         producer.open(refs=refs, gateway=gw.url, admin_key=admin, agent=agent, out=cfg.out,
                       max_turns=cfg.max_turns, agent_install=cfg.agent_install,
-                      agent_on_host=cfg.agent_on_host)
+                      agent_on_host=cfg.agent_on_host, served=served)
         source = LaunchOrderSource(http, producer)
         window = GroupWindow(source, cfg.window_size)
         loop = Loop(cfg, trainer, producer, source, window, envs,
                     push_url=f"{gw.url}/admin/weights", admin_key=admin, log=log,
-                    on_wait=on_wait, eval_agent=None if cfg.agent == "tool" else agent)
+                    on_wait=on_wait, eval_agent=None if cfg.agent == "tool" else agent,
+                    mix=mix)
         return loop.run()
     finally:
         producer.stop()  # rollouts first: they talk to the gateway
@@ -176,15 +206,20 @@ def torchrun_argv(nproc: int, argv: list[str]) -> list[str]:
             "--nproc-per-node", str(nproc), "-m", "envhub", *argv]
 
 
-def load_training_envs(cfg: TrainLoopConfig) -> list[Any]:
+def load_training_envs(cfg: TrainLoopConfig, served: dict[str, Any] | None = None
+                       ) -> list[Any]:
     """Each environment's training and held-out tasks (`EnvTasks`); raises the loader's errors
-    and ValueError (with the fix) for a split that leaves nothing to train on."""
+    and ValueError (with the fix) for a split that leaves nothing to train on. `served`: the
+    task services' environments by reference (None: skip those, they are not there yet)."""
     from envhub.orchestrator.catalog import load_env
+    from envhub.orchestrator.groups.services.hub import PREFIX
     from envhub.orchestrator.training.tasks import EnvTasks, split_tasks
 
     envs = []
     for choice in cfg.envs:
-        loaded = load_env(choice.ref)
+        if choice.ref.startswith(PREFIX) and served is None:
+            continue
+        loaded = (served or {}).get(choice.ref) or load_env(choice.ref)
         heldout = cfg.eval_tasks if cfg.eval_every else 0
         tasks = loaded.env.load_tasks()
         stratify = loaded.manifest.tasks.stratify

@@ -89,6 +89,16 @@ def train_command(
                                  "samples together, when all fit) | seer (groups queued up to "
                                  "--buffer; one probe sample per group first, then the rest "
                                  "longest-first by what the probes took)"),
+    services: str = typer.Option(None, help="HOST:PORT to listen on for task services "
+                                 "(envhub serve); give their environments as service:NAME"),
+    services_token: str = typer.Option(None, envvar="ENVHUB_SERVICES_TOKEN", help="what task "
+                                       "services present to register (default: a random one, "
+                                       "printed)"),
+    service_wait: float = typer.Option(60.0, help="seconds a rollout waits for a live task "
+                                       "service of its name with a free slot"),
+    mix: str = typer.Option("static", help="static: groups launched by the weights' shares | "
+                            "dynamic: the weights are shares of TRAINED samples; launches follow "
+                            "what each environment's groups yield (slow, failing, no-signal)"),
     nproc_per_node: int = typer.Option(1, min=1, help="trainer ranks on this machine: re-runs "
                                        "this command under torchrun (FSDP2; rank 0 runs the "
                                        "gateway and rollouts). Under your own torchrun, leave "
@@ -137,7 +147,8 @@ def train_command(
             eval_tasks=eval_tasks, eval_samples=eval_samples, eval_greedy=eval_greedy,
             std_norm=std_norm, gradient_checkpointing=gradient_checkpointing, chains=chains,
             precision=precision, lora_rank=lora_rank, lora_alpha=lora_alpha,
-            lora_targets=targets, executor=executor, schedule=schedule))
+            lora_targets=targets, executor=executor, schedule=schedule, services=services,
+            services_token=services_token, service_wait_s=service_wait, mix=mix))
     except ValidationError as e:
         err = e.errors()[0]
         where = ".".join(str(p) for p in err["loc"])
@@ -151,7 +162,10 @@ def train_command(
         make_agent(agent, agent_install or [], agent_on_host)
         make_executor(executor)  # only loads it: reaching its machines is train's first act
         make_policy(schedule)
-        load_training_envs(cfg)
+        if services and nproc_per_node > 1:
+            raise RunConfigError("--services runs rollouts on one trainer rank: drop "
+                                 "--nproc-per-node, or run the environments in this process")
+        load_training_envs(cfg, served=None)  # task services' environments: once they register
         check_engine(cfg)
     except Exception as e:  # unknown env, agent, executor or engine, bad manifest, bad split:
         fail(str(e))  # the fix is in it

@@ -106,9 +106,8 @@ def plan_jobs(config: AuditConfig, loaded: LoadedEnv, cheats: list[Cheat]) -> li
     # the controls always run: every verdict is relative to the no-op, and an oracle that
     # fails says the environment (not the cheats) is broken
     wanted = [c for c in cheats if not config.cheats or c.name in (*config.cheats, NOOP, ORACLE)]
-    kinds = dict.fromkeys(  # a kind given twice (or auto and what it picks) runs once
-        sandbox_kind(RunConfig(envs=[EnvChoice(ref=config.env)], sandbox=s), loaded)
-        for s in config.sandboxes)
+    # a kind given twice (or auto and what it picks) runs once
+    kinds = dict.fromkeys(sandbox_kind(s, loaded) for s in config.sandboxes)
     jobs = []
     for kind in kinds:
         for cheat in wanted:

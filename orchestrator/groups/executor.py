@@ -75,6 +75,43 @@ class InProcessExecutor:
         return None
 
 
+class RoutedExecutor:
+    """The run's executor, except for environments whose reference starts with a prefix of
+    `routes` (`service:NAME` → the task services' hub): theirs."""
+
+    def __init__(self, default: RolloutExecutor, routes: dict[str, RolloutExecutor]) -> None:
+        self.default, self.routes = default, routes
+        self.name = default.name
+
+    def of(self, loaded: LoadedEnv) -> RolloutExecutor:
+        for prefix, executor in self.routes.items():
+            if loaded.ref.startswith(prefix):
+                return executor
+        return self.default
+
+    async def start(self) -> None:
+        await self.default.start()
+        for executor in self.routes.values():
+            await executor.start()
+
+    def gateway_host(self) -> str:
+        """The default's, unless that is this process and a route reaches other machines."""
+        if self.default.name != InProcessExecutor.name or not self.routes:
+            return self.default.gateway_host()
+        return next(iter(self.routes.values())).gateway_host()
+
+    async def check(self, loaded: LoadedEnv, sandbox_kind: str) -> None:
+        await self.of(loaded).check(loaded, sandbox_kind)
+
+    async def execute(self, key: RolloutKey, group_id: str, loaded: LoadedEnv, task: Task,
+                      rs: RolloutSetup) -> PendingRollout:
+        return await self.of(loaded).execute(key, group_id, loaded, task, rs)
+
+    async def close(self) -> None:
+        for executor in [*self.routes.values(), self.default]:
+            await executor.close()
+
+
 def make_executor(name: str) -> RolloutExecutor:
     """An executor from the table's name or a `package.module:Class` path."""
     executor: RolloutExecutor = load_named(name, EXECUTORS, "--executor")

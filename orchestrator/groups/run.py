@@ -26,7 +26,7 @@ from envhub.envs.loader import LoadedEnv, check_tools
 from envhub.orchestrator.catalog import load_env
 from envhub.orchestrator.groups.config import RunConfig
 from envhub.orchestrator.groups.dispatch import Dispatcher
-from envhub.orchestrator.groups.executor import RolloutExecutor, make_executor
+from envhub.orchestrator.groups.executor import RolloutExecutor, RoutedExecutor, make_executor
 from envhub.orchestrator.groups.gateway_link import GatewayLink
 from envhub.orchestrator.groups.plan import GroupPlan, allocate, interleave
 from envhub.orchestrator.groups.progress import RunProgress
@@ -97,21 +97,21 @@ async def run(config: RunConfig, console: Any = None, progress: bool = True,
     make_policy(config.schedule)  # a dotted path that does not load stops the run here
     async with contextlib.AsyncExitStack() as stack:
         hub = await stack.enter_async_context(_services(config))
-        served = {c.ref: await hub.load(c.ref.removeprefix(PREFIX))
+        served = {c.ref: await asyncio.to_thread(hub.describe, c.ref.removeprefix(PREFIX))
                   for c in config.envs if hub is not None and c.ref.startswith(PREFIX)}
         # In a thread: loading reads task files and may install a registry package, and a
         # registry install runs its own event loop.
         groups = await asyncio.to_thread(plan_groups, config, served)
         kinds = await asyncio.to_thread(
-            lambda: {g.loaded.name: sandbox_kind(config, g.loaded) for g in groups})
+            lambda: {g.loaded.name: sandbox_kind(config.sandbox, g.loaded) for g in groups})
         agent_kinds = await prepare_agent(agent, config.sandbox, kinds)
-        executor = make_executor(config.executor)
+        routes: dict[str, RolloutExecutor] = {PREFIX: hub} if hub is not None else {}
+        executor = RoutedExecutor(make_executor(config.executor), routes)
         await executor.start()
-        stack.push_async_callback(executor.close)
-        route = _Route(executor, hub)
+        stack.push_async_callback(executor.default.close)
         for g in {g.loaded.name: g for g in groups}.values():
-            await route(g.loaded).check(g.loaded, kinds[g.loaded.name])
-        return await _run_started(config, agent, groups, kinds, agent_kinds, route, console,
+            await executor.check(g.loaded, kinds[g.loaded.name])
+        return await _run_started(config, agent, groups, kinds, agent_kinds, executor, console,
                                   progress, on_start)
     raise AssertionError("unreachable")  # the stack re-raises or the body returned
 
@@ -133,28 +133,9 @@ async def _services(config: RunConfig) -> AsyncIterator[ServiceHub | None]:
         await hub.close()
 
 
-@dataclass
-class _Route:
-    """Which executor runs an environment's rollouts: its task service's hub for service:NAME,
-    the run's executor for the rest."""
-
-    executor: RolloutExecutor
-    hub: ServiceHub | None
-
-    def __call__(self, loaded: LoadedEnv) -> RolloutExecutor:
-        if self.hub is not None and loaded.ref.startswith(PREFIX):
-            return self.hub
-        return self.executor
-
-    def gateway_host(self) -> str:
-        if self.hub is not None and self.executor.name == "inprocess":
-            return self.hub.gateway_host()
-        return self.executor.gateway_host()
-
-
 async def _run_started(config: RunConfig, agent: Any, groups: list[GroupPlan],
                        kinds: dict[str, str], agent_kinds: dict[str, str],
-                       route: _Route, console: Any, progress: bool,
+                       executor: RolloutExecutor, console: Any, progress: bool,
                        on_start: Callable[[str, Path], None] | None) -> RunOutcome:
     run_id = new_run_id()
     # Results are kept by default: a run's trajectories are the product, never a temp file.
@@ -173,7 +154,7 @@ async def _run_started(config: RunConfig, agent: Any, groups: list[GroupPlan],
             link = GatewayLink.connect(config.gateway, config.admin_key or "")
         else:
             link = await GatewayLink.start(config.model, out / "pool.db",
-                                           route.gateway_host())
+                                           executor.gateway_host())
         setups = rollout_setups(run_id, agent, config.agent, link, kinds, agent_kinds, scratch,
                                 config.max_turns, config.time_limit_s, config.agent_install,
                                 config.agent_on_host)
@@ -181,8 +162,8 @@ async def _run_started(config: RunConfig, agent: Any, groups: list[GroupPlan],
         with RunProgress(total, console) if progress else _NoProgress() as bar:
             slots = Dispatcher(make_policy(config.schedule), config.concurrency)
             await asyncio.gather(*(
-                _run_group(g, run_id, setups[g.loaded.name], route(g.loaded), results, slots,
-                           bar, records)
+                _run_group(g, run_id, setups[g.loaded.name], executor, results, slots, bar,
+                           records)
                 for g in groups))
     finally:
         if link is not None:

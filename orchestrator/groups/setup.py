@@ -20,7 +20,6 @@ from envhub.envs.sandbox import best_available, reap
 from envhub.envs.sandbox.kinds import AUTO, NONE, check_supported, effective_kind
 from envhub.envs.sandbox.reaper import owner_alive, owner_label
 from envhub.orchestrator.catalog import load_env
-from envhub.orchestrator.groups.config import EnvChoice, RunConfig
 from envhub.orchestrator.groups.rollout import RolloutSetup
 
 log = logging.getLogger(__name__)
@@ -49,28 +48,29 @@ def new_run_id() -> str:
     return time.strftime("run-%Y%m%d-%H%M%S-", time.gmtime()) + secrets.token_hex(3)
 
 
-def sandbox_kind(config: RunConfig, loaded: LoadedEnv) -> str:
+def sandbox_kind(sandbox: str | None, loaded: LoadedEnv) -> str:
     """--sandbox, else the manifest's choice; `auto` becomes the best backend available.
     Raises SandboxUnavailable (with the fix) when the environment cannot run in it here."""
     spec = loaded.manifest.sandbox
     if spec.kind == NONE:
         return NONE
-    kind = config.sandbox or spec.kind
+    kind = sandbox or spec.kind
     check_supported(loaded.name, spec.supported_kinds, effective_kind(kind))
     return best_available() if kind == AUTO else kind
 
 
-def load_envs(refs: list[str], sandbox: str | None = None
+def load_envs(refs: list[str], sandbox: str | None = None,
+              served: dict[str, LoadedEnv] | None = None
               ) -> tuple[dict[str, LoadedEnv], dict[str, str]]:
     """Each environment loaded (tools checked against its tasks) and the sandbox kind its
-    rollouts use (`sandbox`, else its manifest's); raises the loader's errors (with the fix)."""
-    config = RunConfig(envs=[EnvChoice(ref=r) for r in refs], sandbox=sandbox)
+    rollouts use (`sandbox`, else its manifest's); raises the loader's errors (with the fix).
+    `served`: environments of task services by reference, described already."""
     loaded = {}
     for ref in refs:
-        le = load_env(ref)
+        le = (served or {}).get(ref) or load_env(ref)
         check_tools(le, le.env.load_tasks())
         loaded[ref] = le
-    return loaded, {ref: sandbox_kind(config, le) for ref, le in loaded.items()}
+    return loaded, {ref: sandbox_kind(sandbox, le) for ref, le in loaded.items()}
 
 
 async def prepare_agent(agent: Any, sandbox: str | None, kinds: dict[str, str]

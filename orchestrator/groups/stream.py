@@ -102,13 +102,14 @@ class GroupRunner:
                    run_id: str, out: Path | None = None, max_turns: int | None = None,
                    time_limit_s: float | None = None, sandbox: str | None = None,
                    agent_install: list[str] | None = None, agent_on_host: bool = False,
-                   executor: RolloutExecutor | None = None) -> GroupRunner:
+                   executor: RolloutExecutor | None = None,
+                   served: dict[str, LoadedEnv] | None = None) -> GroupRunner:
         """Load `refs` (environment names, paths or registry refs) and connect to `gateway`.
         Raises the loader's errors (with their fix) for a bad environment.
         `agent_install`/`agent_on_host` are the agent's (make_agent's), for an executor that
-        rebuilds it on another machine."""
+        rebuilds it on another machine. `served`: task services' environments by reference."""
         raise_open_files_limit()
-        envs, kinds = await asyncio.to_thread(load_envs, refs, sandbox)
+        envs, kinds = await asyncio.to_thread(load_envs, refs, sandbox, served)
         agent_kinds = await prepare_agent(agent, sandbox, kinds)  # in-sandbox command agents
         results = None
         if out is not None:

@@ -97,6 +97,17 @@ class TrainLoopConfig(BaseModel):
                           "the buffer has room; one probe per group first, then the rest "
                           "longest-first) | package.module:Class "
                           "(orchestrator/groups/scheduling.py)")
+    services: str | None = Field(None, description="HOST:PORT where task services register; "
+                                 "environments given as service:NAME run in them "
+                                 "(orchestrator/groups/services)")
+    services_token: str | None = Field(None, min_length=16, description="what task services "
+                                       "present to register (None: a random one, printed)")
+    service_wait_s: float = Field(60.0, gt=0, le=3600, description="how long a rollout waits "
+                                  "for a live service of its name with a free slot")
+    mix: Literal["static", "dynamic"] = Field(
+        "static", description="static: groups launched by the weights' shares; dynamic: the "
+        "weights are shares of trained samples, and launches are paced by what each "
+        "environment's groups yield (orchestrator/training/tasks.py, LaunchMix)")
 
     @field_validator("envs", mode="before")
     @classmethod
@@ -117,6 +128,10 @@ class TrainLoopConfig(BaseModel):
                              "with a weight if wanted: arith=3 swe-task=1")
         if self.engine_url is not None and self.engine != "vllm":
             raise ValueError("--engine-url names a vLLM server: add --engine vllm")
+        served = [r for r in refs if r.startswith("service:")]
+        if served and not self.services:
+            raise ValueError(f"{served[0]} runs in a task service: give --services HOST:PORT, "
+                             "where services register (e.g. 127.0.0.1:7000)")
         if self.buffer is not None and self.buffer < self.groups:
             raise ValueError(f"buffer {self.buffer} < groups {self.groups}: the trainer needs "
                              "`groups` finished groups per step; raise buffer")

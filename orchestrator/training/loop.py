@@ -13,13 +13,14 @@ from envhub.orchestrator.groups.results import RolloutRecord
 from envhub.orchestrator.training.evaluate import evaluate
 from envhub.orchestrator.training.metrics import step_metrics
 from envhub.orchestrator.training.source import LaunchOrderSource, wait_state
-from envhub.trainer.filters import oldest_version
+from envhub.trainer.config import FilterConfig
+from envhub.trainer.filters import drop_reason, oldest_version
 from envhub.trainer.source import Group
 
 if TYPE_CHECKING:
     from envhub.orchestrator.training.config import TrainLoopConfig
     from envhub.orchestrator.training.producer import Producer
-    from envhub.orchestrator.training.tasks import EnvTasks
+    from envhub.orchestrator.training.tasks import EnvTasks, LaunchMix
     from envhub.trainer.trainer import Trainer
     from envhub.trainer.window import GroupWindow
 
@@ -31,11 +32,14 @@ class Loop:
     def __init__(self, cfg: TrainLoopConfig, trainer: Trainer, producer: Producer,
                  source: LaunchOrderSource, window: GroupWindow, envs: list[EnvTasks], *,
                  push_url: str, admin_key: str, log: Callable[[str], Any],
-                 on_wait: Callable[[Any], None] | None = None, eval_agent: Any = None) -> None:
+                 on_wait: Callable[[Any], None] | None = None, eval_agent: Any = None,
+                 mix: LaunchMix | None = None) -> None:
         self.cfg, self.trainer, self.producer = cfg, trainer, producer
         self.source, self.window, self.envs = source, window, envs
         self.push_url, self.admin_key, self.log = push_url, admin_key, log
         self.on_wait, self.eval_agent = on_wait, eval_agent
+        self.mix = mix
+        self._env_index = {e.name: i for i, e in enumerate(envs)}
         self.rows: list[dict[str, Any]] = []
         self._released: set[str] = set()  # groups handed back to the producer's buffer
         self._started = time.perf_counter()
@@ -54,6 +58,7 @@ class Loop:
             else:
                 groups = self.take(cfg.groups, wait=True)
             t1 = time.perf_counter()
+            self._report(groups)
             lag = _staleness(groups, self.trainer.version)
             stats = self.trainer.step(groups)
             t2 = time.perf_counter()
@@ -91,6 +96,24 @@ class Loop:
         self._released.update(new)
         if new:
             self.producer.taken(new)
+        if self.mix is not None:  # nothing trained of a group with no session
+            for gid in sorted(empty - set(taken)):
+                self.mix.observe(self._env_index[self.producer.env_of[gid]], 0.0)
+
+    def _report(self, groups: list[Group]) -> None:
+        """Tell the launch mix how many samples of each taken group will be trained: those
+        the filters keep (not stale, failed or empty), none of a group under half kept or
+        whose samples all scored alike (no signal)."""
+        if self.mix is None:
+            return
+        filters = FilterConfig(tau=self.cfg.tau, group_size=self.cfg.k)
+        for g in groups:
+            kept = [t for t in g.trajectories
+                    if drop_reason(t, filters, self.trainer.version) is None]
+            totals = {round(r.components.get("total", 0.0), 9)
+                      for r in self.producer.done.get(g.group_id, []) if r.status == "done"}
+            trained = len(kept) if 2 * len(kept) > self.cfg.k and len(totals) > 1 else 0
+            self.mix.observe(self._env_index[self.producer.env_of[g.group_id]], trained)
 
     # -- weights ------------------------------------------------------------------------------
 
@@ -137,13 +160,27 @@ class Loop:
                                "wall_s": round(t3 - self._started, 3),
                                "in_flight": self.producer.in_flight,
                                "queued": self.producer.queued,
-                               "groups_launched": len(self.producer.order)}
+                               "groups_launched": len(self.producer.order),
+                               **self._mix_row()}
         self.rows.append(row)
         append_row(self.cfg.out, row)
         self.log(f"step {step:>3}  reward {row['reward_mean']:+.3f}  resolved "
                  f"{row['resolved_rate']:.2f}  groups {len(groups)}  stale "
                  f"{int(row['filter/stale'])}  wait {t1 - t0:.1f}s  train {t2 - t1:.1f}s  "
                  f"v{self.trainer.version}")
+
+    def _mix_row(self) -> dict[str, float]:
+        """Per environment: samples trained so far, their share, groups launched (with more
+        than one environment and a launch mix)."""
+        if self.mix is None or len(self.envs) < 2:
+            return {}
+        shares = self.mix.shares()
+        row: dict[str, float] = {}
+        for i, e in enumerate(self.envs):
+            row[f"mix/{e.name}/trained_samples"] = self.mix.trained[i]
+            row[f"mix/{e.name}/trained_share"] = round(shares[i], 4)
+            row[f"mix/{e.name}/launched_groups"] = self.mix.launched[i]
+        return row
 
     def evaluate(self, after_step: int) -> None:
         from envhub.orchestrator.training.outputs import append_row

@@ -85,7 +85,7 @@ class Producer:
         """Rollouts launched and waiting for a slot."""
         return self.slots.waiting
 
-    def start_executor(self, refs: list[str]) -> str:
+    def start_executor(self, refs: list[str], served: dict[str, Any] | None = None) -> str:
         """Connect the executor to its machines (on the rollout loop) and check that they can
         run the rollouts of environments `refs`; returns the address the gateway must listen
         on for its rollouts to reach it. Raises RunConfigError (with the fix) when the
@@ -95,7 +95,7 @@ class Producer:
             await self.executor.start()
             if self.executor.name == InProcessExecutor.name:  # places any rollout: no check
                 return
-            envs, kinds = await asyncio.to_thread(load_envs, refs)
+            envs, kinds = await asyncio.to_thread(load_envs, refs, None, served)
             for ref, loaded in envs.items():
                 await self.executor.check(loaded, kinds[ref])
 

@@ -13,6 +13,7 @@ stretch)."""
 from __future__ import annotations
 
 import random
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -57,14 +58,73 @@ def split_tasks(tasks: list[Task], limit: int | None, heldout: int,
             [t for t in tasks if t.id in held_ids])
 
 
-def task_stream(envs: list[EnvTasks], seed: int) -> Iterator[tuple[EnvTasks, Task]]:
+def task_stream(envs: list[EnvTasks], seed: int, mix: LaunchMix | None = None
+                ) -> Iterator[tuple[EnvTasks, Task]]:
     """Endless (environment, task) pairs. Each environment walks passes over its training
-    tasks, each pass in a fresh order from its own seeded generator; environments take turns at
-    their weighted pace (`by_share`). With one environment the order is `task_schedule`'s,
-    flattened."""
+    tasks, each pass in a fresh order from its own seeded generator; environments take turns as
+    `mix` says (default: at their weighted pace, `by_share`). With one environment the order
+    is `task_schedule`'s, flattened."""
+    mix = mix or LaunchMix([e.weight for e in envs])
     orders = [_passes(e.train, random.Random(seed), e.stratify) for e in envs]
-    for i in by_share([e.weight for e in envs]):
+    while True:
+        i = mix.next()
         yield envs[i], next(orders[i])
+
+
+class LaunchMix:
+    """Which environment the next group is launched from.
+
+    Static (the default): at the weights' pace (`by_share`), whatever becomes of the groups.
+
+    Dynamic: the weights are targets for the shares of *trained* samples. A group launched from
+    environment i is expected to yield y_i trained samples, y_i observed from its groups the
+    trainer is done with (trained samples / k per group; failures, stale samples and no-signal
+    groups yield nothing), starting from k. Environment i's expected trained samples are
+    T_i + y_i * P_i (T_i trained so far, P_i groups launched and not yet done with), and the
+    next launch goes to the environment furthest below its share of the expected total, ties
+    to the lower index. So an environment whose samples are dropped more often is launched more
+    often, and one whose groups take 10x longer has 10x more of them in flight: its launches
+    keep pace with the target however slow it is.
+
+    Thread-safe: the producer's thread launches, the trainer's thread reports."""
+
+    def __init__(self, weights: Sequence[float], dynamic: bool = False, k: int = 1,
+                 prior_groups: float = 2.0) -> None:
+        total = sum(weights)
+        self.targets = [w / total for w in weights]
+        self.dynamic, self.k, self.prior = dynamic, k, prior_groups
+        n = len(weights)
+        self.launched, self.done = [0] * n, [0] * n
+        self.trained = [0.0] * n
+        self._static = by_share(list(weights))
+        self._lock = threading.Lock()
+
+    def next(self) -> int:
+        with self._lock:
+            i = next(self._static) if not self.dynamic else min(
+                range(len(self.targets)),
+                key=lambda j: ((self.expected(j) + 0.5 * self.yield_of(j)) / self.targets[j], j))
+            self.launched[i] += 1
+            return i
+
+    def observe(self, i: int, trained_samples: float) -> None:
+        """The trainer is done with a group of environment i: it trained this many samples."""
+        with self._lock:
+            self.done[i] += 1
+            self.trained[i] += trained_samples
+
+    def yield_of(self, i: int) -> float:
+        """Trained samples per group launched (a prior of `prior` full groups)."""
+        return (self.trained[i] + self.prior * self.k) / (self.done[i] + self.prior)
+
+    def expected(self, i: int) -> float:
+        return self.trained[i] + self.yield_of(i) * (self.launched[i] - self.done[i])
+
+    def shares(self) -> list[float]:
+        """Each environment's share of the samples trained so far."""
+        with self._lock:
+            total = sum(self.trained)
+            return [t / total if total else 0.0 for t in self.trained]
 
 
 def by_share(shares: Sequence[float], counts: Sequence[int] | None = None) -> Iterator[int]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -218,3 +219,37 @@ def test_a_service_that_never_registers_stops_the_run_with_the_fix(tmp_path):
                        service_wait_s=0.5, out=tmp_path / "out")
     with pytest.raises(ValueError, match="no task service named nobody registered"):
         asyncio.run(run(config, progress=False))
+
+
+def test_envhub_train_on_two_services_reports_the_trained_mix(tmp_path, services):
+    """`envhub train service:a=3 service:b=1 --mix dynamic`: rollouts of both services are
+    trained on, and every step's row says how many samples of each were trained and launched."""
+    from tests.support import envhub
+
+    port = free_port()
+    hub = f"http://127.0.0.1:{port}"
+    services(*node_service(hub, "--name", "a"))
+    services(*node_service(hub, "--name", "b", "--delay-ms", "300"))
+    out = tmp_path / "train"
+    result = envhub("train", "service:a=3", "service:b=1", "--services", f"127.0.0.1:{port}",
+                    "--steps", "2", "--groups", "4", "--k", "2", "--concurrency", "8",
+                    "--eval-every", "0", "--mix", "dynamic", "--out", str(out),
+                    env={"ENVHUB_SERVICES_TOKEN": TOKEN})
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    last = rows[-1]
+    assert last["step"] == 1
+    assert last["mix/a/launched_groups"] > 0 and last["mix/b/launched_groups"] > 0
+    trained = last["mix/a/trained_samples"] + last["mix/b/trained_samples"]
+    assert 0 < trained <= 2 * 4 * 2
+    assert abs(last["mix/a/trained_share"] + last["mix/b/trained_share"] - 1) < 1e-3
+    envs = {json.loads(f.read_text())["env"] for f in (out / "rollouts").glob("*.json")}
+    assert envs == {"a", "b"}
+
+
+def test_envhub_train_naming_a_service_without_services_exits_2():
+    from tests.support import envhub
+
+    result = envhub("train", "service:a", "--steps", "1")
+    assert result.returncode == 2
+    assert "--services HOST:PORT" in result.stderr

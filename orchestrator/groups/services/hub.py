@@ -4,7 +4,7 @@ each rollout). Protocol and failure accounting: __init__.py.
 
     hub = ServiceHub("127.0.0.1:7000", token)
     await hub.start()
-    loaded = await hub.load("echo")          # waits for a service named echo; its tasks
+    loaded = hub.describe("echo")            # waits for a service named echo; its tasks
     pending = await hub.execute(key, group_id, loaded, task, setup)
     await hub.close()
 """
@@ -135,19 +135,31 @@ class ServiceHub:
         return service
 
     # -- executor ------------------------------------------------------------------------
-    async def start(self) -> None:
+    def open(self) -> str:
+        """Listen for services (once; also done by `start`); returns the URL they register at.
+        Raises RunConfigError when the address cannot be bound."""
         from envhub.sdk.serve import serve_in_thread
 
-        try:
-            self._server = serve_in_thread(hub_app(self), self.host, self.port,
-                                           name="envhub-services")
-        except OSError as e:
-            raise RunConfigError(f"--services {self.host}:{self.port}: cannot listen: {e}; "
-                                 "pick a free port") from None
-        self.url = self._server.url
-        self._http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None),
-                                       limits=httpx.Limits(max_connections=None,
-                                                           max_keepalive_connections=64))
+        if self._server is None:
+            try:
+                self._server = serve_in_thread(hub_app(self), self.host, self.port,
+                                               name="envhub-services")
+            except OSError as e:
+                raise RunConfigError(f"--services {self.host}:{self.port}: cannot listen: {e}; "
+                                     "pick a free port") from None
+            self.url = self._server.url
+        return self.url
+
+    async def start(self) -> None:
+        self.open()
+
+    def _client(self) -> httpx.AsyncClient:
+        """The client of rollout requests, made on the loop that runs them."""
+        if self._http is None:
+            self._http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None),
+                                           limits=httpx.Limits(max_connections=None,
+                                                               max_keepalive_connections=64))
+        return self._http
 
     def gateway_host(self) -> str:
         return "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
@@ -155,17 +167,19 @@ class ServiceHub:
     async def check(self, loaded: LoadedEnv, sandbox_kind: str) -> None:
         return None
 
-    async def load(self, name: str) -> LoadedEnv:
-        """The environment a service of `name` serves, as described by the first one live
-        (waits up to wait_s for one to register)."""
-        service = await self._acquire(name)
-        if service is None:
-            raise RunConfigError(f"no task service named {name} registered at {self.url} "
-                                 f"within {self.wait_s:g}s; start one, e.g. `envhub serve ENV "
-                                 f"--name {name} --orchestrator {self.url}`")
+    def describe(self, name: str) -> LoadedEnv:
+        """The environment a service of `name` serves, as the first live one describes it
+        (blocks up to wait_s for one to register). Raises RunConfigError with the fix."""
+        deadline = time.monotonic() + self.wait_s
+        while (service := self._live(name)) is None:
+            if time.monotonic() > deadline:
+                raise RunConfigError(
+                    f"no task service named {name} registered at {self.url} within "
+                    f"{self.wait_s:g}s; start one, e.g. `envhub serve ENV --name {name} "
+                    f"--orchestrator {self.url} --token TOKEN`")
+            time.sleep(0.1)
         try:
-            assert self._http is not None
-            r = await self._http.get(f"{service.url}/v1/env", timeout=30.0)
+            r = httpx.get(f"{service.url}/v1/env", timeout=30.0)
             r.raise_for_status()
             described = EnvDescription.model_validate_json(r.content)
             manifest = Manifest(name=name, version=described.version,
@@ -175,11 +189,14 @@ class ServiceHub:
         except (httpx.HTTPError, ValidationError) as e:
             raise RunConfigError(f"task service {name} at {service.url}: GET /v1/env: "
                                  f"{type(e).__name__}: {str(e)[:300]}") from None
-        finally:
-            self._release(service)
         tasks = [Task(t.id, t.instruction, t.data) for t in described.tasks]
         return LoadedEnv(Path("."), manifest, ServedEnvironment(manifest, tasks),
                          f"{PREFIX}{name}")
+
+    def _live(self, name: str) -> _Service | None:
+        with self._lock:
+            return next((s for s in self._services.values()
+                         if s.name == name and self._alive(s)), None)
 
     def _release(self, service: _Service) -> None:
         with self._lock:
@@ -223,8 +240,7 @@ class ServiceHub:
 
     async def _ask(self, service: _Service, request: RolloutRequest) -> RolloutReport:
         """POST the rollout and wait for its answer while the service heartbeats."""
-        assert self._http is not None
-        call = asyncio.ensure_future(self._http.post(f"{service.url}/v1/rollouts",
+        call = asyncio.ensure_future(self._client().post(f"{service.url}/v1/rollouts",
                                                      content=request.model_dump_json(),
                                                      headers={"content-type":
                                                               "application/json"}))
@@ -257,8 +273,11 @@ class ServiceHub:
         if self._http is not None:
             await self._http.aclose()
             self._http = None
+        await asyncio.to_thread(self.stop_listening)
+
+    def stop_listening(self) -> None:
         if self._server is not None:
-            await asyncio.to_thread(self._server.close)
+            self._server.close()
             self._server = None
 
 

@@ -1,7 +1,8 @@
 // A task service in JavaScript (Node >= 18, no packages): the protocol of
-// orchestrator/groups/services/__init__.py without envhub. It serves "echo": each task asks the model
-// to repeat a word; one turn through the run's gateway session; outcome 1 when the reply holds
-// the word.
+// orchestrator/groups/services/__init__.py without envhub. It serves "echo": each task asks
+// the model to repeat a word; one turn through the run's gateway session; outcome 1 when the
+// reply holds the word, else the share of the word's letters the reply has (partial credit,
+// so a weak model's group still has a reward signal).
 //
 //   ENVHUB_SERVICES_TOKEN=... node echo_service.mjs --orchestrator http://127.0.0.1:7000
 //                         [--token T] [--name echo] [--port 0]
@@ -58,9 +59,12 @@ async function rollout(req) {
       return [200, { status: "env_failure", reason: `gateway: ${e}`, turns: 0,
                      duration_s: (Date.now() - started) / 1000 }];
     }
-    const solved = reply.toLowerCase().includes(task.data.word);
+    const text = reply.toLowerCase();
+    const solved = text.includes(task.data.word);
+    const letters = [...new Set(task.data.word)];
+    const partial = letters.filter((c) => text.includes(c)).length / letters.length;
     return [200, { status: "done", stopped: "submitted", turns: 1,
-                   verdict: { outcome: solved ? 1 : 0, resolved: solved,
+                   verdict: { outcome: solved ? 1 : partial, resolved: solved,
                               info: { reply: reply.slice(0, 200) } },
                    duration_s: (Date.now() - started) / 1000 }];
   } finally {
