@@ -9,8 +9,11 @@
         -> weights exported and pushed through POST /admin/weights every K steps (version+1)
 
 Rollouts run where `--executor` puts them (in this process, or Ray tasks on the cluster at
-RAY_ADDRESS), started in the order of `--schedule` (fifo, or Seer's probes first then
-longest-first): orchestrator/training/producer.py.
+RAY_ADDRESS; those of `service:NAME` environments in the task services registered at
+`--services`), started in the order of `--schedule` (fifo, or Seer's probes first then
+longest-first): orchestrator/training/producer.py. Which environment each new group comes from
+is `--mix`'s (static weights, or dynamic ones that meet the weights in trained samples):
+orchestrator/training/tasks.py.
 
 Asynchronous by default: N rollouts stay in flight while the trainer trains; the trainer takes
 `groups` finished groups per step from the window (the oldest unconsumed group is its head; it
