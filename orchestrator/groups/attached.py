@@ -60,6 +60,18 @@ async def attached_rollout(job: RemoteRollout, loaded: LoadedEnv, agent: Any
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+async def with_session(key: RolloutKey, group_id: str, rs: RolloutSetup) -> PendingRollout:
+    """The driver's side of a rollout run elsewhere: its session opened in the pool first (so
+    the pool knows every rollout before it is placed); failed as env_failure, with no session,
+    when the gateway refuses."""
+    p = PendingRollout(key, group_id)
+    try:
+        p.session = await rs.link.open_session(group_id, key)
+    except Exception as e:  # noqa: BLE001 - gateway down or refusing: infrastructure
+        p.fail("env_failure", f"gateway: cannot open a session: {type(e).__name__}: {e}")
+    return p
+
+
 class AttachedLink:
     """A GatewayLink whose one session was opened by the driver."""
 

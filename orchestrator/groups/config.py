@@ -39,7 +39,19 @@ class EnvChoice(BaseModel):
         return cls(ref=m.group("ref"), weight=weight)
 
 
-class RunConfig(BaseModel):
+class ServicesOptions(BaseModel):
+    """Task services (groups/services) of `envhub run` and `envhub train` alike."""
+
+    services: str | None = Field(None, description="HOST:PORT where task services register "
+                                 "(groups/services); environments given as service:NAME run "
+                                 "in them")
+    services_token: str | None = Field(None, min_length=16, description="what task services "
+                                       "must present to register (None: a random one, printed)")
+    service_wait_s: float = Field(60.0, gt=0, le=3600, description="how long a rollout (or the "
+                                  "plan) waits for a live service of its name with a free slot")
+
+
+class RunConfig(ServicesOptions):
     model_config = ConfigDict(extra="forbid")
     envs: list[EnvChoice] = Field(..., min_length=1, description="environments and weights")
     agent: str = Field("tool", description="tool | tool:summarize | oracle | a command line")
@@ -68,14 +80,6 @@ class RunConfig(BaseModel):
                           "probe per group first, then longest-first; runner/scheduling.py)")
     executor: str = Field("inprocess", description="where rollouts run: inprocess | ray (a Ray "
                           "cluster at RAY_ADDRESS) | package.module:Class (runner/executor.py)")
-    services: str | None = Field(None, description="HOST:PORT where task services register "
-                                 "(groups/services); environments given as service:NAME run "
-                                 "in them")
-    services_token: str | None = Field(None, min_length=16, description="what task services "
-                                       "must present to register (None: a random one, printed)")
-    service_wait_s: float = Field(60.0, gt=0, le=3600, description="how long a rollout (or the "
-                                  "plan) waits for a live service of its name with a free slot")
-
     @field_validator("sandbox")
     @classmethod
     def _sandbox(cls, v: str | None) -> str | None:

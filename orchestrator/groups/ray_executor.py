@@ -36,7 +36,7 @@ from urllib.parse import urlparse
 from envhub.envs.environment import Task, Verdict
 from envhub.envs.errors import RunConfigError
 from envhub.envs.loader import LoadedEnv
-from envhub.orchestrator.groups.attached import RemoteRollout, attached_rollout
+from envhub.orchestrator.groups.attached import RemoteRollout, attached_rollout, with_session
 from envhub.orchestrator.groups.plan import RolloutKey
 from envhub.orchestrator.groups.rollout import PendingRollout, RolloutSetup
 from envhub.orchestrator.groups.scoring import close_session
@@ -133,12 +133,9 @@ class RayExecutor:
                       rs: RolloutSetup) -> PendingRollout:
         import ray
 
-        p = PendingRollout(key, group_id)
-        try:
-            p.session = await rs.link.open_session(group_id, key)
-        except Exception as e:  # noqa: BLE001 - gateway down or refusing: infrastructure
-            return p.fail("env_failure", f"gateway: cannot open a session: "
-                          f"{type(e).__name__}: {e}")
+        p = await with_session(key, group_id, rs)
+        if p.session is None:
+            return p
         kind = "none" if loaded.manifest.sandbox.kind == "none" else rs.sandbox_kind
         job = RemoteRollout(
             key=key, group_id=group_id, env_ref=_node_ref(loaded), task=task,

@@ -6,12 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from envhub.orchestrator.groups.config import EnvChoice, check_schedule
+from envhub.orchestrator.groups.config import EnvChoice, ServicesOptions, check_schedule
 
 
-class TrainLoopConfig(BaseModel):
+class TrainLoopConfig(ServicesOptions):
     envs: list[EnvChoice] = Field(default_factory=lambda: [EnvChoice(ref="arith")],
                                   description="environments to train on, with sampling weights "
                                   "(`arith=3 swe-task=1`: three groups of arith per swe-task)")
@@ -97,13 +97,6 @@ class TrainLoopConfig(BaseModel):
                           "the buffer has room; one probe per group first, then the rest "
                           "longest-first) | package.module:Class "
                           "(orchestrator/groups/scheduling.py)")
-    services: str | None = Field(None, description="HOST:PORT where task services register; "
-                                 "environments given as service:NAME run in them "
-                                 "(orchestrator/groups/services)")
-    services_token: str | None = Field(None, min_length=16, description="what task services "
-                                       "present to register (None: a random one, printed)")
-    service_wait_s: float = Field(60.0, gt=0, le=3600, description="how long a rollout waits "
-                                  "for a live service of its name with a free slot")
     mix: Literal["static", "dynamic"] = Field(
         "static", description="static: groups launched by the weights' shares; dynamic: the "
         "weights are shares of trained samples, and launches are paced by what each "

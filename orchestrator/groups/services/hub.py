@@ -23,7 +23,6 @@ from typing import Any
 
 import httpx
 from fastapi import FastAPI, Request, Response
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
@@ -31,6 +30,7 @@ from envhub.envs.environment import Task, Verdict
 from envhub.envs.errors import RunConfigError
 from envhub.envs.loader import LoadedEnv
 from envhub.envs.manifest import Manifest, SandboxSpec
+from envhub.orchestrator.groups.attached import with_session
 from envhub.orchestrator.groups.plan import RolloutKey
 from envhub.orchestrator.groups.rollout import PendingRollout, RolloutSetup
 from envhub.orchestrator.groups.scoring import close_session
@@ -42,6 +42,7 @@ from envhub.orchestrator.groups.services.protocol import (
     Registration,
     RolloutReport,
     RolloutRequest,
+    answer_bad_requests,
 )
 
 PREFIX = "service:"  # an environment reference served by a task service: service:NAME
@@ -204,12 +205,9 @@ class ServiceHub:
 
     async def execute(self, key: RolloutKey, group_id: str, loaded: LoadedEnv, task: Task,
                       rs: RolloutSetup) -> PendingRollout:
-        p = PendingRollout(key, group_id)
-        try:
-            p.session = await rs.link.open_session(group_id, key)
-        except Exception as e:  # noqa: BLE001 - gateway down or refusing: infrastructure
-            return p.fail("env_failure", f"gateway: cannot open a session: "
-                          f"{type(e).__name__}: {e}")
+        p = await with_session(key, group_id, rs)
+        if p.session is None:
+            return p
         service = await self._acquire(loaded.name)
         if service is None:
             return p.fail("env_failure", f"no live task service {loaded.name} with a free slot "
@@ -323,11 +321,7 @@ def hub_app(hub: ServiceHub) -> FastAPI:
                                 status_code=401)
         return await call_next(request)
 
-    @app.exception_handler(RequestValidationError)
-    async def _bad(_: Any, e: RequestValidationError) -> JSONResponse:
-        detail = [{"loc": list(err.get("loc", ())), "msg": str(err.get("msg"))}
-                  for err in e.errors()[:5]]
-        return JSONResponse({"error": "bad request", "detail": detail}, status_code=400)
+    answer_bad_requests(app)
 
     @app.post("/v1/services")
     async def register(reg: Registration) -> Registered:

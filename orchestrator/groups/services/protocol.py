@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from envhub.sdk.types import Signal
@@ -93,3 +96,13 @@ class RolloutReport(BaseModel):
     duration_s: float = Field(0.0, ge=0)
     setup_s: float = Field(0.0, ge=0)
     verify_s: float = Field(0.0, ge=0)
+
+
+def answer_bad_requests(app: FastAPI) -> None:
+    """A body that is not the message: 400 naming the fields (both sides of the protocol)."""
+
+    @app.exception_handler(RequestValidationError)
+    async def _bad(_: Any, e: RequestValidationError) -> JSONResponse:
+        detail = [{"loc": list(err.get("loc", ())), "msg": str(err.get("msg"))}
+                  for err in e.errors()[:5]]
+        return JSONResponse({"error": "bad request", "detail": detail}, status_code=400)

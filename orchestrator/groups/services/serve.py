@@ -11,11 +11,10 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 import httpx
 from fastapi import FastAPI
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from envhub.envs.agents import make_agent
@@ -31,6 +30,7 @@ from envhub.orchestrator.groups.services.protocol import (
     Status,
     TaskRow,
     VerdictBody,
+    answer_bad_requests,
 )
 from envhub.orchestrator.groups.setup import load_envs
 
@@ -97,11 +97,7 @@ class TaskService:
 def service_app(service: TaskService) -> FastAPI:
     app = FastAPI(title=f"envhub task service {service.name}", docs_url=None, redoc_url=None)
 
-    @app.exception_handler(RequestValidationError)
-    async def _bad(_: Any, e: RequestValidationError) -> JSONResponse:
-        detail = [{"loc": list(err.get("loc", ())), "msg": str(err.get("msg"))}
-                  for err in e.errors()[:5]]
-        return JSONResponse({"error": "bad request", "detail": detail}, status_code=400)
+    answer_bad_requests(app)
 
     @app.get("/v1/env")
     async def env() -> EnvDescription:
