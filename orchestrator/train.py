@@ -184,13 +184,14 @@ def _lead(cfg: TrainLoopConfig, trainer: Any, gw_config: Any, admin: str, envs: 
         http = HttpSource(gw.url, admin)
         producer.open(refs=refs, gateway=gw.url, admin_key=admin, agent=agent, out=cfg.out,
                       max_turns=cfg.max_turns, agent_install=cfg.agent_install,
-                      agent_on_host=cfg.agent_on_host, served=served)
+                      agent_on_host=cfg.agent_on_host, served=served,
+                      metrics=hub.metrics if hub else None)
         source = LaunchOrderSource(http, producer)
         window = GroupWindow(source, cfg.window_size)
         loop = Loop(cfg, trainer, producer, source, window, envs,
                     push_url=f"{gw.url}/admin/weights", admin_key=admin, log=log,
                     on_wait=on_wait, eval_agent=None if cfg.agent == "tool" else agent,
-                    mix=mix)
+                    mix=mix, metrics=hub.metrics if hub else None)
         return loop.run()
     finally:
         producer.stop()  # rollouts first: they talk to the gateway

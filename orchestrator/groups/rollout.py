@@ -122,6 +122,7 @@ class RolloutSetup:
     scratch: Path
     model: str
     limits_override: dict[str, Any] = field(default_factory=dict)
+    metrics: Any = None  # TaskMetrics of the run (task_metrics.py), when something serves them
     agent_kind: str | None = None  # where an in-sandbox agent runs when the env has no sandbox
     agent_install: list[str] = field(default_factory=list)  # to rebuild the agent on a node
     agent_on_host: bool = False

@@ -46,6 +46,7 @@ from envhub.orchestrator.groups.setup import (
     take_down,
 )
 from envhub.orchestrator.groups.stream import rollout_group
+from envhub.orchestrator.groups.task_metrics import TaskMetrics
 
 log = logging.getLogger(__name__)
 RUNS_DIR = Path("runs")  # results of runs without --out: runs/<run_id>/
@@ -112,7 +113,7 @@ async def run(config: RunConfig, console: Any = None, progress: bool = True,
         for g in {g.loaded.name: g for g in groups}.values():
             await executor.check(g.loaded, kinds[g.loaded.name])
         return await _run_started(config, agent, groups, kinds, agent_kinds, executor, console,
-                                  progress, on_start)
+                                  progress, on_start, hub.metrics if hub else None)
     raise AssertionError("unreachable")  # the stack re-raises or the body returned
 
 
@@ -136,7 +137,8 @@ async def _services(config: RunConfig) -> AsyncIterator[ServiceHub | None]:
 async def _run_started(config: RunConfig, agent: Any, groups: list[GroupPlan],
                        kinds: dict[str, str], agent_kinds: dict[str, str],
                        executor: RolloutExecutor, console: Any, progress: bool,
-                       on_start: Callable[[str, Path], None] | None) -> RunOutcome:
+                       on_start: Callable[[str, Path], None] | None,
+                       metrics: TaskMetrics | None) -> RunOutcome:
     run_id = new_run_id()
     # Results are kept by default: a run's trajectories are the product, never a temp file.
     out = config.out or RUNS_DIR / run_id
@@ -157,7 +159,7 @@ async def _run_started(config: RunConfig, agent: Any, groups: list[GroupPlan],
                                            executor.gateway_host())
         setups = rollout_setups(run_id, agent, config.agent, link, kinds, agent_kinds, scratch,
                                 config.max_turns, config.time_limit_s, config.agent_install,
-                                config.agent_on_host)
+                                config.agent_on_host, metrics)
         total = sum(g.k for g in groups)
         with RunProgress(total, console) if progress else _NoProgress() as bar:
             slots = Dispatcher(make_policy(config.schedule), config.concurrency)
@@ -192,6 +194,8 @@ async def _run_group(g: GroupPlan, run_id: str, rs: RolloutSetup, executor: Roll
                                    slots=slots)
     done_before = [r for r in earlier.values() if r is not None]
     new = await finalize_group(list(pendings), g.loaded, rs.agent_name, done_before, rs.link)
+    if rs.metrics is not None:
+        rs.metrics.finished(new)
     for key, rec in zip(todo, new, strict=True):
         results.write(key, rec)
         records.append(rec)

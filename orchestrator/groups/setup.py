@@ -118,7 +118,7 @@ def open_scratch(run_id: str) -> Path:
 def rollout_setups(run_id: str, agent: Any, agent_name: str, link: Any, kinds: dict[str, str],
                    agent_kinds: dict[str, str], scratch: Path, max_turns: int | None,
                    time_limit_s: float | None, agent_install: list[str] | None,
-                   agent_on_host: bool) -> dict[str, RolloutSetup]:
+                   agent_on_host: bool, metrics: Any = None) -> dict[str, RolloutSetup]:
     """One RolloutSetup per environment (keys of `kinds`). Agents ask for "default": every
     envhub gateway serves its one model under that name (besides its own), whichever --model
     chose it."""
@@ -128,7 +128,7 @@ def rollout_setups(run_id: str, agent: Any, agent_name: str, link: Any, kinds: d
                                sandbox_kind=kind, scratch=scratch, model="default",
                                limits_override=overrides, agent_kind=agent_kinds.get(name),
                                agent_install=list(agent_install or []),
-                               agent_on_host=agent_on_host)
+                               agent_on_host=agent_on_host, metrics=metrics)
             for name, kind in kinds.items()}
 
 

@@ -65,12 +65,18 @@ async def rollout_group(keys: list[RolloutKey], group_id: str, loaded: LoadedEnv
         gate: Any = (slots.slot(group_id, index) if slots is not None
                      else sem if sem is not None else contextlib.nullcontext())
         async with gate as shown:
+            running = rs.metrics.in_flight.labels(loaded.name) if rs.metrics else None
             try:
+                if running is not None:
+                    running.inc()
                 p = await (executor.execute(key, group_id, loaded, task, rs)
                            if executor is not None else execute(key, group_id, loaded, task, rs))
             except Exception as e:  # a runner bug must not take the other rollouts down
                 log.exception("rollout %s failed in the runner", key.text)
                 p = PendingRollout(key, group_id).fail("env_failure", f"runner: {e}")
+            finally:
+                if running is not None:
+                    running.dec()
             if slots is not None:  # what the policy learns of the group (Seer's probe)
                 shown.append(Observation(turns=p.turns, seconds=p.duration_s))
             finished.append(p)
@@ -103,7 +109,8 @@ class GroupRunner:
                    time_limit_s: float | None = None, sandbox: str | None = None,
                    agent_install: list[str] | None = None, agent_on_host: bool = False,
                    executor: RolloutExecutor | None = None,
-                   served: dict[str, LoadedEnv] | None = None) -> GroupRunner:
+                   served: dict[str, LoadedEnv] | None = None,
+                   metrics: Any = None) -> GroupRunner:
         """Load `refs` (environment names, paths or registry refs) and connect to `gateway`.
         Raises the loader's errors (with their fix) for a bad environment.
         `agent_install`/`agent_on_host` are the agent's (make_agent's), for an executor that
@@ -119,7 +126,7 @@ class GroupRunner:
         scratch = open_scratch(run_id)
         link = GatewayLink.connect(gateway, admin_key)
         setups = rollout_setups(run_id, agent, agent.name, link, kinds, agent_kinds, scratch,
-                                max_turns, time_limit_s, agent_install, agent_on_host)
+                                max_turns, time_limit_s, agent_install, agent_on_host, metrics)
         return cls(run_id, envs, setups, results, scratch, executor)
 
     def tasks(self, ref: str) -> list[Task]:
@@ -151,6 +158,8 @@ class GroupRunner:
                 close_session(p.session, "env_failure", "interrupted", rs.link)
                 for p in pendings)))
             raise
+        if rs.metrics is not None:
+            rs.metrics.finished(records)
         if self.results is not None:
             tag = group_id.removeprefix(f"{self.run_id}:")
             for key, rec in zip(keys, records, strict=True):

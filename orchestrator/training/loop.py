@@ -18,6 +18,7 @@ from envhub.trainer.filters import drop_reason, oldest_version
 from envhub.trainer.source import Group
 
 if TYPE_CHECKING:
+    from envhub.orchestrator.groups.task_metrics import TaskMetrics
     from envhub.orchestrator.training.config import TrainLoopConfig
     from envhub.orchestrator.training.producer import Producer
     from envhub.orchestrator.training.tasks import EnvTasks, LaunchMix
@@ -33,12 +34,12 @@ class Loop:
                  source: LaunchOrderSource, window: GroupWindow, envs: list[EnvTasks], *,
                  push_url: str, admin_key: str, log: Callable[[str], Any],
                  on_wait: Callable[[Any], None] | None = None, eval_agent: Any = None,
-                 mix: LaunchMix | None = None) -> None:
+                 mix: LaunchMix | None = None, metrics: TaskMetrics | None = None) -> None:
         self.cfg, self.trainer, self.producer = cfg, trainer, producer
         self.source, self.window, self.envs = source, window, envs
         self.push_url, self.admin_key, self.log = push_url, admin_key, log
         self.on_wait, self.eval_agent = on_wait, eval_agent
-        self.mix = mix
+        self.mix, self.metrics = mix, metrics
         self._env_index = {e.name: i for i, e in enumerate(envs)}
         self.rows: list[dict[str, Any]] = []
         self._released: set[str] = set()  # groups handed back to the producer's buffer
@@ -101,19 +102,22 @@ class Loop:
                 self.mix.observe(self._env_index[self.producer.env_of[gid]], 0.0)
 
     def _report(self, groups: list[Group]) -> None:
-        """Tell the launch mix how many samples of each taken group will be trained: those
-        the filters keep (not stale, failed or empty), none of a group under half kept or
-        whose samples all scored alike (no signal)."""
-        if self.mix is None:
-            return
+        """Tell the launch mix (and the per-task metrics) how many samples of each taken group
+        will be trained: those the filters keep (not stale, failed or empty), none of a group
+        under half kept or whose samples all scored alike (no signal)."""
         filters = FilterConfig(tau=self.cfg.tau, group_size=self.cfg.k)
         for g in groups:
-            kept = [t for t in g.trajectories
-                    if drop_reason(t, filters, self.trainer.version) is None]
+            why = [drop_reason(t, filters, self.trainer.version) for t in g.trajectories]
+            kept = why.count(None)
             totals = {round(r.components.get("total", 0.0), 9)
                       for r in self.producer.done.get(g.group_id, []) if r.status == "done"}
-            trained = len(kept) if 2 * len(kept) > self.cfg.k and len(totals) > 1 else 0
-            self.mix.observe(self._env_index[self.producer.env_of[g.group_id]], trained)
+            trained = kept if 2 * kept > self.cfg.k and len(totals) > 1 else 0
+            env = self.producer.env_of[g.group_id]
+            if self.mix is not None:
+                self.mix.observe(self._env_index[env], trained)
+            if self.metrics is not None:
+                self.metrics.trained.labels(env).inc(trained)
+                self.metrics.stale.labels(env).inc(why.count("stale"))
 
     # -- weights ------------------------------------------------------------------------------
 

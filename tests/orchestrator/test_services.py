@@ -166,9 +166,12 @@ def test_a_hung_service_ends_its_rollouts_as_env_failure(tmp_path, services):
                             break
                     await asyncio.sleep(0.1)
             hung.send_signal(signal.SIGSTOP)
-            return await asyncio.wait_for(running, 120)
+            async with httpx.AsyncClient() as http:  # per-task metrics need no token
+                shown = (await http.get(f"{hub}/metrics")).text
+            return await asyncio.wait_for(running, 120), shown
 
-        outcome = asyncio.run(stop_mid_run())
+        outcome, shown = asyncio.run(stop_mid_run())
+        assert 'envhub_task_rollouts_in_flight{task="echo"} 4.0' in shown
         pool = sessions(gw)
     assert [r.status for r in outcome.records] == ["env_failure"] * 4
     assert all("stopped heartbeating" in (r.reason or "") for r in outcome.records)

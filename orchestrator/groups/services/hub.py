@@ -44,6 +44,7 @@ from envhub.orchestrator.groups.services.protocol import (
     RolloutRequest,
     answer_bad_requests,
 )
+from envhub.orchestrator.groups.task_metrics import TaskMetrics
 
 PREFIX = "service:"  # an environment reference served by a task service: service:NAME
 HEARTBEAT_S = 2.0
@@ -78,6 +79,7 @@ class ServiceHub:
         # Whoever registers is asked for rollouts and reports their verdicts: only holders of
         # the token may (an agent that reaches this port must not register a grader of its own).
         self.token = token or secrets.token_urlsafe(24)
+        self.metrics = TaskMetrics()  # per task, of every environment of the run: /metrics
         self._services: dict[str, _Service] = {}
         self._lock = threading.Lock()  # the server thread registers, the run's loop reads
         self._server: Any = None
@@ -315,7 +317,7 @@ def hub_app(hub: ServiceHub) -> FastAPI:
     @app.middleware("http")
     async def _token(request: Request, call_next: Any) -> Response:
         given = request.headers.get("authorization", "").encode()
-        if not hmac.compare_digest(given, expected):
+        if request.url.path != "/metrics" and not hmac.compare_digest(given, expected):
             return JSONResponse({"error": "a task service needs the run's token as a bearer "
                                  "token (envhub serve --token, ENVHUB_SERVICES_TOKEN)"},
                                 status_code=401)
@@ -333,6 +335,10 @@ def hub_app(hub: ServiceHub) -> FastAPI:
             return JSONResponse({"error": f"unknown service {service_id}: register again"},
                                 status_code=404)
         return Response(status_code=204)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(hub.metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/services")
     async def services() -> list[dict[str, Any]]:
