@@ -25,7 +25,7 @@ command -v dockerd >/dev/null || need+=(docker.io)
 command -v bwrap >/dev/null || need+=(bubblewrap)
 command -v debootstrap >/dev/null || need+=(debootstrap)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
-command -v npm >/dev/null || need+=(npm)  # npm agents (Codex CLI, Claude Code) and their tests
+command -v npm >/dev/null || need+=(npm)  # npm agents (Codex CLI, Claude Code), node for the JavaScript task service
 command -v chromium >/dev/null || need+=(chromium)  # slides, webtask and their Playwright tests
 command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || need+=(nginx)  # gateways behind a proxy
 if [ ${#need[@]} -gt 0 ]; then
