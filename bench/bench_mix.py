@@ -14,6 +14,7 @@ the trainer's filters keep it (not stale, failed, or in a no-signal or under-hal
 counted by the loop for both modes alike (metrics.jsonl, `mix/<env>/...`).
 
     .venv/bin/python bench/bench_mix.py [--steps 20] [--slow 10] [--window 0] [--tau 1]
+                                        [--buffer 16]
 """
 
 from __future__ import annotations
@@ -75,6 +76,8 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--window", type=int, default=0, help="0: greedy (any finished group)")
     ap.add_argument("--tau", type=int, default=1)
+    ap.add_argument("--buffer", type=int, default=16, help="groups launched and not yet "
+                    "trained (the default for tau 1 is one step's: a synchronous loop)")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="envhub-bench-mix-"))
@@ -106,8 +109,8 @@ def main() -> None:
             envhub("train", "service:a=3", "service:b=1", "--services", where, "--steps",
                    str(a.steps), "--groups", str(a.groups), "--k", str(a.k), "--concurrency",
                    str(a.concurrency), "--window", str(a.window), "--tau", str(a.tau),
-                   "--eval-every", "0", "--seed", str(a.seed), "--mix", mix, "--out",
-                   str(out))
+                   "--buffer", str(a.buffer), "--eval-every", "0", "--seed", str(a.seed),
+                   "--mix", mix, "--out", str(out))
         finally:
             for p in procs:
                 p.kill()
@@ -116,7 +119,8 @@ def main() -> None:
         results[mix] = (rows, durations(out), time.perf_counter() - started)
 
     print(f"\n{a.steps} steps, {a.groups} groups x k={a.k}, concurrency {a.concurrency}, "
-          f"window {a.window or 'greedy'}, tau {a.tau}; target a:b = 3:1 (a's share 0.750)")
+          f"window {a.window or 'greedy'}, tau {a.tau}, buffer {a.buffer}; target a:b = 3:1 "
+          "(a's share 0.750)")
     print(f"{'':34}{'static':>14}{'dynamic':>14}")
     static, dynamic = results["static"], results["dynamic"]
 
