@@ -130,9 +130,13 @@ class ServiceHub:
             return service
 
     async def _acquire(self, name: str) -> _Service | None:
+        """A slot of a live service of `name`: waits while they are all busy (queueing, not a
+        failure), gives up (None) after wait_s without any live one."""
         deadline = time.monotonic() + self.wait_s
         while (service := self._take(name)) is None:
-            if time.monotonic() > deadline:
+            if self._live(name) is not None:
+                deadline = time.monotonic() + self.wait_s
+            elif time.monotonic() > deadline:
                 return None
             await asyncio.sleep(0.05)
         return service
@@ -210,25 +214,20 @@ class ServiceHub:
         p = await with_session(key, group_id, rs)
         if p.session is None:
             return p
-        service = await self._acquire(loaded.name)
-        if service is None:
-            return p.fail("env_failure", f"no live task service {loaded.name} with a free slot "
-                          f"within {self.wait_s:g}s")
-        request = RolloutRequest(
-            rollout_id=f"{group_id}:{key.sample}", group_id=group_id, task_id=task.id,
-            sample=key.sample, gateway_url=rs.link.url, session_id=str(p.session.id),
-            api_key=str(p.session.api_key), limits=Limits(**rs.limits_override))
-        started = time.monotonic()
         try:
-            report = await self._ask(service, request)
+            service = await self._acquire(loaded.name)
+            if service is None:
+                return p.fail("env_failure", f"no live task service {loaded.name} for "
+                              f"{self.wait_s:g}s")
+            try:
+                report = await self._ask(service, self._request(key, group_id, task, rs, p))
+            finally:
+                self._release(service)
         except asyncio.CancelledError:  # interrupted: end its session unscored
             await asyncio.shield(close_session(p.session, "env_failure", "interrupted"))
             raise
         except _ServiceFailed as e:
-            p.duration_s = time.monotonic() - started
-            return p.fail("env_failure", f"task service {loaded.name} ({service.url}): {e}")
-        finally:
-            self._release(service)
+            return p.fail("env_failure", f"task service {loaded.name} ({e.url}): {e}")
         p.status, p.reason, p.stopped, p.turns = (report.status, report.reason, report.stopped,
                                                   report.turns)
         if report.verdict is not None:
@@ -238,35 +237,43 @@ class ServiceHub:
         p.node = {"service": service.url}
         return p
 
+    @staticmethod
+    def _request(key: RolloutKey, group_id: str, task: Task, rs: RolloutSetup,
+                 p: PendingRollout) -> RolloutRequest:
+        return RolloutRequest(
+            rollout_id=f"{group_id}:{key.sample}", group_id=group_id, task_id=task.id,
+            sample=key.sample, gateway_url=rs.link.url, session_id=str(p.session.id),
+            api_key=str(p.session.api_key), limits=Limits(**rs.limits_override))
+
     async def _ask(self, service: _Service, request: RolloutRequest) -> RolloutReport:
         """POST the rollout and wait for its answer while the service heartbeats."""
         call = asyncio.ensure_future(self._client().post(f"{service.url}/v1/rollouts",
                                                      content=request.model_dump_json(),
                                                      headers={"content-type":
                                                               "application/json"}))
+        url = service.url
         try:
             while not (await asyncio.wait({call}, timeout=self.heartbeat_s))[0]:
                 if not self._alive(service):
                     self._drop(service)
-                    raise _ServiceFailed(f"stopped heartbeating for "
-                                         f"{self.heartbeat_s * HEARTBEATS_MISSED:g}s "
-                                         "mid-rollout")
+                    silent = self.heartbeat_s * HEARTBEATS_MISSED
+                    raise _ServiceFailed(url, f"stopped heartbeating for {silent:g}s mid-rollout")
             r = call.result()
         except httpx.TransportError as e:  # killed mid-rollout, or gone before it
             self._drop(service)
-            raise _ServiceFailed(f"connection lost mid-rollout ({type(e).__name__}: "
+            raise _ServiceFailed(url, f"connection lost mid-rollout ({type(e).__name__}: "
                                  f"{str(e)[:200] or 'no detail'})") from None
         finally:
             if not call.done():
                 call.cancel()
         if r.status_code != 200:
-            raise _ServiceFailed(f"answered HTTP {r.status_code}: {r.text[:300]}")
+            raise _ServiceFailed(url, f"answered HTTP {r.status_code}: {r.text[:300]}")
         if len(r.content) > MAX_ANSWER:
-            raise _ServiceFailed(f"answered {len(r.content)} bytes (at most {MAX_ANSWER})")
+            raise _ServiceFailed(url, f"answered {len(r.content)} bytes (at most {MAX_ANSWER})")
         try:
             return RolloutReport.model_validate_json(r.content)
         except ValidationError as e:
-            raise _ServiceFailed(f"answered what is not a rollout report: "
+            raise _ServiceFailed(url, f"answered what is not a rollout report: "
                                  f"{str(e)[:300]}") from None
 
     async def close(self) -> None:
@@ -282,7 +289,9 @@ class ServiceHub:
 
 
 class _ServiceFailed(Exception):
-    pass
+    def __init__(self, url: str, why: str) -> None:
+        super().__init__(why)
+        self.url = url
 
 
 class ServedEnvironment:
