@@ -42,7 +42,6 @@ from envhub.orchestrator.groups.setup import (
     raise_open_files_limit,
     rollout_setups,
     sandbox_kind,
-    sweep_stale_scratch,
     take_down,
 )
 from envhub.orchestrator.groups.stream import rollout_group
@@ -146,8 +145,7 @@ async def _run_started(config: RunConfig, agent: Any, groups: list[GroupPlan],
     run_id = results.start(run_id, config.model_dump(mode="json"), config.resume)
     if on_start is not None:
         on_start(run_id, out)
-    sweep_stale_scratch()
-    scratch = open_scratch(run_id)
+    scratch = open_scratch(run_id, sweep=True)
     link: GatewayLink | None = None
     records: list[RolloutRecord] = []
     started = time.time()

@@ -107,9 +107,12 @@ def sweep_stale_scratch() -> None:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def open_scratch(run_id: str) -> Path:
+def open_scratch(run_id: str, sweep: bool = False) -> Path:
     """A new scratch folder (command agents' working folders) owned by this process: if the
-    process dies without removing it, the next run on this machine sweeps it away."""
+    process dies without removing it, the next run on this machine sweeps it away. `sweep`:
+    first remove those of dead runs (`sweep_stale_scratch`), as a run's driver does."""
+    if sweep:
+        sweep_stale_scratch()
     scratch = Path(tempfile.mkdtemp(prefix=f"envhub-{run_id}-"))
     (scratch / OWNER_FILE).write_text(owner_label())
     return scratch

@@ -35,7 +35,6 @@ from envhub.orchestrator.groups.setup import (
     prepare_agent,
     raise_open_files_limit,
     rollout_setups,
-    sweep_stale_scratch,
     take_down,
 )
 
@@ -122,8 +121,7 @@ class GroupRunner:
         if out is not None:
             results = ResultsFolder(out)
             (out / "rollouts").mkdir(parents=True, exist_ok=True)
-        sweep_stale_scratch()
-        scratch = open_scratch(run_id)
+        scratch = open_scratch(run_id, sweep=True)
         link = GatewayLink.connect(gateway, admin_key)
         setups = rollout_setups(run_id, agent, agent.name, link, kinds, agent_kinds, scratch,
                                 max_turns, time_limit_s, agent_install, agent_on_host, metrics)

@@ -48,7 +48,7 @@ from envhub.orchestrator.groups.task_metrics import TaskMetrics
 
 PREFIX = "service:"  # an environment reference served by a task service: service:NAME
 HEARTBEAT_S = 2.0
-HEARTBEATS_MISSED = 3  # a service silent this many periods is taken as dead
+HEARTBEATS_MISSED = 5  # a service silent this many periods is taken as dead
 MAX_ANSWER = 16 << 20  # bytes of one rollout's answer
 
 
@@ -111,6 +111,10 @@ class ServiceHub:
 
     def _alive(self, service: _Service) -> bool:
         return time.monotonic() - service.last_beat < self.heartbeat_s * HEARTBEATS_MISSED
+
+    def _seen(self, service: _Service) -> None:
+        with self._lock:
+            service.last_beat = max(service.last_beat, time.monotonic())
 
     def _drop(self, service: _Service) -> None:
         """Forget a service that died: its heartbeat gets 404 if it is alive after all, and it
@@ -247,10 +251,8 @@ class ServiceHub:
 
     async def _ask(self, service: _Service, request: RolloutRequest) -> RolloutReport:
         """POST the rollout and wait for its answer while the service heartbeats."""
-        call = asyncio.ensure_future(self._client().post(f"{service.url}/v1/rollouts",
-                                                     content=request.model_dump_json(),
-                                                     headers={"content-type":
-                                                              "application/json"}))
+        call = asyncio.ensure_future(self._post(f"{service.url}/v1/rollouts",
+                                                request.model_dump_json()))
         url = service.url
         try:
             while not (await asyncio.wait({call}, timeout=self.heartbeat_s))[0]:
@@ -258,7 +260,8 @@ class ServiceHub:
                     self._drop(service)
                     silent = self.heartbeat_s * HEARTBEATS_MISSED
                     raise _ServiceFailed(url, f"stopped heartbeating for {silent:g}s mid-rollout")
-            r = call.result()
+            code, body = call.result()
+            self._seen(service)  # an answer is a sign of life too
         except httpx.TransportError as e:  # killed mid-rollout, or gone before it
             self._drop(service)
             raise _ServiceFailed(url, f"connection lost mid-rollout ({type(e).__name__}: "
@@ -266,15 +269,28 @@ class ServiceHub:
         finally:
             if not call.done():
                 call.cancel()
-        if r.status_code != 200:
-            raise _ServiceFailed(url, f"answered HTTP {r.status_code}: {r.text[:300]}")
-        if len(r.content) > MAX_ANSWER:
-            raise _ServiceFailed(url, f"answered {len(r.content)} bytes (at most {MAX_ANSWER})")
+        if body is None:
+            raise _ServiceFailed(url, f"answered more than {MAX_ANSWER} bytes")
+        if code != 200:
+            text = body[:300].decode(errors="replace")
+            raise _ServiceFailed(url, f"answered HTTP {code}: {text}")
         try:
-            return RolloutReport.model_validate_json(r.content)
+            return RolloutReport.model_validate_json(body)
         except ValidationError as e:
             raise _ServiceFailed(url, f"answered what is not a rollout report: "
                                  f"{str(e)[:300]}") from None
+
+    async def _post(self, url: str, body: str) -> tuple[int, bytes | None]:
+        """(status, answer); the answer None past MAX_ANSWER bytes (not read further)."""
+        async with self._client().stream("POST", url, content=body,
+                                         headers={"content-type": "application/json"}) as r:
+            chunks, size = [], 0
+            async for chunk in r.aiter_bytes():
+                size += len(chunk)
+                if size > MAX_ANSWER:
+                    return r.status_code, None
+                chunks.append(chunk)
+            return r.status_code, b"".join(chunks)
 
     async def close(self) -> None:
         if self._http is not None:

@@ -7,8 +7,8 @@ and registers again when the orchestrator restarted or forgot it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import cast
@@ -110,26 +110,27 @@ def service_app(service: TaskService) -> FastAPI:
     return app
 
 
-async def keep_registered(service: TaskService, url: str, stop: asyncio.Event) -> None:
+def keep_registered(service: TaskService, url: str, stop: threading.Event) -> None:
     """Register at the orchestrator, heartbeat, register again on 404; retry while it is
-    unreachable (a service may start before its run)."""
+    unreachable (a service may start before its run). Runs on a thread of its own: a loop
+    busy with hundreds of rollouts would send its heartbeats late, and the orchestrator would
+    take the service for dead (seen at 500 rollouts per service)."""
     orchestrator = service.opts.orchestrator.rstrip("/")
     reg = Registration(name=service.name, url=url, capacity=service.opts.capacity)
     headers = {"authorization": f"Bearer {service.opts.token}"}
-    async with httpx.AsyncClient(timeout=10, headers=headers) as http:
+    with httpx.Client(timeout=10, headers=headers) as http:
         me: Registered | None = None
         while not stop.is_set():
             try:
                 if me is None:
-                    r = await http.post(f"{orchestrator}/v1/services",
-                                        content=reg.model_dump_json(),
-                                        headers={"content-type": "application/json"})
+                    r = http.post(f"{orchestrator}/v1/services", content=reg.model_dump_json(),
+                                  headers={"content-type": "application/json"})
                     r.raise_for_status()
                     me = Registered.model_validate_json(r.content)
                     log.warning("registered %s at %s as %s", service.name, orchestrator, me.id)
                 else:
-                    r = await http.post(f"{orchestrator}/v1/services/{me.id}/heartbeat",
-                                        json={"in_flight": service.in_flight})
+                    r = http.post(f"{orchestrator}/v1/services/{me.id}/heartbeat",
+                                  json={"in_flight": service.in_flight})
                     if r.status_code == 404:
                         me = None
                         continue
@@ -141,9 +142,7 @@ async def keep_registered(service: TaskService, url: str, stop: asyncio.Event) -
                               "(--token or ENVHUB_SERVICES_TOKEN)", orchestrator)
                 log.debug("orchestrator at %s: %s", orchestrator, e)
                 me = None
-            wait = me.heartbeat_s / 2 if me is not None else RETRY_S
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), wait)
+            stop.wait(me.heartbeat_s / 2 if me is not None else RETRY_S)
 
 
 async def serve(opts: ServeOptions) -> None:
@@ -160,8 +159,10 @@ async def serve(opts: ServeOptions) -> None:
     url = (opts.advertise or f"http://{opts.host}:{sock.getsockname()[1]}").rstrip("/")
     server = uvicorn.Server(uvicorn.Config(service_app(service), log_level="warning",
                                            timeout_keep_alive=KEEP_ALIVE_S))
-    stop = asyncio.Event()
-    registering = asyncio.create_task(keep_registered(service, url, stop))
+    stop = threading.Event()
+    registering = threading.Thread(target=keep_registered, args=(service, url, stop),
+                                   name="envhub-serve-heartbeat", daemon=True)
+    registering.start()
     print(f"envhub serve: {service.name} ({len(service.tasks)} tasks) at {url}, "
           f"registering with {opts.orchestrator}", flush=True)
     started = time.monotonic()
@@ -169,5 +170,5 @@ async def serve(opts: ServeOptions) -> None:
         await server.serve(sockets=[sock])
     finally:
         stop.set()
-        await registering
+        await asyncio.to_thread(registering.join, 30)
         log.info("served %s for %.0fs", service.name, time.monotonic() - started)
