@@ -15,9 +15,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from envhub.envs.errors import RunConfigError
 from envhub.envs.loader import LoadedEnv, check_tools
 from envhub.envs.sandbox import best_available, reap
-from envhub.envs.sandbox.kinds import AUTO, NONE, check_supported, effective_kind
+from envhub.envs.sandbox.kinds import AUTO, NONE, check_kind, check_supported, effective_kind
 from envhub.envs.sandbox.reaper import owner_alive, owner_label
 from envhub.orchestrator.catalog import load_env
 from envhub.orchestrator.groups.rollout import RolloutSetup
@@ -51,6 +52,11 @@ def new_run_id() -> str:
 def sandbox_kind(sandbox: str | None, loaded: LoadedEnv) -> str:
     """--sandbox, else the manifest's choice; `auto` becomes the best backend available.
     Raises SandboxUnavailable (with the fix) when the environment cannot run in it here."""
+    if sandbox is not None:  # checked also for an environment that needs no sandbox
+        try:
+            check_kind(sandbox)
+        except ValueError as e:
+            raise RunConfigError(f"--sandbox: {e}") from None
     spec = loaded.manifest.sandbox
     if spec.kind == NONE:
         return NONE
