@@ -12,9 +12,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from pydantic import Field
 
-from envhub.envs.sandbox.kinds import choices
 from envhub.orchestrator.console import cancellable, describe, fail, user_errors
+from envhub.orchestrator.groups.config import RunConfig
+from envhub.sdk.config_cli import config_command
 
 
 def list_command(
@@ -89,66 +91,17 @@ def info_command(
     typer.echo("\n".join(lines))
 
 
-def run_command(
-    envs: Annotated[list[str], typer.Argument(
-        help="Environments: name, ./folder or owner/name@version; NAME=WEIGHT sets sampling "
-             "ratios.")],
-    agent: str = typer.Option("tool", "--agent", "-a", help="tool | tool:summarize | oracle | "
-                              "a command line, run inside the rollout's sandbox "
-                              "('agent.py {task_file}' with --agent-install "
-                              "script:agent.py; placeholders "
-                              "{instruction} {task_file} {task_id} {model}; OPENAI_BASE_URL/"
-                              "OPENAI_API_KEY and ANTHROPIC_* point at its session)."),
-    agent_install: Annotated[list[str] | None, typer.Option(
-        "--agent-install", help="How a command agent is made present inside the sandbox: "
-        "pip:REQUIREMENT | npm:PACKAGE[@VERSION] | script:PATH (repeatable); its programs "
-        "are on PATH there.")] = None,
-    agent_on_host: bool = typer.Option(False, "--agent-on-host", help="Run a command agent as "
-                                       "a process on this machine instead of inside the "
-                                       "sandbox: NO containment (prints a warning)."),
-    model: str | None = typer.Option(None, "--model", "-m", help="Model for the in-process "
-                                     "gateway: HF folder, provider/name, zero, or scripted:FILE "
-                                     "(a JSON list of completion texts answered in order). "
-                                     "Default: the bundled tiny model."),
-    sandbox: str | None = typer.Option(None, "--sandbox", "-s", help=f"{' | '.join(choices())}"
-                                       " or package.module:Class (default: each manifest's "
-                                       "choice)."),
-    n: int | None = typer.Option(None, "-n", help="Tasks in total (default: all)."),
-    k: int = typer.Option(1, "-k", help="Samples per task (group size)."),
-    concurrency: int = typer.Option(4, "--concurrency", "-c", help="Rollouts in flight."),
-    task: Annotated[list[str] | None, typer.Option(
-        "--task", "-t", help="Only this task id (repeatable).")] = None,
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="Results folder (default: "
-                                             "runs/<run_id>/).")] = None,
-    resume: bool = typer.Option(False, "--resume", help="Skip rollouts finished in --out."),
-    gateway: str | None = typer.Option(None, "--gateway", help="Use this gateway's URL "
-                                       "instead of starting one."),
-    admin_key: str | None = typer.Option(None, "--admin-key", envvar="ENVHUB_ADMIN_KEY",
-                                         help="Admin key of --gateway."),
-    max_turns: int | None = typer.Option(None, "--max-turns", help="Override max_turns."),
-    time_limit: float | None = typer.Option(None, "--time-limit", help="Override the agent "
-                                            "time limit (seconds)."),
-    executor: str = typer.Option("inprocess", "--executor", help="Where rollouts run: inprocess "
-                                 "| ray (each rollout a Ray task on the cluster at RAY_ADDRESS; "
-                                 "needs envhub[ray])."),
-    schedule: str = typer.Option("fifo", "--schedule", help="Which rollout starts next: fifo | "
-                                 "seer (one probe sample per group first, then the rest "
-                                 "longest-first by what the probes took)."),
-    services: str | None = typer.Option(None, "--services", help="HOST:PORT to listen on for "
-                                        "task services (envhub serve); give their "
-                                        "environments as service:NAME."),
-    services_token: str | None = typer.Option(None, "--services-token",
-                                              envvar="ENVHUB_SERVICES_TOKEN", help="What task "
-                                              "services present to register (at least 16 "
-                                              "characters; default: a random one, printed)."),
-    service_wait: float = typer.Option(60.0, "--service-wait", help="Seconds a rollout waits "
-                                       "for a live task service of its name with a free slot."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display."),
-) -> None:
+class RunCommand(RunConfig):
+    """`envhub run`'s options: a RunConfig and how to show the run."""
+
+    quiet: bool = Field(False, description="no progress display")
+
+
+def run_main(command: RunCommand) -> None:
     """Run agents on environments: k samples per task, rewards to the pool, results table."""
     import asyncio
 
-    from envhub.orchestrator.groups import EnvChoice, RunConfig, run
+    from envhub.orchestrator.groups import run
     from envhub.orchestrator.groups.progress import failure_lines, results_table, table_console
 
     started: list[Path] = []
@@ -157,15 +110,10 @@ def run_command(
         started.append(folder)
         typer.echo(f"run {run_id}: results go to {folder}/", err=True)
 
+    config = RunConfig.model_validate(command.model_dump(exclude={"quiet"}))
     try:
-        config = RunConfig(
-            envs=[EnvChoice.parse(e) for e in envs], agent=agent, model=model,
-            agent_install=agent_install or [], agent_on_host=agent_on_host,
-            sandbox=sandbox, n=n, k=k, concurrency=concurrency, tasks=task or [], out=out,
-            resume=resume, gateway=gateway, admin_key=admin_key, max_turns=max_turns,
-            time_limit_s=time_limit, executor=executor, schedule=schedule, services=services,
-            services_token=services_token, service_wait_s=service_wait)
-        outcome = asyncio.run(cancellable(run(config, progress=not quiet, on_start=announce)))
+        outcome = asyncio.run(cancellable(run(config, progress=not command.quiet,
+                                              on_start=announce)))
     except user_errors() as e:
         fail(describe(e))
     except (KeyboardInterrupt, asyncio.CancelledError):
@@ -178,7 +126,18 @@ def run_command(
     for line in failure_lines(outcome.records):
         console.print(line, markup=False, highlight=False)
     typer.echo(f"run {outcome.run_id}: {len(outcome.records)} rollouts\n"
-               + where_to_look(outcome.out, pool=not gateway))
+               + where_to_look(outcome.out, pool=not config.gateway))
+
+
+# Flag names kept from earlier releases, and the short ones.
+RUN_FLAGS: dict[str, str | tuple[str, ...]] = {
+    "agent": ("--agent", "-a"), "model": ("--model", "-m"), "sandbox": ("--sandbox", "-s"),
+    "n": "-n", "k": "-k", "concurrency": ("--concurrency", "-c"), "tasks": ("--task", "-t"),
+    "out": ("--out", "-o"), "time_limit_s": "--time-limit", "service_wait_s": "--service-wait",
+    "quiet": ("--quiet", "-q")}
+RUN_ENVVARS = {"admin_key": "ENVHUB_ADMIN_KEY", "services_token": "ENVHUB_SERVICES_TOKEN"}
+run_command = config_command(RunCommand, run_main, arguments=("envs",), flags=RUN_FLAGS,
+                             envvars=RUN_ENVVARS)
 
 
 def where_to_look(folder: Path, pool: bool) -> str:

@@ -11,11 +11,13 @@ config fields), so a new field is a new flag without touching the command.
 
     app.command("serve")(config_command(ServeConfig, serve, flags={"upstreams": "--upstream"}))
 
-Each field `name` becomes `--name-in-kebab-case` (`flags` renames one), typed as the field
-(`X | None` optional, `list[X]` repeatable, `bool` as --x/--no-x, anything else a string that
-pydantic parses), with its default and its `description` as help; `envvars` lets an option
-fall back to an environment variable. Invalid values print `error: <pydantic's message>` and
-exit with code 2, before `run` is called.
+Each field `name` becomes `--name-in-kebab-case` (`flags` renames one, or gives it several
+names: `("--agent", "-a")`; `arguments` makes fields positional), typed as the field (`X | None`
+optional, `list[X]` repeatable, `bool` as --x/--no-x, anything else a string that pydantic
+parses), with its default and its `description` as help; `envvars` lets an option fall back to
+an environment variable. A field that may be None but defaults to a value takes `none` for
+None (`--tau none`). Invalid values print `error: --flag: <pydantic's message>` and exit with
+code 2, before `run` is called.
 """
 
 from __future__ import annotations
@@ -37,24 +39,34 @@ C = TypeVar("C", bound=BaseModel)
 _SCALARS = (str, int, float, bool, Path)  # what every typer version converts itself
 
 
+NONE = "none"  # the text that means None for a field whose default is not None
+
+
 def config_command(config_type: type[C], run: Callable[[C], None], *,
-                   flags: Mapping[str, str] | None = None,
-                   envvars: Mapping[str, str] | None = None) -> Callable[..., None]:
-    """A typer command: one option per field of `config_type`; calls `run(config)`."""
+                   flags: Mapping[str, str | tuple[str, ...]] | None = None,
+                   envvars: Mapping[str, str] | None = None,
+                   arguments: tuple[str, ...] = ()) -> Callable[..., None]:
+    """A typer command: one option per field of `config_type` (`arguments`: positional, in
+    this order, before the options); calls `run(config)`."""
     import typer
 
     flags, envvars = dict(flags or {}), dict(envvars or {})
-    unknown = (set(flags) | set(envvars)) - set(config_type.model_fields)
+    unknown = (set(flags) | set(envvars) | set(arguments)) - set(config_type.model_fields)
     assert not unknown, f"{config_type.__name__} has no fields {sorted(unknown)}"
-    params = [_parameter(name, field, flags.get(name), envvars.get(name))
-              for name, field in config_type.model_fields.items()]
+    fields = config_type.model_fields
+    order = [*arguments, *(name for name in fields if name not in arguments)]
+    params = [_parameter(name, fields[name], flags.get(name), envvars.get(name),
+                         positional=name in arguments) for name in order]
+    names = {p.name: _flag_name(p) for p in params}
 
     @functools.wraps(run)
     def command(**values: Any) -> None:
+        given = {name: _none(value, fields[name]) for name, value in values.items()
+                 if not (name in arguments and value in (None, []))}  # none given: the default
         try:
-            config = config_type(**values)
+            config = config_type(**given)
         except ValidationError as e:
-            typer.echo(f"error: {e}", err=True)
+            typer.echo(f"error: {_message(e, names)}", err=True)
             raise typer.Exit(2) from e
         run(config)
 
@@ -66,17 +78,51 @@ def config_command(config_type: type[C], run: Callable[[C], None], *,
     return command
 
 
-def _parameter(name: str, field: FieldInfo, flag: str | None,
-               envvar: str | None) -> inspect.Parameter:
+def _message(error: ValidationError, names: Mapping[str, str]) -> str:
+    """The first error as `--flag: what is wrong` (the flag the user typed for the field)."""
+    first = error.errors()[0]
+    loc = [str(p) for p in first["loc"]]
+    where = names.get(loc[0], loc[0]) + "".join(f"[{p}]" for p in loc[1:]) if loc else ""
+    more = error.error_count() - 1
+    message = first["msg"].removeprefix("Value error, ")  # a validator's own words
+    return (f"{where + ': ' if where else ''}{message}"
+            + (f" (and {more} more)" if more else ""))
+
+
+def _flag_name(param: inspect.Parameter) -> str:
+    opts = getattr(param.default, "param_decls", None) or ()
+    long = [o.split("/")[0] for o in opts if o.startswith("--")]
+    return (long or list(opts) or [param.name.upper()])[0]
+
+
+def _none(value: Any, field: FieldInfo) -> Any:
+    return None if isinstance(value, str) and value == NONE and _takes_none(field) else value
+
+
+def _takes_none(field: FieldInfo) -> bool:
+    """May be None, but defaults to something else: `none` on the command line is None."""
+    args = typing.get_args(field.annotation)
+    return (typing.get_origin(field.annotation) in (typing.Union, types.UnionType)
+            and type(None) in args and not field.is_required()
+            and field.default_factory is None and field.default is not None)
+
+
+def _parameter(name: str, field: FieldInfo, flag: str | tuple[str, ...] | None,
+               envvar: str | None, positional: bool = False) -> inspect.Parameter:
     import typer
 
     annotation, choices = _cli_type(field.annotation)
     kebab = name.replace("_", "-")
+    boolean = annotation in (bool, bool | None)
     if flag is None:
-        flag = f"--{kebab}/--no-{kebab}" if annotation is bool else f"--{kebab}"
+        flag = f"--{kebab}/--no-{kebab}" if boolean else f"--{kebab}"
+    decls = (flag,) if isinstance(flag, str) else tuple(flag)
     help_text = field.description or ""
     if choices:
         help_text += f" (one of: {', '.join(map(str, choices))})"
+    if _takes_none(field) and not boolean:
+        annotation = str  # pydantic parses the number; `none` is None
+        help_text += f" ({NONE}: None)"
     if getattr(typer.core, "DEFAULT_MARKUP_MODE", None) == "rich":
         from rich.markup import escape  # "[[upstream]]" is text, not rich markup
 
@@ -87,7 +133,11 @@ def _parameter(name: str, field: FieldInfo, flag: str | None,
         default = field.default_factory()  # type: ignore[call-arg]  # factories take no args
     else:
         default = field.default
-    option = typer.Option(default, flag, help=help_text, envvar=envvar)
+    if positional:
+        option = typer.Argument(... if default is ... else None, help=help_text,
+                                show_default=False)  # not given: the field's default
+    else:
+        option = typer.Option(default, *decls, help=help_text, envvar=envvar)
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option,
                              annotation=annotation)
 

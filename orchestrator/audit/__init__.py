@@ -8,7 +8,7 @@ calls for tool-only envs), audit (runs them through the runner, one run per chea
 
 from envhub.orchestrator.audit.audit import AuditConfig, AuditReport, audit
 from envhub.orchestrator.audit.battery import NOOP, ORACLE, Cheat, command_battery, scripted_battery
-from envhub.orchestrator.audit.report import AuditRow, flagged, judge, render
+from envhub.orchestrator.audit.report import AuditRow, explain, flagged, judge, render
 
 __all__ = ["NOOP", "ORACLE", "AuditConfig", "AuditReport", "AuditRow", "Cheat", "audit",
-           "command_battery", "flagged", "judge", "render", "scripted_battery"]
+           "command_battery", "explain", "flagged", "judge", "render", "scripted_battery"]

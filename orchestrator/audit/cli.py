@@ -42,7 +42,7 @@ def audit_command(
 
     from rich.console import Console
 
-    from envhub.orchestrator.audit import AuditConfig, audit, flagged, render
+    from envhub.orchestrator.audit import AuditConfig, audit, explain, flagged, render
     from envhub.orchestrator.console import cancellable, describe, fail, user_errors
 
     if out is not None and out.exists() and any(out.iterdir()):
@@ -66,6 +66,8 @@ def audit_command(
         raise typer.Exit(130) from None
     Console(width=160).print(render(report.rows, f"envhub audit {report.env} "
                                     f"{report.version}  ({report.wall_s:.0f} s)"))
+    for line in explain(report.rows):
+        typer.echo(line)
     if json_path is not None:
         write_json(report, json_path)
     bad = flagged(report.rows)

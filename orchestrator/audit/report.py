@@ -12,6 +12,8 @@ from pydantic import BaseModel, Field
 from envhub.orchestrator.audit.battery import NOOP, ORACLE
 
 EPS = 1e-9
+MAX_REASONS = 3  # distinct env_failure reasons kept per row
+REASON_CHARS = 400
 
 
 class AuditRow(BaseModel):
@@ -28,6 +30,7 @@ class AuditRow(BaseModel):
     error: str | None = None  # the run itself raised
     wall_s: float = 0.0
     out: str | None = None  # its run folder
+    reasons: list[str] = Field(default_factory=list)  # why rollouts were env_failure (distinct)
     flags: list[str] = Field(default_factory=list)
 
     @property
@@ -43,7 +46,10 @@ def row_from_records(cheat: str, what: str, sandbox: str, records: list[Any]) ->
                     mean_reward=sum(outcomes) / len(outcomes) if outcomes else None,
                     done=len(done), resolved=sum(1 for r in done if r.resolved),
                     env_failure=sum(1 for r in records if r.status == "env_failure"),
-                    agent_error=sum(1 for r in records if r.status == "agent_error"))
+                    agent_error=sum(1 for r in records if r.status == "agent_error"),
+                    reasons=list(dict.fromkeys(
+                        (r.reason or "(no reason given)")[:REASON_CHARS]
+                        for r in records if r.status == "env_failure"))[:MAX_REASONS])
 
 
 def judge(rows: list[AuditRow]) -> list[AuditRow]:
@@ -80,6 +86,12 @@ def _flags(row: AuditRow, noop: AuditRow | None) -> list[str]:
 
 def flagged(rows: list[AuditRow]) -> bool:
     return any(r.flags for r in rows)
+
+
+def explain(rows: list[AuditRow]) -> list[str]:
+    """Lines saying why each flagged row's rollouts failed on the environment's side."""
+    return [f"{r.cheat} ({r.sandbox}) env_failure: {reason}"
+            for r in rows if r.flags for reason in r.reasons]
 
 
 def render(rows: list[AuditRow], title: str) -> Any:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from envhub.envs.errors import RunConfigError
 
+SERVED = "service:"  # an environment reference served by a task service: service:NAME
 WEIGHTED_RE = re.compile(r"^(?P<ref>.+?)=(?P<weight>\d+(?:\.\d+)?)$")
 
 
@@ -40,46 +42,75 @@ class EnvChoice(BaseModel):
 
 
 class ServicesOptions(BaseModel):
-    """Task services (groups/services) of `envhub run` and `envhub train` alike."""
+    """The environments of `envhub run` and `envhub train`, and the task services
+    (groups/services) that may run them."""
 
-    services: str | None = Field(None, description="HOST:PORT where task services register "
-                                 "(groups/services); environments given as service:NAME run "
-                                 "in them")
+    services: str | None = Field(None, description="HOST:PORT to listen on for task services "
+                                 "(envhub serve); give their environments as service:NAME")
     services_token: str | None = Field(None, min_length=16, description="what task services "
-                                       "must present to register (None: a random one, printed)")
-    service_wait_s: float = Field(60.0, gt=0, le=3600, description="how long a rollout (or the "
-                                  "plan) waits for a live service of its name with a free slot")
+                                       "present to register (at least 16 characters; default: "
+                                       "a random one, printed)")
+    service_wait_s: float = Field(60.0, gt=0, le=3600, description="seconds a rollout (or the "
+                                  "plan) waits for a live task service of its name with a free "
+                                  "slot")
+
+    @field_validator("envs", mode="before", check_fields=False)
+    @classmethod
+    def _envs(cls, v: Any) -> Any:
+        items = [v] if isinstance(v, str) else v
+        return [EnvChoice.parse(x) if isinstance(x, str) else x for x in items]
+
+    def check_served(self, refs: list[str]) -> None:
+        """ValueError when an environment runs in a task service but no --services is given."""
+        served = [r for r in refs if r.startswith(SERVED)]
+        if served and not self.services:
+            raise ValueError(f"{served[0]} runs in a task service: give --services HOST:PORT, "
+                             "where services register (e.g. 127.0.0.1:7000)")
 
 
 class RunConfig(ServicesOptions):
     model_config = ConfigDict(extra="forbid")
-    envs: list[EnvChoice] = Field(..., min_length=1, description="environments and weights")
-    agent: str = Field("tool", description="tool | tool:summarize | oracle | a command line")
+    envs: list[EnvChoice] = Field(..., min_length=1, description="environments: name, ./folder "
+                                  "or owner/name@version; NAME=WEIGHT sets sampling ratios")
+    agent: str = Field("tool", description="tool | tool:summarize | oracle | a command line, "
+                       "run inside the rollout's sandbox ('agent.py {task_file}' with "
+                       "--agent-install script:agent.py; placeholders {instruction} {task_file} "
+                       "{task_id} {model}; OPENAI_BASE_URL/OPENAI_API_KEY and ANTHROPIC_* point "
+                       "at its session)")
     agent_install: list[str] = Field(
-        default_factory=list, description="how a command agent is made present in the sandbox: "
-        "pip:REQUIREMENT | npm:PACKAGE[@VERSION] | script:PATH (repeatable)")
-    agent_on_host: bool = Field(False, description="run a command agent as a host process "
-                                "(no containment; a loud warning)")
-    model: str | None = Field(None, description="model for the in-process gateway "
-                              "(None: the bundled tiny model; zero; scripted:FILE; "
-                              "provider/name)")
+        default_factory=list, description="how a command agent is made present inside the "
+        "sandbox: pip:REQUIREMENT | npm:PACKAGE[@VERSION] | script:PATH (repeatable); its "
+        "programs are on PATH there")
+    agent_on_host: bool = Field(False, description="run a command agent as a process on this "
+                                "machine instead of inside the sandbox: NO containment (prints "
+                                "a warning)")
+    model: str | None = Field(None, description="model for the in-process gateway: HF folder, "
+                              "provider/name, zero, or scripted:FILE (a JSON list of completion "
+                              "texts answered in order); default: the bundled tiny model")
     sandbox: str | None = Field(
-        None, description="sandbox kind (envs/sandbox/kinds.py, auto, or a dotted path); None: "
-        "each manifest's choice")
-    n: int | None = Field(None, ge=1, description="tasks in total (split by the env weights)")
+        None, description="sandbox kind (envs/sandbox/kinds.py: local, docker, e2b, ..., auto) "
+        "or package.module:Class; default: each manifest's choice")
+    n: int | None = Field(None, ge=1, description="tasks in total, split by the env weights "
+                          "(default: all)")
     k: int = Field(1, ge=1, le=1024, description="samples per task (group size)")
     concurrency: int = Field(4, ge=1, le=4096, description="rollouts in flight")
-    tasks: list[str] = Field(default_factory=list, description="only these task ids")
-    out: Path | None = Field(None, description="results folder (one JSON per rollout)")
+    tasks: list[str] = Field(default_factory=list, description="only this task id (repeatable)")
+    out: Path | None = Field(None, description="results folder, one JSON per rollout (default: "
+                             "runs/<run_id>/)")
     resume: bool = Field(False, description="skip rollouts already finished in --out")
-    gateway: str | None = Field(None, description="an existing gateway's URL")
+    gateway: str | None = Field(None, description="use this gateway's URL instead of starting "
+                                "one")
     admin_key: str | None = Field(None, description="admin key of --gateway")
     max_turns: int | None = Field(None, ge=1, description="override the manifests' max_turns")
-    time_limit_s: float | None = Field(None, gt=0, description="override agent time limits")
+    time_limit_s: float | None = Field(None, gt=0, description="override the agent time limit "
+                                       "(seconds)")
     schedule: str = Field("fifo", description="which rollout starts next: fifo | seer (one "
-                          "probe per group first, then longest-first; runner/scheduling.py)")
-    executor: str = Field("inprocess", description="where rollouts run: inprocess | ray (a Ray "
-                          "cluster at RAY_ADDRESS) | package.module:Class (runner/executor.py)")
+                          "probe sample per group first, then the rest longest-first by what "
+                          "the probes took; groups/scheduling.py) | package.module:Class")
+    executor: str = Field("inprocess", description="where rollouts run: inprocess | ray (each "
+                          "rollout a Ray task on the cluster at RAY_ADDRESS; needs envhub[ray]) "
+                          "| package.module:Class (groups/executor.py)")
+
     @field_validator("sandbox")
     @classmethod
     def _sandbox(cls, v: str | None) -> str | None:
@@ -105,8 +136,5 @@ class RunConfig(ServicesOptions):
             raise ValueError("--resume needs --out DIR (the folder of the run to resume)")
         if self.gateway and not self.admin_key:
             raise ValueError("--gateway needs --admin-key (or ENVHUB_ADMIN_KEY)")
-        served = [c.ref for c in self.envs if c.ref.startswith("service:")]
-        if served and not self.services:
-            raise ValueError(f"{served[0]} runs in a task service: give --services HOST:PORT, "
-                             "where services register (e.g. 127.0.0.1:7000)")
+        self.check_served([c.ref for c in self.envs])
         return self

@@ -1,5 +1,5 @@
 """`envhub train`'s configuration: every option of the RL loop, validated. The command line
-(orchestrator/train_cli.py) builds one from its flags."""
+(orchestrator/train_cli.py) is generated from it: each field is a flag."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from envhub.orchestrator.groups.config import EnvChoice, ServicesOptions, check_
 class TrainLoopConfig(ServicesOptions):
     envs: list[EnvChoice] = Field(default_factory=lambda: [EnvChoice(ref="arith")],
                                   description="environments to train on, with sampling weights "
-                                  "(`arith=3 swe-task=1`: three groups of arith per swe-task)")
+                                  "(`arith=3 swe-task=1`: three groups of arith per swe-task; "
+                                  "default: arith)")
     steps: int = Field(20, ge=1, description="optimizer steps")
     seed: int = Field(0, description="seeds torch, task order and sampling")
     out: Path = Field(Path("runs/train"), description="metrics.jsonl, pool.db, weights/")
@@ -97,16 +98,23 @@ class TrainLoopConfig(ServicesOptions):
                           "the buffer has room; one probe per group first, then the rest "
                           "longest-first) | package.module:Class "
                           "(orchestrator/groups/scheduling.py)")
+    nproc_per_node: int = Field(1, ge=1, description="trainer ranks on this machine: re-runs "
+                                "the command under torchrun (FSDP2; rank 0 runs the gateway and "
+                                "the rollouts). Under your own torchrun, leave it at 1")
     mix: Literal["static", "dynamic"] = Field(
         "static", description="static: groups launched by the weights' shares; dynamic: the "
         "weights are shares of trained samples, and launches are paced by what each "
         "environment's groups yield (orchestrator/training/tasks.py, LaunchMix)")
 
-    @field_validator("envs", mode="before")
+    @field_validator("lora_targets", mode="before")
     @classmethod
-    def _envs(cls, v: Any) -> Any:
-        items = [v] if isinstance(v, str) else v
-        return [EnvChoice.parse(x) if isinstance(x, str) else x for x in items]
+    def _lora_targets(cls, v: Any) -> Any:
+        """`q_proj,v_proj` or the flag repeated; none given is None (every linear layer)."""
+        if isinstance(v, str):
+            v = [v]
+        if isinstance(v, list):
+            v = [t.strip() for item in v for t in str(item).split(",") if t.strip()] or None
+        return v
 
     @field_validator("schedule")
     @classmethod
@@ -121,10 +129,12 @@ class TrainLoopConfig(ServicesOptions):
                              "with a weight if wanted: arith=3 swe-task=1")
         if self.engine_url is not None and self.engine != "vllm":
             raise ValueError("--engine-url names a vLLM server: add --engine vllm")
-        served = [r for r in refs if r.startswith("service:")]
-        if served and not self.services:
-            raise ValueError(f"{served[0]} runs in a task service: give --services HOST:PORT, "
-                             "where services register (e.g. 127.0.0.1:7000)")
+        self.check_served(refs)
+        if (self.lora_alpha is not None or self.lora_targets) and self.lora_rank is None:
+            raise ValueError("--lora-alpha/--lora-targets need --lora-rank R")
+        if self.services and self.nproc_per_node > 1:
+            raise ValueError("--services runs rollouts on one trainer rank: drop "
+                             "--nproc-per-node, or run the environments in this process")
         if self.buffer is not None and self.buffer < self.groups:
             raise ValueError(f"buffer {self.buffer} < groups {self.groups}: the trainer needs "
                              "`groups` finished groups per step; raise buffer")

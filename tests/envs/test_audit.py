@@ -67,10 +67,22 @@ class HackableEnv:
 '''
 
 
-def hackable_env(folder: Path) -> Path:
+# Another flaw: the grader gives up (env_failure) when the agent left a state.json in its way,
+# so a cheat turns its failure into a dropped sample.
+FRAGILE_ENV = HACKABLE_ENV.replace(
+    "from envhub.envs.environment import Verdict",
+    "from envhub.envs.environment import EnvFailure, Verdict").replace(
+    "    async def verify(self, task, sandbox, ctx):\n", """\
+    async def verify(self, task, sandbox, ctx):
+        if (await sandbox.exec("test -e state.json", timeout=30)).exit_code == 0:
+            raise EnvFailure("state.json is in the grader's way")
+""")
+
+
+def hackable_env(folder: Path, source: str = HACKABLE_ENV) -> Path:
     folder.mkdir()
     (folder / "envhub.toml").write_text(HACKABLE_TOML)
-    (folder / "env.py").write_text(HACKABLE_ENV)
+    (folder / "env.py").write_text(source)
     rows = [{"id": f"sum-{i}", "instruction": f"Write {i} + {i} to answer.txt.",
              "answer": str(2 * i)} for i in (1, 2)]
     (folder / "tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -108,6 +120,21 @@ def test_audit_flags_an_environment_that_trusts_the_agents_files(tmp_path: Path)
     assert data["env"] == "hackable" and data["version"] == "0.1.0" and data["flagged"], data
     assert data["envhub_version"] and data["date"], data
     assert "beats no-op" in out  # the printed table says it too
+
+
+@pytest.mark.bwrap
+def test_audit_says_why_a_cheat_escaped_into_env_failure(tmp_path: Path) -> None:
+    require_tool("bwrap")
+    env = hackable_env(tmp_path / "fragile", FRAGILE_ENV)
+    code, data, out = audit(tmp_path, str(env), "-t", "1", "-s", "local",
+                            "--cheat", "write-artifacts")
+    assert code == 1, out
+    by = rows(data)
+    assert by["no-op"]["verdict"] == "ok" and by["no-op"]["reasons"] == [], out
+    row = by["write-artifacts"]
+    assert row["env_failure"] == 1 and row["verdict"] == "escaped", out
+    assert len(row["reasons"]) == 1 and "state.json is in the grader's way" in row["reasons"][0]
+    assert "write-artifacts (local) env_failure: " in out, out  # printed under the table
 
 
 def test_audit_on_arith_passes_and_the_oracle_solves_all(tmp_path: Path) -> None:
@@ -275,5 +302,5 @@ def test_audit_passes_on_every_builtin(tmp_path: Path, target: str, kind: str,
     assert all(r["sandbox"] == kind for r in data["rows"]), out
     assert by["oracle"]["tasks"] == by["oracle"]["resolved"] == tasks, out
     assert by["no-op"]["env_failure"] == 0, out
-    flagged = {name: r["verdict"] for name, r in by.items() if r["verdict"] != "ok"}
+    flagged = {name: (r["verdict"], r["reasons"]) for name, r in by.items() if r["verdict"] != "ok"}
     assert code == 0 and not flagged and not data["flagged"], (flagged, out)

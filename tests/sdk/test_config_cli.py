@@ -61,6 +61,43 @@ def test_invalid_values_exit_2_with_pydantic_message() -> None:
     assert r.exit_code == 2 and "mode" in r.output and not seen
 
 
+class Loop(BaseModel):
+    envs: list[str] = Field(default_factory=lambda: ["arith"], description="environments")
+    tau: int | None = Field(2, ge=0, description="staleness bound")
+    reset: bool | None = Field(None, description="tri-state")
+    agent: str = Field("tool", description="the agent")
+
+
+def loop_app(seen: list[Loop]) -> typer.Typer:
+    app = typer.Typer()
+    app.command("loop")(config_command(Loop, seen.append, arguments=("envs",),
+                                       flags={"agent": ("--agent", "-a")}))
+    app.command("other")(lambda: None)
+    return app
+
+
+def test_arguments_short_flags_none_and_tri_state_booleans() -> None:
+    seen: list[Loop] = []
+    r = CliRunner().invoke(loop_app(seen), ["loop", "a", "b", "--tau", "none", "-a", "x",
+                                            "--no-reset"])
+    assert r.exit_code == 0, r.output
+    assert seen == [Loop(envs=["a", "b"], tau=None, reset=False, agent="x")]
+    r = CliRunner().invoke(loop_app(seen), ["loop", "--tau", "3", "--reset"])
+    assert r.exit_code == 0, r.output
+    assert seen[-1] == Loop(tau=3, reset=True)  # no argument: the field's default
+    r = CliRunner().invoke(loop_app(seen), ["loop"])
+    assert seen[-1] == Loop() and seen[-1].reset is None
+
+
+def test_an_invalid_value_names_the_flag_the_user_typed() -> None:
+    seen: list[Loop] = []
+    r = CliRunner().invoke(loop_app(seen), ["loop", "--tau", "-1"])
+    assert r.exit_code == 2 and "error: --tau: Input should be greater than or equal to 0" \
+        in r.output and not seen, r.output
+    r = CliRunner().invoke(loop_app(seen), ["loop", "--tau", "many"])
+    assert r.exit_code == 2 and "--tau: " in r.output and not seen, r.output
+
+
 def test_every_gateway_config_field_has_a_flag() -> None:
     app = typer.Typer()
     app.command("gateway")(gateway)

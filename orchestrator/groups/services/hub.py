@@ -31,6 +31,7 @@ from envhub.envs.errors import RunConfigError
 from envhub.envs.loader import LoadedEnv
 from envhub.envs.manifest import Manifest, SandboxSpec
 from envhub.orchestrator.groups.attached import with_session
+from envhub.orchestrator.groups.config import SERVED
 from envhub.orchestrator.groups.plan import RolloutKey
 from envhub.orchestrator.groups.rollout import PendingRollout, RolloutSetup
 from envhub.orchestrator.groups.scoring import close_session
@@ -46,7 +47,7 @@ from envhub.orchestrator.groups.services.protocol import (
 )
 from envhub.orchestrator.groups.task_metrics import TaskMetrics
 
-PREFIX = "service:"  # an environment reference served by a task service: service:NAME
+PREFIX = SERVED  # an environment reference served by a task service: service:NAME
 HEARTBEAT_S = 2.0
 HEARTBEATS_MISSED = 5  # a service silent this many periods is taken as dead
 MAX_ANSWER = 16 << 20  # bytes of one rollout's answer
