@@ -21,9 +21,11 @@ import asyncio
 import contextlib
 import io
 import posixpath
+import struct
 import tarfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -295,7 +297,7 @@ class DockerSandbox:
                   ) -> tuple[int, bytes, bytes]:
         exec_id = api.exec_create(self.id, argv, stdout=True, stderr=True,
                                   environment=env, workdir=workdir)["Id"]
-        out, err, over = _read_capped(api.exec_start(exec_id, stream=True, demux=True))
+        out, err, over = _read_capped(exec_frames(api, exec_id))
         if over and env and EXEC_ID_VAR in env:  # written around the wrapper's cap
             self._sweep_call_blocking(env[EXEC_ID_VAR])
             err += b"\nenvhub: output past the cap was dropped and the command killed"
@@ -426,6 +428,31 @@ class DockerSandbox:
         self._closed = True
         untrack(self.id)
         await in_thread(_remove, self.id)
+
+
+def exec_frames(api: Any, exec_id: str) -> Iterator[tuple[bytes | None, bytes | None]]:
+    """Start the exec and yield its output as (stdout, stderr) frames until it ends.
+
+    Read through the HTTP response's buffered reader, not docker-py's stream: docker-py reads
+    the socket underneath it, so frames that arrived together with the response's headers,
+    already in that buffer, are lost (docker/docker-py#3332). That happens when the client is
+    slow to read the headers (another thread holding the GIL): CI saw a grading command exit 1
+    with no output at all, and 27 of 40 `echo` execs lost theirs here beside a thread spinning
+    in Python (tests/envs/test_sandbox_docker.py)."""
+    sock = api.exec_start(exec_id, socket=True)
+    response = sock._response  # docker-py keeps it on the socket it hands out
+    buffered = response.raw._fp.fp  # the reader that parsed the headers, over `sock`
+    api._disable_socket_timeout(sock)  # a command may run silent for longer than the timeout
+    try:
+        while len(header := buffered.read(8)) == 8:
+            kind, size = struct.unpack(">BxxxL", header)
+            data = buffered.read(size)
+            yield (None, data) if kind == 2 else (data, None)
+            if len(data) < size:
+                return
+    finally:
+        response.close()
+        sock.close()
 
 
 def _read_capped(stream: Any) -> tuple[bytes, bytes, bool]:

@@ -227,3 +227,31 @@ def test_a_command_printing_the_runtimes_exec_failure_runs_once(box) -> None:
         result = run(box.exec(f"echo ran >> count.txt; echo '{words}'; exit 126", timeout=30))
         assert result.exit_code == 126
         assert run(box.read_file("count.txt")) == b"ran\n"
+
+
+def test_output_survives_a_client_slow_to_read_the_exec_response(box) -> None:
+    """Another thread holding the GIL (in CI: the thread reading a flood of output from another
+    container) delays the reading of the exec's response headers until the command's output has
+    arrived behind them. docker-py's stream would lose that output (a grading command came back
+    with exit 1 and nothing printed); the sandbox reads it through the response's buffer."""
+    import threading
+
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            pass
+
+    spinner = threading.Thread(target=spin, daemon=True)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(0.2)  # the spinner keeps the GIL for 0.2 s at a time
+    spinner.start()
+    try:
+        results = [run(box.exec(f"echo out {i}; echo err {i} >&2; exit 1", timeout=30))
+                   for i in range(10)]
+    finally:
+        stop.set()
+        sys.setswitchinterval(interval)
+        spinner.join()
+    assert [(r.exit_code, r.stdout, r.stderr) for r in results] == [
+        (1, f"out {i}\n", f"err {i}\n") for i in range(10)]
