@@ -70,7 +70,9 @@ def train(cfg: TrainLoopConfig, log: Callable[[str], Any] = print,
     from transformers.utils import logging as hf_logging
 
     from envhub.envs.agents import make_agent
+    from envhub.envs.errors import RunConfigError
     from envhub.gateway.config import GatewayConfig
+    from envhub.orchestrator.groups.services.hub import open_hub
     from envhub.orchestrator.training.engines import serving
     from envhub.orchestrator.training.ranks import RankLeader, follow
     from envhub.trainer.config import (
@@ -90,7 +92,10 @@ def train(cfg: TrainLoopConfig, log: Callable[[str], Any] = print,
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     agent = make_agent(cfg.agent, cfg.agent_install, cfg.agent_on_host)
-    hub, served = _services(cfg, dp is not None, log)
+    if cfg.services and dp is not None:  # under a torchrun of the user's own
+        raise RunConfigError("--services runs rollouts on one trainer rank: drop "
+                             "--nproc-per-node, or run the environments in this process")
+    hub, served = open_hub(cfg, [c.ref for c in cfg.envs], log)
     envs = load_training_envs(cfg, served)
     admin = "envhub-admin-" + secrets.token_urlsafe(16)
     gw_config = GatewayConfig(port=0, db=f"sqlite:///{cfg.out / 'pool.db'}", admin_key=admin,
@@ -127,29 +132,6 @@ def train(cfg: TrainLoopConfig, log: Callable[[str], Any] = print,
             leader.stop()
         if hub is not None:
             hub.stop_listening()
-
-
-def _services(cfg: TrainLoopConfig, ranked: bool, log: Callable[[str], Any]
-              ) -> tuple[Any, dict[str, Any]]:
-    """The task services' hub of `--services`, listening, and the environments of the
-    service:NAME references (each waits for its first service); (None, {}) without."""
-    from envhub.envs.errors import RunConfigError
-    from envhub.orchestrator.groups.services.hub import PREFIX, ServiceHub
-
-    if not cfg.services:
-        return None, {}
-    if ranked:
-        raise RunConfigError("--services runs rollouts on one trainer rank: drop "
-                             "--nproc-per-node, or run the environments in this process")
-    hub = ServiceHub(cfg.services, cfg.services_token, wait_s=cfg.service_wait_s)
-    log(f"task services register at {hub.open()}"
-        + ("" if cfg.services_token else f" with the token {hub.token}"))
-    try:
-        return hub, {c.ref: hub.describe(c.ref.removeprefix(PREFIX))
-                     for c in cfg.envs if c.ref.startswith(PREFIX)}
-    except BaseException:
-        hub.stop_listening()
-        raise
 
 
 def _lead(cfg: TrainLoopConfig, trainer: Any, gw_config: Any, admin: str, envs: list[Any],

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
@@ -34,7 +34,7 @@ from envhub.orchestrator.groups.results import ResultsFolder, RolloutRecord, sum
 from envhub.orchestrator.groups.rollout import RolloutSetup
 from envhub.orchestrator.groups.scheduling import make_policy
 from envhub.orchestrator.groups.scoring import finalize_group
-from envhub.orchestrator.groups.services.hub import PREFIX, ServiceHub
+from envhub.orchestrator.groups.services.hub import PREFIX, open_hub
 from envhub.orchestrator.groups.setup import (
     new_run_id,
     open_scratch,
@@ -96,9 +96,10 @@ async def run(config: RunConfig, console: Any = None, progress: bool = True,
     raise_open_files_limit()
     make_policy(config.schedule)  # a dotted path that does not load stops the run here
     async with contextlib.AsyncExitStack() as stack:
-        hub = await stack.enter_async_context(_services(config))
-        served = {c.ref: await asyncio.to_thread(hub.describe, c.ref.removeprefix(PREFIX))
-                  for c in config.envs if hub is not None and c.ref.startswith(PREFIX)}
+        hub, served = await asyncio.to_thread(open_hub, config, [c.ref for c in config.envs],
+                                              log.warning)
+        if hub is not None:
+            stack.push_async_callback(hub.close)  # also when the plan fails
         # In a thread: loading reads task files and may install a registry package, and a
         # registry install runs its own event loop.
         groups = await asyncio.to_thread(plan_groups, config, served)
@@ -107,30 +108,13 @@ async def run(config: RunConfig, console: Any = None, progress: bool = True,
         agent_kinds = await prepare_agent(agent, config.sandbox, kinds)
         routes: dict[str, RolloutExecutor] = {PREFIX: hub} if hub is not None else {}
         executor = RoutedExecutor(make_executor(config.executor), routes)
+        stack.push_async_callback(executor.close)
         await executor.start()
-        stack.push_async_callback(executor.default.close)
         for g in {g.loaded.name: g for g in groups}.values():
             await executor.check(g.loaded, kinds[g.loaded.name])
         return await _run_started(config, agent, groups, kinds, agent_kinds, executor, console,
                                   progress, on_start, hub.metrics if hub else None)
     raise AssertionError("unreachable")  # the stack re-raises or the body returned
-
-
-@contextlib.asynccontextmanager
-async def _services(config: RunConfig) -> AsyncIterator[ServiceHub | None]:
-    """The task services' hub of `--services`, listening for the whole run."""
-    if not config.services:
-        yield None
-        return
-    hub = ServiceHub(config.services, config.services_token, wait_s=config.service_wait_s)
-    await hub.start()
-    if not config.services_token:
-        log.warning("task services register at %s with the token %s (envhub serve --token, or "
-                    "ENVHUB_SERVICES_TOKEN)", hub.url, hub.token)
-    try:
-        yield hub
-    finally:
-        await hub.close()
 
 
 async def _run_started(config: RunConfig, agent: Any, groups: list[GroupPlan],

@@ -17,6 +17,7 @@ import secrets
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ from envhub.envs.errors import RunConfigError
 from envhub.envs.loader import LoadedEnv
 from envhub.envs.manifest import Manifest, SandboxSpec
 from envhub.orchestrator.groups.attached import with_session
-from envhub.orchestrator.groups.config import SERVED
+from envhub.orchestrator.groups.config import SERVED, ServicesOptions
 from envhub.orchestrator.groups.plan import RolloutKey
 from envhub.orchestrator.groups.rollout import PendingRollout, RolloutSetup
 from envhub.orchestrator.groups.scoring import close_session
@@ -107,7 +108,8 @@ class ServiceHub:
     def listing(self) -> list[dict[str, Any]]:
         with self._lock:
             return [{"id": s.id, "name": s.name, "url": s.url, "capacity": s.capacity,
-                     "in_flight": s.busy, "alive": self._alive(s)}
+                     "in_flight": s.busy, "reported_in_flight": s.reported,
+                     "alive": self._alive(s)}
                     for s in self._services.values()]
 
     def _alive(self, service: _Service) -> bool:
@@ -303,6 +305,24 @@ class ServiceHub:
         if self._server is not None:
             self._server.close()
             self._server = None
+
+
+def open_hub(options: ServicesOptions, refs: list[str], log: Callable[[str], Any]
+             ) -> tuple[ServiceHub | None, dict[str, LoadedEnv]]:
+    """The hub of `--services`, listening, and the environments of the service:NAME references
+    (each waits for its first service); (None, {}) without --services. Blocking: `envhub run`
+    calls it in a thread. Whoever gets the hub closes it (`close`, or `stop_listening`)."""
+    if not options.services:
+        return None, {}
+    hub = ServiceHub(options.services, options.services_token, wait_s=options.service_wait_s)
+    url = hub.open()
+    log(f"task services register at {url}" + ("" if options.services_token else
+        f" with the token {hub.token} (envhub serve --token, or ENVHUB_SERVICES_TOKEN)"))
+    try:
+        return hub, {r: hub.describe(r.removeprefix(PREFIX)) for r in refs if r.startswith(PREFIX)}
+    except BaseException:
+        hub.stop_listening()
+        raise
 
 
 class _ServiceFailed(Exception):
