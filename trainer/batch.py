@@ -45,6 +45,15 @@ class TrainSequence:
         return sum(self.loss_mask[1:])
 
 
+@dataclass(frozen=True)
+class GroupFate:
+    """What a step made of one group: its samples trained (0: the group was dropped) and
+    those dropped as stale."""
+
+    trained: int
+    stale: int
+
+
 @dataclass
 class Batch:
     """What one trainer step consumes, plus what the filters removed on the way."""
@@ -53,6 +62,7 @@ class Batch:
     drops: DropCounts = field(default_factory=DropCounts)
     n_groups: int = 0
     rewards: list[float] = field(default_factory=list)  # composite reward per valid sample
+    fates: dict[str, GroupFate] = field(default_factory=dict)  # by group id
 
     def metrics(self) -> dict[str, float]:
         out = self.drops.metrics()
@@ -69,7 +79,9 @@ def build_batch(groups: list[Group], config: TrainerConfig, trainer_version: int
     for group in groups:
         for t in group.trajectories:  # ignored by the composite (advantages.runner_events)
             batch.drops.rewards["not_from_runner"] += len(t.rewards) - len(runner_events(t))
+        stale = batch.drops.samples["stale"]
         kept = filter_group(group, config.filters, trainer_version, batch.drops)
+        batch.fates[group.group_id] = GroupFate(0, batch.drops.samples["stale"] - stale)
         if kept is None:
             continue
         a_sample, turn_terms = group_advantages(kept.samples, config.advantages)
@@ -97,4 +109,5 @@ def build_batch(groups: list[Group], config: TrainerConfig, trainer_version: int
             continue
         batch.n_groups += 1
         batch.sequences += sequences
+        batch.fates[group.group_id] = GroupFate(kept.n_valid, batch.fates[group.group_id].stale)
     return batch

@@ -22,7 +22,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from envhub.trainer.batch import TrainSequence, build_batch
+from envhub.trainer.batch import GroupFate, TrainSequence, build_batch
 from envhub.trainer.checkpoint import read_checkpoint, write_checkpoint
 from envhub.trainer.config import TrainerConfig
 from envhub.trainer.distributed import DataParallel, default_device, shard_model
@@ -65,6 +65,7 @@ class Trainer:
         self.reference = reference.to(self.device) if reference is not None else None
         self.version = version
         self.steps = 0
+        self.last_fates: dict[str, GroupFate] = {}  # what the last step made of each group
         self.tokenizer = tokenizer
         self._prepare_models()
         is_rank0 = self.dp is None or self.dp.rank == 0
@@ -99,6 +100,7 @@ class Trainer:
     def step(self, groups: list[Group]) -> dict[str, float]:
         """Filters, advantages, one optimizer step over every surviving group."""
         batch = build_batch(groups, self.config, self.version)
+        self.last_fates = batch.fates
         metrics = batch.metrics()
         metrics.update(self.train_sequences(batch.sequences))
         return metrics

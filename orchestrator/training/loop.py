@@ -13,8 +13,7 @@ from envhub.orchestrator.groups.results import RolloutRecord
 from envhub.orchestrator.training.evaluate import evaluate
 from envhub.orchestrator.training.metrics import step_metrics
 from envhub.orchestrator.training.source import LaunchOrderSource, wait_state
-from envhub.trainer.config import FilterConfig
-from envhub.trainer.filters import drop_reason, oldest_version
+from envhub.trainer.filters import oldest_version
 from envhub.trainer.source import Group
 
 if TYPE_CHECKING:
@@ -59,9 +58,9 @@ class Loop:
             else:
                 groups = self.take(cfg.groups, wait=True)
             t1 = time.perf_counter()
-            self._report(groups)
             lag = _staleness(groups, self.trainer.version)
             stats = self.trainer.step(groups)
+            self._report(groups)
             t2 = time.perf_counter()
             pushed = (step + 1) % cfg.sync_every == 0 or step == cfg.steps - 1
             if pushed:
@@ -102,22 +101,18 @@ class Loop:
                 self.mix.observe(self._env_index[self.producer.env_of[gid]], 0.0)
 
     def _report(self, groups: list[Group]) -> None:
-        """Tell the launch mix (and the per-task metrics) how many samples of each taken group
-        will be trained: those the filters keep (not stale, failed or empty), none of a group
-        under half kept or whose samples all scored alike (no signal)."""
-        filters = FilterConfig(tau=self.cfg.tau, group_size=self.cfg.k)
+        """Tell the launch mix (and the per-task metrics) how many samples of each group the
+        step trained (the trainer's filters: none of a dropped or no-signal group) and how
+        many it dropped as stale."""
+        fates = self.trainer.last_fates
         for g in groups:
-            why = [drop_reason(t, filters, self.trainer.version) for t in g.trajectories]
-            kept = why.count(None)
-            totals = {round(r.components.get("total", 0.0), 9)
-                      for r in self.producer.done.get(g.group_id, []) if r.status == "done"}
-            trained = kept if 2 * kept > self.cfg.k and len(totals) > 1 else 0
+            fate = fates[g.group_id]
             env = self.producer.env_of[g.group_id]
             if self.mix is not None:
-                self.mix.observe(self._env_index[env], trained)
+                self.mix.observe(self._env_index[env], fate.trained)
             if self.metrics is not None:
-                self.metrics.trained.labels(env).inc(trained)
-                self.metrics.stale.labels(env).inc(why.count("stale"))
+                self.metrics.trained.labels(env).inc(fate.trained)
+                self.metrics.stale.labels(env).inc(fate.stale)
 
     # -- weights ------------------------------------------------------------------------------
 

@@ -63,6 +63,10 @@ class RankLeader:
         _broadcast(self._commands, ("step", groups))
         return self.trainer.step(groups)
 
+    @property
+    def last_fates(self) -> dict[str, Any]:
+        return self.trainer.last_fates
+
     def sync(self, root: str | Path, push: Any = None) -> Path | None:
         _broadcast(self._commands, ("sync", str(root)))
         return self.trainer.sync(root, push=push)

@@ -96,6 +96,22 @@ def test_groups_without_signal_are_dropped_only_when_asked() -> None:
     assert m["reward/mean"] == (1 + 1 + 0 + 0 + 0 + 1) / 6  # rewards still reported
 
 
+def test_the_batch_says_what_it_made_of_each_group() -> None:
+    """`fates`: samples trained per group (what the launch mix and /metrics count) and those
+    dropped as stale; a group dropped (under half valid, or no signal) trained none."""
+    padded = Group("padded", [trajectory(f"p{i}", "padded", index=i, reward=float(i),
+                                         versions=(0, 0) if i == 3 else (3, 3))
+                              for i in range(4)])  # one stale of 4: 3 trained, 1 copy padded
+    stale = Group("stale", [trajectory(f"s{i}", "stale", index=i, reward=float(i),
+                                       versions=(0, 0) if i else (3, 3)) for i in range(4)])
+    flat = Group("flat", [trajectory(f"f{i}", "flat", index=i, reward=1.0, versions=(3, 3))
+                          for i in range(4)])
+    cfg = TrainerConfig(filters=FilterConfig(tau=2, drop_no_signal=True))
+    fates = build_batch([padded, stale, flat], cfg, trainer_version=3).fates
+    assert {g: (f.trained, f.stale) for g, f in fates.items()} == {
+        "padded": (3, 1), "stale": (0, 3), "flat": (0, 0)}
+
+
 def with_side_chain(t):
     """Add a one-turn side conversation (a CLI's title call) as chain 2, segment 1."""
     side = t.turns[0].model_copy(update={"seq": 2, "segment": 1, "chain": 2})
