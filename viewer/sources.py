@@ -41,6 +41,21 @@ class RunSummary:
     resolved: int = 0
     sessions: int = 0
     envs: list[str] = field(default_factory=list)
+    tasks: list[TaskSummary] = field(default_factory=list)
+
+
+@dataclass
+class TaskSummary:
+    """One environment (task) of a run: its rollouts and, for `envhub train`, what the trainer
+    made of them (the last step's `mix/<env>/...` of metrics.jsonl)."""
+
+    env: str
+    sessions: int = 0
+    counts: dict[str, int] = field(default_factory=dict)  # status -> sessions
+    mean_reward: float | None = None
+    resolved: int = 0
+    mean_duration_s: float | None = None
+    training: dict[str, float] = field(default_factory=dict)  # trained_samples, ...
 
 
 @dataclass
@@ -58,6 +73,7 @@ class SessionRow:
     turns: int | None
     resolved: bool | None = None
     group_id: str | None = None
+    duration_s: float | None = None
 
 
 @dataclass
@@ -154,15 +170,49 @@ def _pool_view(store: Store, row: SessionRow, tokenizer: Path,
     return SessionView(row, build_trajectory(store, session), record, tokenizer)
 
 
-def _summarize(run: RunSummary, rows: list[SessionRow]) -> RunSummary:
-    run.sessions = len(rows)
+def _summarize(run: RunSummary, rows: list[SessionRow],
+               training: dict[str, float] | None = None) -> RunSummary:
+    """Counts, mean reward and resolved over `rows`, for the run and for each environment;
+    `training`: the last training step's row (its `mix/<env>/...`), if the run trained."""
+    run.sessions, run.counts, run.mean_reward, run.resolved = _totals(rows)
     run.envs = sorted({r.env for r in rows})
-    for r in rows:
-        run.counts[r.status] = run.counts.get(r.status, 0) + 1
-    rewards = [r.reward for r in rows if r.status == "done" and r.reward is not None]
-    run.mean_reward = sum(rewards) / len(rewards) if rewards else None
-    run.resolved = sum(1 for r in rows if r.resolved)
+    for env in run.envs:
+        mine = [r for r in rows if r.env == env]
+        task = TaskSummary(env)
+        task.sessions, task.counts, task.mean_reward, task.resolved = _totals(mine)
+        durations = [r.duration_s for r in mine if r.duration_s is not None]
+        task.mean_duration_s = sum(durations) / len(durations) if durations else None
+        prefix = f"mix/{env}/"
+        task.training = {k.removeprefix(prefix): float(v) for k, v in (training or {}).items()
+                         if k.startswith(prefix) and isinstance(v, (int, float))}
+        run.tasks.append(task)
     return run
+
+
+def _totals(rows: list[SessionRow]) -> tuple[int, dict[str, int], float | None, int]:
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    rewards = [r.reward for r in rows if r.status == "done" and r.reward is not None]
+    mean = sum(rewards) / len(rewards) if rewards else None
+    return len(rows), counts, mean, sum(1 for r in rows if r.resolved)
+
+
+def last_training_step(folder: Path) -> dict[str, Any]:
+    """The last `"phase": "train"` row of an `envhub train` folder's metrics.jsonl ({} when
+    there is none, or the file is unreadable)."""
+    try:
+        lines = (folder / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return {}
+    for line in reversed(lines):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue  # a line being written
+        if isinstance(row, dict) and row.get("phase") == "train":
+            return row
+    return {}
 
 
 class RunFolders:
@@ -223,7 +273,8 @@ class RunFolders:
             model = options.get("model") or "(bundled)"
             run = RunSummary(run_id, str(folder), agent=str(options.get("agent") or ""),
                              model=str(model))
-            out.append(_summarize(run, self.sessions(run_id)))
+            out.append(_summarize(run, self.sessions(run_id),
+                                  last_training_step(self.folders[run_id])))
         return out
 
     def sessions(self, run_id: str | None = None) -> list[SessionRow]:
@@ -254,7 +305,7 @@ class RunFolders:
                 sample=int(rec.get("sample", 0)), status=str(rec.get("status", "")),
                 reason=rec.get("reason"), reward=comps.get("total"), components=comps,
                 turns=rec.get("turns"), resolved=rec.get("resolved"),
-                group_id=rec.get("group_id")))
+                group_id=rec.get("group_id"), duration_s=_float(rec.get("duration_s"))))
             seen.add(rec.get("session_id"))
         store = self._store(run_id)
         if store is not None:  # sessions without a record yet (a run still going or killed)
@@ -311,6 +362,10 @@ class PoolSource:
         events = _reward_events(self.store, [key]).get(key, [])
         return _pool_view(self.store, _pool_row(_group_run(row["group_id"]), row, events),
                           self.tokenizer_for(run_id))
+
+
+def _float(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 def _group_run(group_id: str | None) -> str:

@@ -40,6 +40,7 @@ class Loop:
         self.on_wait, self.eval_agent = on_wait, eval_agent
         self.mix, self.metrics = mix, metrics
         self._env_index = {e.name: i for i, e in enumerate(envs)}
+        self._stale = [0] * len(envs)  # samples dropped as stale, per environment
         self.rows: list[dict[str, Any]] = []
         self._released: set[str] = set()  # groups handed back to the producer's buffer
         self._started = time.perf_counter()
@@ -108,6 +109,7 @@ class Loop:
         for g in groups:
             fate = fates[g.group_id]
             env = self.producer.env_of[g.group_id]
+            self._stale[self._env_index[env]] += fate.stale
             if self.mix is not None:
                 self.mix.observe(self._env_index[env], fate.trained)
             if self.metrics is not None:
@@ -169,8 +171,8 @@ class Loop:
                  f"v{self.trainer.version}")
 
     def _mix_row(self) -> dict[str, float]:
-        """Per environment: samples trained so far, their share, groups launched (with more
-        than one environment and a launch mix)."""
+        """Per environment: samples trained so far, their share, groups launched, samples
+        dropped as stale (with more than one environment and a launch mix)."""
         if self.mix is None or len(self.envs) < 2:
             return {}
         shares = self.mix.shares()
@@ -179,6 +181,7 @@ class Loop:
             row[f"mix/{e.name}/trained_samples"] = self.mix.trained[i]
             row[f"mix/{e.name}/trained_share"] = round(shares[i], 4)
             row[f"mix/{e.name}/launched_groups"] = self.mix.launched[i]
+            row[f"mix/{e.name}/stale_samples"] = self._stale[i]
         return row
 
     def evaluate(self, after_step: int) -> None:

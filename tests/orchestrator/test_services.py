@@ -248,6 +248,28 @@ def test_envhub_train_on_two_services_reports_the_trained_mix(tmp_path, services
     assert abs(last["mix/a/trained_share"] + last["mix/b/trained_share"] - 1) < 1e-3
     envs = {json.loads(f.read_text())["env"] for f in (out / "rollouts").glob("*.json")}
     assert envs == {"a", "b"}
+    # `envhub view OUT`'s per-task table: each service's rollouts and what was trained of them
+    from envhub.viewer.app import create_app
+    from envhub.viewer.sources import open_source
+
+    source = open_source(str(out))
+    try:
+        tasks = {t.env: t for t in source.runs()[0].tasks}
+        assert set(tasks) == {"a", "b"}
+        for name in ("a", "b"):
+            done = [json.loads(f.read_text()) for f in (out / "rollouts").glob(f"{name}__*.json")]
+            # (the pool also holds the rollouts cut short when training stopped, and may hold
+            # one closed as the producer stopped, before its record was written)
+            assert tasks[name].counts["done"] >= sum(r["status"] == "done" for r in done) > 0
+            assert tasks[name].mean_duration_s is not None
+            assert tasks[name].training["trained_samples"] == last[f"mix/{name}/trained_samples"]
+            assert tasks[name].training["stale_samples"] == last[f"mix/{name}/stale_samples"]
+        from starlette.testclient import TestClient
+
+        page = TestClient(create_app(source)).get("/").text
+        assert 'id="tasks"' in page and "trained share" in page
+    finally:
+        source.close()
 
 
 def test_envhub_train_naming_a_service_without_services_exits_2():
