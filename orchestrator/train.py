@@ -142,6 +142,7 @@ def _lead(cfg: TrainLoopConfig, trainer: Any, gw_config: Any, admin: str, envs: 
     from envhub.orchestrator.groups.executor import RoutedExecutor, make_executor
     from envhub.orchestrator.groups.services.hub import PREFIX
     from envhub.orchestrator.groups.setup import new_run_id
+    from envhub.orchestrator.groups.task_metrics import TaskMetrics, serve_metrics
     from envhub.orchestrator.training.loop import Loop
     from envhub.orchestrator.training.producer import Producer
     from envhub.orchestrator.training.source import LaunchOrderSource
@@ -157,6 +158,8 @@ def _lead(cfg: TrainLoopConfig, trainer: Any, gw_config: Any, admin: str, envs: 
                         run_id=new_run_id(), schedule=cfg.schedule, executor=executor)
     gw: Any = None
     http: HttpSource | None = None
+    metrics = hub.metrics if hub is not None else TaskMetrics() if cfg.metrics else None
+    exporter = serve_metrics(cfg.metrics, metrics, log) if cfg.metrics and metrics else None
     try:
         # Before anything is written: a cluster that cannot be reached leaves no OUT behind.
         host = producer.start_executor(refs, served)
@@ -167,13 +170,13 @@ def _lead(cfg: TrainLoopConfig, trainer: Any, gw_config: Any, admin: str, envs: 
         producer.open(refs=refs, gateway=gw.url, admin_key=admin, agent=agent, out=cfg.out,
                       max_turns=cfg.max_turns, agent_install=cfg.agent_install,
                       agent_on_host=cfg.agent_on_host, served=served,
-                      metrics=hub.metrics if hub else None)
+                      metrics=metrics)
         source = LaunchOrderSource(http, producer)
         window = GroupWindow(source, cfg.window_size)
         loop = Loop(cfg, trainer, producer, source, window, envs,
                     push_url=f"{gw.url}/admin/weights", admin_key=admin, log=log,
                     on_wait=on_wait, eval_agent=None if cfg.agent == "tool" else agent,
-                    mix=mix, metrics=hub.metrics if hub else None)
+                    mix=mix, metrics=metrics)
         return loop.run()
     finally:
         producer.stop()  # rollouts first: they talk to the gateway
@@ -181,6 +184,8 @@ def _lead(cfg: TrainLoopConfig, trainer: Any, gw_config: Any, admin: str, envs: 
             http.close()
         if gw is not None:
             gw.close()
+        if exporter is not None:
+            exporter.close()
 
 
 def torchrun_argv(nproc: int, argv: list[str]) -> list[str]:

@@ -41,6 +41,14 @@ class EnvChoice(BaseModel):
         return cls(ref=m.group("ref"), weight=weight)
 
 
+def listen_address(listen: str, flag: str) -> tuple[str, int]:
+    """(host, port) of a HOST:PORT option; RunConfigError naming `flag` otherwise."""
+    host, _, port = listen.rpartition(":")
+    if not host or not port.isdigit() or int(port) > 65535:
+        raise RunConfigError(f"{flag} {listen}: use HOST:PORT, e.g. 127.0.0.1:7000")
+    return host.strip("[]"), int(port)
+
+
 class ServicesOptions(BaseModel):
     """The environments of `envhub run` and `envhub train`, and the task services
     (groups/services) that may run them."""
@@ -53,6 +61,20 @@ class ServicesOptions(BaseModel):
     service_wait_s: float = Field(60.0, gt=0, le=3600, description="seconds a rollout (or the "
                                   "plan) waits for a live task service of its name with a free "
                                   "slot")
+    metrics: str | None = Field(None, description="HOST:PORT to serve per-task Prometheus "
+                                "metrics at (GET /metrics: rollouts in flight and ended, rewards, "
+                                "durations, samples trained and stale; the --services address "
+                                "serves them too)")
+
+    @field_validator("services", "metrics")
+    @classmethod
+    def _listen(cls, v: str | None, info: Any) -> str | None:
+        if v is not None:
+            try:
+                listen_address(v, "")
+            except RunConfigError:
+                raise ValueError("use HOST:PORT, e.g. 127.0.0.1:7000") from None
+        return v
 
     @field_validator("envs", mode="before", check_fields=False)
     @classmethod

@@ -45,7 +45,7 @@ from envhub.orchestrator.groups.setup import (
     take_down,
 )
 from envhub.orchestrator.groups.stream import rollout_group
-from envhub.orchestrator.groups.task_metrics import TaskMetrics
+from envhub.orchestrator.groups.task_metrics import TaskMetrics, serve_metrics
 
 log = logging.getLogger(__name__)
 RUNS_DIR = Path("runs")  # results of runs without --out: runs/<run_id>/
@@ -100,6 +100,9 @@ async def run(config: RunConfig, console: Any = None, progress: bool = True,
                                               log.warning)
         if hub is not None:
             stack.push_async_callback(hub.close)  # also when the plan fails
+        metrics = hub.metrics if hub is not None else TaskMetrics() if config.metrics else None
+        if config.metrics and metrics is not None:
+            stack.callback(serve_metrics(config.metrics, metrics, log.warning).close)
         # In a thread: loading reads task files and may install a registry package, and a
         # registry install runs its own event loop.
         groups = await asyncio.to_thread(plan_groups, config, served)
@@ -113,7 +116,7 @@ async def run(config: RunConfig, console: Any = None, progress: bool = True,
         for g in {g.loaded.name: g for g in groups}.values():
             await executor.check(g.loaded, kinds[g.loaded.name])
         return await _run_started(config, agent, groups, kinds, agent_kinds, executor, console,
-                                  progress, on_start, hub.metrics if hub else None)
+                                  progress, on_start, metrics)
     raise AssertionError("unreachable")  # the stack re-raises or the body returned
 
 

@@ -1,11 +1,13 @@
-"""Per-task Prometheus metrics of a run or a training (served at the task services' hub's
-`/metrics`): rollouts in flight and ended (by status), rewards, resolved counts, durations,
-and, under `envhub train`, samples trained and dropped as stale. Rates are PromQL's
-(`rate(envhub_task_rollouts_total[1m])`); a mean reward is
+"""Per-task Prometheus metrics of a run or a training (served at `--metrics HOST:PORT` and at
+the task services' hub's `/metrics`): rollouts in flight and ended (by status), rewards,
+resolved counts, durations, and, under `envhub train`, samples trained and dropped as stale.
+Rates are PromQL's (`rate(envhub_task_rollouts_total[1m])`); a mean reward is
 `delta(envhub_task_reward_sum[5m]) / increase(envhub_task_rollouts_total{status="done"}[5m])`.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -41,3 +43,23 @@ class TaskMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def serve_metrics(listen: str, metrics: TaskMetrics, log: Any) -> Any:
+    """Serve `metrics` at http://LISTEN/metrics on a thread of its own (`--metrics`); returns
+    the server (close it). RunConfigError when the address cannot be bound."""
+    from prometheus_client import make_asgi_app
+
+    from envhub.envs.errors import RunConfigError
+    from envhub.orchestrator.groups.config import listen_address
+    from envhub.sdk.serve import serve_in_thread
+
+    host, port = listen_address(listen, "--metrics")
+    try:
+        server = serve_in_thread(make_asgi_app(registry=metrics.registry), host, port,
+                                 name="envhub-metrics")
+    except OSError as e:
+        raise RunConfigError(f"--metrics {listen}: cannot listen: {e}; pick a free port"
+                             ) from None
+    log(f"per-task metrics at {server.url}/metrics")
+    return server

@@ -32,7 +32,7 @@ from envhub.envs.errors import RunConfigError
 from envhub.envs.loader import LoadedEnv
 from envhub.envs.manifest import Manifest, SandboxSpec
 from envhub.orchestrator.groups.attached import with_session
-from envhub.orchestrator.groups.config import SERVED, ServicesOptions
+from envhub.orchestrator.groups.config import SERVED, ServicesOptions, listen_address
 from envhub.orchestrator.groups.plan import RolloutKey
 from envhub.orchestrator.groups.rollout import PendingRollout, RolloutSetup
 from envhub.orchestrator.groups.scoring import close_session
@@ -73,10 +73,7 @@ class ServiceHub:
 
     def __init__(self, listen: str, token: str | None = None, heartbeat_s: float = HEARTBEAT_S,
                  wait_s: float = 60.0) -> None:
-        host, _, port = listen.rpartition(":")
-        if not host or not port.isdigit():
-            raise RunConfigError(f"--services {listen}: use HOST:PORT, e.g. 127.0.0.1:7000")
-        self.host, self.port = host.strip("[]"), int(port)
+        self.host, self.port = listen_address(listen, "--services")
         self.heartbeat_s, self.wait_s = heartbeat_s, wait_s
         # Whoever registers is asked for rollouts and reports their verdicts: only holders of
         # the token may (an agent that reaches this port must not register a grader of its own).
