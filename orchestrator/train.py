@@ -34,6 +34,7 @@ pushes it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import secrets
@@ -63,129 +64,81 @@ def train(cfg: TrainLoopConfig, log: Callable[[str], Any] = print,
           on_wait: Callable[[Any], None] | None = None) -> list[dict[str, Any]]:
     """Run the loop; returns the metrics rows (also written to OUT/metrics.jsonl).
     `on_wait(WaitState)` is called each time the trainer waits for groups (asynchronous mode):
-    which group heads the window and which finished groups lie beyond it."""
+    which group heads the window and which finished groups lie beyond it. Each part is set up
+    here in the order it is needed and taken down in the reverse one (the ExitStack)."""
     import torch
-    from huggingface_hub.utils import disable_progress_bars
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
 
     from envhub.envs.agents import make_agent
     from envhub.envs.errors import RunConfigError
     from envhub.gateway.config import GatewayConfig
-    from envhub.orchestrator.groups.services.hub import open_hub
-    from envhub.orchestrator.training.engines import serving
-    from envhub.orchestrator.training.ranks import RankLeader, follow
-    from envhub.trainer.config import (
-        AdvantageConfig,
-        FilterConfig,
-        LoraSettings,
-        OptimConfig,
-        TrainerConfig,
-    )
-    from envhub.trainer.distributed import DataParallel
-    from envhub.trainer.trainer import Trainer
-
-    disable_progress_bars()
-    hf_logging.disable_progress_bar()
-    dp = DataParallel.init() if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
-    rank0 = dp is None or dp.rank == 0
-    torch.manual_seed(cfg.seed)
-    random.seed(cfg.seed)
-    agent = make_agent(cfg.agent, cfg.agent_install, cfg.agent_on_host)
-    if cfg.services and dp is not None:  # under a torchrun of the user's own
-        raise RunConfigError("--services runs rollouts on one trainer rank: drop "
-                             "--nproc-per-node, or run the environments in this process")
-    hub, served = open_hub(cfg, [c.ref for c in cfg.envs], log)
-    envs = load_training_envs(cfg, served)
-    admin = "envhub-admin-" + secrets.token_urlsafe(16)
-    gw_config = GatewayConfig(port=0, db=f"sqlite:///{cfg.out / 'pool.db'}", admin_key=admin,
-                              model=cfg.model)
-    model = AutoModelForCausalLM.from_pretrained(str(gw_config.model_path()),
-                                                 dtype=torch.float32)
-    # Saved beside each pushed version: OUT/weights/vN is then a model folder `envhub run
-    # --model` and the gateway can serve as it is (tokenizer and chat template included).
-    tokenizer = AutoTokenizer.from_pretrained(str(gw_config.tokenizer_path()))
-    lora = None
-    if cfg.lora_rank is not None:
-        lora = LoraSettings(rank=cfg.lora_rank, alpha=cfg.lora_alpha or 2 * cfg.lora_rank,
-                            targets=cfg.lora_targets or "all-linear")
-    trainer = Trainer(model, TrainerConfig(
-        optim=OptimConfig(lr=cfg.lr, reset_optimizer_on_sync=cfg.resets_optimizer),
-        advantages=AdvantageConfig(normalize_std=cfg.std_norm, env_reward_weights={
-            e.name: e.reward_weights for e in envs}),  # the manifests', never an event's
-        filters=FilterConfig(tau=cfg.tau, group_size=cfg.k, drop_no_signal=True,
-                             chains=cfg.chains),
-        gradient_checkpointing=cfg.gradient_checkpointing,
-        precision=cfg.precision, lora=lora), data_parallel=dp,  # type: ignore[arg-type]
-        tokenizer=tokenizer)
-    if not rank0:  # follow rank 0's steps and pushes until it stops
-        assert dp is not None
-        follow(trainer, cfg.out / "weights")
-        return []
-    leader = RankLeader(trainer, dp) if dp is not None else None
-    try:
-        with serving(cfg, gw_config, log) as engine_config:  # vLLM stops when this ends
-            return _lead(cfg, leader or trainer, engine_config, admin, envs, agent, log,
-                         on_wait, hub, served)
-    finally:
-        if leader is not None:  # the other ranks stop following, also when this failed
-            leader.stop()
-        if hub is not None:
-            hub.stop_listening()
-
-
-def _lead(cfg: TrainLoopConfig, trainer: Any, gw_config: Any, admin: str, envs: list[Any],
-          agent: Any, log: Callable[[str], Any], on_wait: Callable[[Any], None] | None,
-          hub: Any, served: dict[str, Any]) -> list[dict[str, Any]]:
-    """Rank 0 (or the only process): the gateway, the rollouts and the loop."""
     from envhub.gateway.server import run_in_thread
     from envhub.orchestrator.groups.executor import RoutedExecutor, make_executor
-    from envhub.orchestrator.groups.services.hub import PREFIX
+    from envhub.orchestrator.groups.services.hub import PREFIX, open_hub
     from envhub.orchestrator.groups.setup import new_run_id
     from envhub.orchestrator.groups.task_metrics import TaskMetrics, serve_metrics
+    from envhub.orchestrator.training.engines import serving
     from envhub.orchestrator.training.loop import Loop
+    from envhub.orchestrator.training.model import build_trainer
     from envhub.orchestrator.training.producer import Producer
+    from envhub.orchestrator.training.ranks import RankLeader, follow
     from envhub.orchestrator.training.source import LaunchOrderSource
     from envhub.orchestrator.training.tasks import LaunchMix, task_stream
+    from envhub.trainer.distributed import DataParallel
     from envhub.trainer.source import HttpSource
     from envhub.trainer.window import GroupWindow
 
-    refs = [e.ref for e in envs]
-    mix = LaunchMix([e.weight for e in envs], dynamic=cfg.mix == "dynamic", k=cfg.k)
-    executor = RoutedExecutor(make_executor(cfg.executor), {PREFIX: hub} if hub else {})
-    producer = Producer(task_stream(envs, cfg.seed, mix), k=cfg.k,
-                        concurrency=cfg.concurrency, buffer=cfg.buffer_size,
-                        run_id=new_run_id(), schedule=cfg.schedule, executor=executor)
-    gw: Any = None
-    http: HttpSource | None = None
-    metrics = hub.metrics if hub is not None else TaskMetrics() if cfg.metrics else None
-    exporter = serve_metrics(cfg.metrics, metrics, log) if cfg.metrics and metrics else None
-    try:
+    dp = DataParallel.init() if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
+    if cfg.services and dp is not None:  # under a torchrun of the user's own
+        raise RunConfigError("--services runs rollouts on one trainer rank: drop "
+                             "--nproc-per-node, or run the environments in this process")
+    torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)
+    agent = make_agent(cfg.agent, cfg.agent_install, cfg.agent_on_host)
+    refs = [c.ref for c in cfg.envs]
+    with contextlib.ExitStack() as stack:
+        hub, served = open_hub(cfg, refs, log)  # task services register while we load
+        if hub is not None:
+            stack.callback(hub.stop_listening)
+        envs = load_training_envs(cfg, served)
+        admin = "envhub-admin-" + secrets.token_urlsafe(16)
+        gw_config = GatewayConfig(port=0, db=f"sqlite:///{cfg.out / 'pool.db'}",
+                                  admin_key=admin, model=cfg.model)
+        trainer: Any = build_trainer(cfg, gw_config, envs, dp)
+        if dp is not None and dp.rank != 0:  # follow rank 0's steps and pushes until it stops
+            follow(trainer, cfg.out / "weights")
+            return []
+        if dp is not None:  # the other ranks stop following at the end, also on failure
+            trainer = RankLeader(trainer, dp)
+            stack.callback(trainer.stop)
+        # Rank 0 (or the only process): the engine, the rollouts, the gateway and the loop.
+        engine = stack.enter_context(serving(cfg, gw_config, log))  # a vLLM stops at the end
+        metrics = hub.metrics if hub is not None else TaskMetrics() if cfg.metrics else None
+        if cfg.metrics and metrics is not None:
+            stack.callback(serve_metrics(cfg.metrics, metrics, log).close)
+        mix = LaunchMix([e.weight for e in envs], dynamic=cfg.mix == "dynamic", k=cfg.k)
+        executor = RoutedExecutor(make_executor(cfg.executor), {PREFIX: hub} if hub else {})
+        producer = Producer(task_stream(envs, cfg.seed, mix), k=cfg.k,
+                            concurrency=cfg.concurrency, buffer=cfg.buffer_size,
+                            run_id=new_run_id(), schedule=cfg.schedule, executor=executor)
+        stack.callback(producer.stop)
         # Before anything is written: a cluster that cannot be reached leaves no OUT behind.
-        host = producer.start_executor(refs, served)
+        host = producer.start_executor([e.ref for e in envs], served)
         cfg.out.mkdir(parents=True, exist_ok=True)
         (cfg.out / "metrics.jsonl").write_text("")
-        gw = run_in_thread(gw_config.model_copy(update={"host": host}))
-        http = HttpSource(gw.url, admin)
-        producer.open(refs=refs, gateway=gw.url, admin_key=admin, agent=agent, out=cfg.out,
-                      max_turns=cfg.max_turns, agent_install=cfg.agent_install,
-                      agent_on_host=cfg.agent_on_host, served=served,
-                      metrics=metrics)
+        gw = run_in_thread(engine.model_copy(update={"host": host}))
+        stack.callback(gw.close)
+        http = stack.enter_context(contextlib.closing(HttpSource(gw.url, admin)))
+        stack.callback(producer.stop)  # again, before those two: rollouts talk to the gateway
+        producer.open(refs=[e.ref for e in envs], gateway=gw.url, admin_key=admin, agent=agent,
+                      out=cfg.out, max_turns=cfg.max_turns, agent_install=cfg.agent_install,
+                      agent_on_host=cfg.agent_on_host, served=served, metrics=metrics)
         source = LaunchOrderSource(http, producer)
-        window = GroupWindow(source, cfg.window_size)
-        loop = Loop(cfg, trainer, producer, source, window, envs,
+        loop = Loop(cfg, trainer, producer, source, GroupWindow(source, cfg.window_size), envs,
                     push_url=f"{gw.url}/admin/weights", admin_key=admin, log=log,
                     on_wait=on_wait, eval_agent=None if cfg.agent == "tool" else agent,
                     mix=mix, metrics=metrics)
         return loop.run()
-    finally:
-        producer.stop()  # rollouts first: they talk to the gateway
-        if http is not None:
-            http.close()
-        if gw is not None:
-            gw.close()
-        if exporter is not None:
-            exporter.close()
+    raise AssertionError("unreachable")  # the stack re-raises or the body returned
 
 
 def torchrun_argv(nproc: int, argv: list[str]) -> list[str]:

@@ -77,7 +77,7 @@ class TrainLoopConfig(ServicesOptions):
                            "few ms between samples run together (trainer/README.md)")
     gradient_checkpointing: bool = Field(False, description="recompute activations in the "
                                          "backward pass (less memory, more compute)")
-    precision: str = Field("fp32", pattern="^(fp32|bf16)$", description="bf16: bfloat16 "
+    precision: Literal["fp32", "bf16"] = Field("fp32", description="bf16: bfloat16 "
                            "compute with fp32 master weights")
     lora_rank: int | None = Field(None, ge=1, description="train LoRA adapters of this rank "
                                   "(PEFT) instead of all weights; pushes merged weights")

@@ -69,6 +69,7 @@ class Producer:
         self._wake: asyncio.Event | None = None
         self._main: asyncio.Task[None] | None = None
         self._stopping = False
+        self._stopped = False  # stop() ran
         self._tasks: set[asyncio.Task[None]] = set()
         self.runner: GroupRunner | None = None
         self._executor_started = False
@@ -161,7 +162,10 @@ class Producer:
 
     def stop(self) -> None:
         """Cancel the rollouts in flight (their sessions close as env_failure "interrupted"),
-        close the runner, stop the thread."""
+        close the runner, stop the thread. Once; a second call does nothing."""
+        if self._stopped:
+            return
+        self._stopped = True
 
         async def shutdown() -> None:
             self._stopping = True  # no new group from here on
