@@ -31,9 +31,7 @@ from envhub.orchestrator.groups.gateway_link import GatewayLink
 from envhub.orchestrator.groups.plan import GroupPlan, allocate, interleave
 from envhub.orchestrator.groups.progress import RunProgress
 from envhub.orchestrator.groups.results import ResultsFolder, RolloutRecord, summarize
-from envhub.orchestrator.groups.rollout import RolloutSetup
 from envhub.orchestrator.groups.scheduling import make_policy
-from envhub.orchestrator.groups.scoring import finalize_group
 from envhub.orchestrator.groups.services.hub import PREFIX, open_hub
 from envhub.orchestrator.groups.setup import (
     new_run_id,
@@ -44,7 +42,7 @@ from envhub.orchestrator.groups.setup import (
     sandbox_kind,
     take_down,
 )
-from envhub.orchestrator.groups.stream import rollout_group
+from envhub.orchestrator.groups.stream import GroupRunner
 from envhub.orchestrator.groups.task_metrics import TaskMetrics, serve_metrics
 
 log = logging.getLogger(__name__)
@@ -145,13 +143,13 @@ async def _run_started(config: RunConfig, agent: Any, groups: list[GroupPlan],
         setups = rollout_setups(run_id, agent, config.agent, link, kinds, agent_kinds, scratch,
                                 config.max_turns, config.time_limit_s, config.agent_install,
                                 config.agent_on_host, metrics)
+        runner = GroupRunner(run_id, {g.loaded.name: g.loaded for g in groups}, setups,
+                             results, scratch, executor)
         total = sum(g.k for g in groups)
         with RunProgress(total, console) if progress else _NoProgress() as bar:
             slots = Dispatcher(make_policy(config.schedule), config.concurrency)
-            await asyncio.gather(*(
-                _run_group(g, run_id, setups[g.loaded.name], executor, results, slots, bar,
-                           records)
-                for g in groups))
+            await asyncio.gather(*(_run_group(g, runner, results, slots, bar, records)
+                                   for g in groups))
     finally:
         if link is not None:
             await link.close()
@@ -162,27 +160,22 @@ async def _run_started(config: RunConfig, agent: Any, groups: list[GroupPlan],
     return RunOutcome(run_id, records, summary, out)
 
 
-async def _run_group(g: GroupPlan, run_id: str, rs: RolloutSetup, executor: RolloutExecutor,
-                     results: ResultsFolder, slots: Dispatcher, bar: Any,
-                     records: list[RolloutRecord]) -> None:
-    keys = g.keys()
-    earlier = {k: results.finished(k) for k in keys}
-    for rec in earlier.values():
-        if rec is not None:
-            records.append(rec)
-            bar.add(rec, resumed=True)
-    todo = [k for k in keys if earlier[k] is None]
+async def _run_group(g: GroupPlan, runner: GroupRunner, results: ResultsFolder,
+                     slots: Dispatcher, bar: Any, records: list[RolloutRecord]) -> None:
+    """One planned group through the runner: the samples `--resume` found finished count as
+    they are (and are scored with the rest of their group), the others run."""
+    earlier = {k: results.finished(k) for k in g.keys()}
+    done_before = [rec for rec in earlier.values() if rec is not None]
+    for rec in done_before:
+        records.append(rec)
+        bar.add(rec, resumed=True)
+    todo = [k.sample for k, rec in earlier.items() if rec is None]
     if not todo:
         return
-    group_id = f"{run_id}:{g.loaded.name}:{g.task.id}"
-    pendings = await rollout_group(todo, group_id, g.loaded, g.task, rs, executor=executor,
-                                   slots=slots)
-    done_before = [r for r in earlier.values() if r is not None]
-    new = await finalize_group(list(pendings), g.loaded, rs.agent_name, done_before, rs.link)
-    if rs.metrics is not None:
-        rs.metrics.finished(new)
-    for key, rec in zip(todo, new, strict=True):
-        results.write(key, rec)
+    new = await runner.run_group(g.loaded.name, g.task, g.k,
+                                 f"{runner.run_id}:{g.loaded.name}:{g.task.id}", slots=slots,
+                                 samples=todo, done_before=done_before, record_task=g.task.id)
+    for rec in new:
         records.append(rec)
         bar.add(rec)
 

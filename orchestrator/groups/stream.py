@@ -1,6 +1,7 @@
-"""Groups run one at a time on request, for a caller that decides what to run next (the
-asynchronous `envhub train` keeps N rollouts in flight and starts a new group whenever slots
-free up; `envhub run` plans every group up front instead, see run.py).
+"""The group runner of `envhub run` and `envhub train`: groups run on request, for a caller
+that decides what to run next (the asynchronous `envhub train` keeps N rollouts in flight and
+starts a new group whenever slots free up; `envhub run` plans every group up front and hands
+them all at once, with what `--resume` found finished: see run.py).
 
     runner = await GroupRunner.open(["arith"], gateway=url, admin_key=key, agent=agent,
                                     run_id=run_id, out=folder)
@@ -132,24 +133,29 @@ class GroupRunner:
 
     async def run_group(self, ref: str, task: Task, k: int, group_id: str,
                         agent: Agent | None = None, sem: asyncio.Semaphore | None = None,
-                        slots: Dispatcher | None = None) -> list[RolloutRecord]:
+                        slots: Dispatcher | None = None, *, samples: list[int] | None = None,
+                        done_before: list[RolloutRecord] | None = None,
+                        record_task: str | None = None) -> list[RolloutRecord]:
         """k samples of `task`, scored together and closed; `sem` bounds rollouts in flight
         across calls, or `slots` (a Dispatcher) does and starts them in its policy's order.
         `agent` overrides the runner's (e.g. a greedy one for evaluation) and runs in this
         process: an executor rebuilds agents on its machines from their command line, which
-        would lose this object's settings. Records are written to OUT/rollouts when the runner
-        has an `out` folder."""
+        would lose this object's settings. `samples`: which of the k to run (`--resume`: those
+        not finished, `done_before` holding the records of the others, scored with them).
+        Records are written to OUT/rollouts when the runner has an `out` folder, named after
+        `record_task` (default the group's tag: the same task runs again in later groups)."""
         loaded, rs = self.envs[ref], self.setups[ref]
         executor = self.executor
         if agent is not None:
             rs = dataclasses.replace(rs, agent=agent, agent_name=agent.name)
             executor = None
-        # The group id names the file too: the same task runs again in later groups.
-        keys = [RolloutKey(loaded.name, task.id, i) for i in range(k)]
+        keys = [RolloutKey(loaded.name, task.id, i)
+                for i in (range(k) if samples is None else samples)]
         pendings = await rollout_group(keys, group_id, loaded, task, rs, sem,
                                        executor=executor, slots=slots)
         try:
-            records = await finalize_group(pendings, loaded, rs.agent_name, [], rs.link)
+            records = await finalize_group(pendings, loaded, rs.agent_name,
+                                           list(done_before or []), rs.link)
         except asyncio.CancelledError:
             # Interrupted while scoring: the group is not whole, so none of it counts.
             await asyncio.shield(asyncio.gather(*(
@@ -159,11 +165,14 @@ class GroupRunner:
         if rs.metrics is not None:
             rs.metrics.finished(records)
         if self.results is not None:
-            tag = group_id.removeprefix(f"{self.run_id}:")
+            tag = record_task or group_id.removeprefix(f"{self.run_id}:")
             for key, rec in zip(keys, records, strict=True):
                 self.results.write(RolloutKey(key.env, tag, key.sample), rec)
         return records
 
     async def aclose(self) -> None:
-        await take_down(self.run_id, {rs.sandbox_kind for rs in self.setups.values()},
-                        self.scratch)
+        """Reap what is left of the run's sandboxes (the environments' and in-sandbox agents')
+        and remove the scratch folder."""
+        kinds = {kind for rs in self.setups.values() for kind in (rs.sandbox_kind, rs.agent_kind)
+                 if kind}
+        await take_down(self.run_id, kinds, self.scratch)
