@@ -73,7 +73,7 @@ def train(cfg: TrainLoopConfig, log: Callable[[str], Any] = print,
     from envhub.gateway.config import GatewayConfig
     from envhub.gateway.server import run_in_thread
     from envhub.orchestrator.groups.executor import RoutedExecutor, make_executor
-    from envhub.orchestrator.groups.services.hub import PREFIX, open_hub
+    from envhub.orchestrator.groups.services.hub import PREFIX, open_hub, served_envs
     from envhub.orchestrator.groups.setup import new_run_id
     from envhub.orchestrator.groups.task_metrics import TaskMetrics, serve_metrics
     from envhub.orchestrator.training.engines import serving
@@ -96,9 +96,10 @@ def train(cfg: TrainLoopConfig, log: Callable[[str], Any] = print,
     agent = make_agent(cfg.agent, cfg.agent_install, cfg.agent_on_host)
     refs = [c.ref for c in cfg.envs]
     with contextlib.ExitStack() as stack:
-        hub, served = open_hub(cfg, refs, log)  # task services register while we load
+        hub = open_hub(cfg, log)
         if hub is not None:
             stack.callback(hub.stop_listening)
+        served = served_envs(hub, refs)  # each waits for its first task service
         envs = load_training_envs(cfg, served)
         admin = "envhub-admin-" + secrets.token_urlsafe(16)
         gw_config = GatewayConfig(port=0, db=f"sqlite:///{cfg.out / 'pool.db'}",

@@ -440,8 +440,10 @@ def exec_frames(api: Any, exec_id: str) -> Iterator[tuple[bytes | None, bytes | 
     with no output at all, and 27 of 40 `echo` execs lost theirs here beside a thread spinning
     in Python (tests/envs/test_sandbox_docker.py)."""
     sock = api.exec_start(exec_id, socket=True)
-    response = sock._response  # docker-py keeps it on the socket it hands out
-    buffered = response.raw._fp.fp  # the reader that parsed the headers, over `sock`
+    response = getattr(sock, "_response", None)  # docker-py keeps it on the socket it returns
+    # the reader that parsed the headers, over `sock` (without the response: a reader of our
+    # own over the socket, which is docker-py's own behaviour)
+    buffered = response.raw._fp.fp if response is not None else io.BufferedReader(sock)
     api._disable_socket_timeout(sock)  # a command may run silent for longer than the timeout
     try:
         while len(header := buffered.read(8)) == 8:
@@ -451,7 +453,8 @@ def exec_frames(api: Any, exec_id: str) -> Iterator[tuple[bytes | None, bytes | 
             if len(data) < size:
                 return
     finally:
-        response.close()
+        if response is not None:
+            response.close()
         sock.close()
 
 

@@ -82,6 +82,13 @@ class ServicesOptions(BaseModel):
         items = [v] if isinstance(v, str) else v
         return [EnvChoice.parse(x) if isinstance(x, str) else x for x in items]
 
+    @model_validator(mode="after")
+    def _one_server_per_address(self) -> ServicesOptions:
+        if self.metrics and self.metrics == self.services and not self.metrics.endswith(":0"):
+            raise ValueError(f"--metrics {self.metrics} is the --services address, which serves "
+                             "/metrics already: drop --metrics, or give it another port")
+        return self
+
     def check_served(self, refs: list[str]) -> None:
         """ValueError when an environment runs in a task service but no --services is given."""
         served = [r for r in refs if r.startswith(SERVED)]

@@ -19,6 +19,7 @@ Plugging one into a loop of one's own (e.g. `envhub train`):
 
 from __future__ import annotations
 
+import contextlib
 from typing import Protocol
 
 from envhub.envs.environment import Task
@@ -108,8 +109,10 @@ class RoutedExecutor:
         return await self.of(loaded).execute(key, group_id, loaded, task, rs)
 
     async def close(self) -> None:
-        for executor in [*self.routes.values(), self.default]:
-            await executor.close()
+        """Close every route, then the default, each also when closing another failed."""
+        async with contextlib.AsyncExitStack() as stack:
+            for executor in [self.default, *reversed(self.routes.values())]:
+                stack.push_async_callback(executor.close)
 
 
 def make_executor(name: str) -> RolloutExecutor:

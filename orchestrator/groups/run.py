@@ -32,7 +32,7 @@ from envhub.orchestrator.groups.plan import GroupPlan, allocate, interleave
 from envhub.orchestrator.groups.progress import RunProgress
 from envhub.orchestrator.groups.results import ResultsFolder, RolloutRecord, summarize
 from envhub.orchestrator.groups.scheduling import make_policy
-from envhub.orchestrator.groups.services.hub import PREFIX, open_hub
+from envhub.orchestrator.groups.services.hub import PREFIX, open_hub, served_envs
 from envhub.orchestrator.groups.setup import (
     new_run_id,
     open_scratch,
@@ -94,10 +94,10 @@ async def run(config: RunConfig, console: Any = None, progress: bool = True,
     raise_open_files_limit()
     make_policy(config.schedule)  # a dotted path that does not load stops the run here
     async with contextlib.AsyncExitStack() as stack:
-        hub, served = await asyncio.to_thread(open_hub, config, [c.ref for c in config.envs],
-                                              log.warning)
+        hub = await asyncio.to_thread(open_hub, config, log.warning)
         if hub is not None:
-            stack.push_async_callback(hub.close)  # also when the plan fails
+            stack.push_async_callback(hub.close)  # also when the plan fails or is interrupted
+        served = await asyncio.to_thread(served_envs, hub, [c.ref for c in config.envs])
         metrics = hub.metrics if hub is not None else TaskMetrics() if config.metrics else None
         if config.metrics and metrics is not None:
             stack.callback(serve_metrics(config.metrics, metrics, log.warning).close)

@@ -58,7 +58,7 @@ def serve_metrics(listen: str, metrics: TaskMetrics, log: Any) -> Any:
     try:
         server = serve_in_thread(make_asgi_app(registry=metrics.registry), host, port,
                                  name="envhub-metrics")
-    except OSError as e:
+    except (OSError, RuntimeError) as e:  # bound elsewhere, or the server did not start
         raise RunConfigError(f"--metrics {listen}: cannot listen: {e}; pick a free port"
                              ) from None
     log(f"per-task metrics at {server.url}/metrics")

@@ -53,3 +53,6 @@ def test_a_bad_metrics_address_exits_2():
 
     result = CliRunner().invoke(app, ["run", "arith", "--metrics", "localhost"])
     assert result.exit_code == 2 and "--metrics: use HOST:PORT" in result.output
+    same = ["--services", "127.0.0.1:7131", "--metrics", "127.0.0.1:7131"]
+    result = CliRunner().invoke(app, ["run", "service:a", *same])
+    assert result.exit_code == 2 and "serves /metrics already" in result.output

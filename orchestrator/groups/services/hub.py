@@ -304,22 +304,24 @@ class ServiceHub:
             self._server = None
 
 
-def open_hub(options: ServicesOptions, refs: list[str], log: Callable[[str], Any]
-             ) -> tuple[ServiceHub | None, dict[str, LoadedEnv]]:
-    """The hub of `--services`, listening, and the environments of the service:NAME references
-    (each waits for its first service); (None, {}) without --services. Blocking: `envhub run`
-    calls it in a thread. Whoever gets the hub closes it (`close`, or `stop_listening`)."""
+def open_hub(options: ServicesOptions, log: Callable[[str], Any]) -> ServiceHub | None:
+    """The hub of `--services`, listening (its URL printed, and the token when generated);
+    None without --services. Whoever gets it closes it (`close`, or `stop_listening`)."""
     if not options.services:
-        return None, {}
+        return None
     hub = ServiceHub(options.services, options.services_token, wait_s=options.service_wait_s)
     url = hub.open()
     log(f"task services register at {url}" + ("" if options.services_token else
         f" with the token {hub.token} (envhub serve --token, or ENVHUB_SERVICES_TOKEN)"))
-    try:
-        return hub, {r: hub.describe(r.removeprefix(PREFIX)) for r in refs if r.startswith(PREFIX)}
-    except BaseException:
-        hub.stop_listening()
-        raise
+    return hub
+
+
+def served_envs(hub: ServiceHub | None, refs: list[str]) -> dict[str, LoadedEnv]:
+    """The environments of the service:NAME references among `refs`, each once its first
+    service registered (blocking: up to the hub's wait)."""
+    if hub is None:
+        return {}
+    return {r: hub.describe(r.removeprefix(PREFIX)) for r in refs if r.startswith(PREFIX)}
 
 
 class _ServiceFailed(Exception):
