@@ -75,7 +75,7 @@ def train(cfg: TrainLoopConfig, log: Callable[[str], Any] = print,
     from envhub.orchestrator.groups.executor import RoutedExecutor, make_executor
     from envhub.orchestrator.groups.services.hub import PREFIX, open_hub, served_envs
     from envhub.orchestrator.groups.setup import new_run_id
-    from envhub.orchestrator.groups.task_metrics import TaskMetrics, serve_metrics
+    from envhub.orchestrator.groups.task_metrics import run_metrics
     from envhub.orchestrator.training.engines import serving
     from envhub.orchestrator.training.loop import Loop
     from envhub.orchestrator.training.model import build_trainer
@@ -113,9 +113,7 @@ def train(cfg: TrainLoopConfig, log: Callable[[str], Any] = print,
             stack.callback(trainer.stop)
         # Rank 0 (or the only process): the engine, the rollouts, the gateway and the loop.
         engine = stack.enter_context(serving(cfg, gw_config, log))  # a vLLM stops at the end
-        metrics = hub.metrics if hub is not None else TaskMetrics() if cfg.metrics else None
-        if cfg.metrics and metrics is not None:
-            stack.callback(serve_metrics(cfg.metrics, metrics, log).close)
+        metrics = run_metrics(cfg.metrics, hub, log, stack)
         mix = LaunchMix([e.weight for e in envs], dynamic=cfg.mix == "dynamic", k=cfg.k)
         executor = RoutedExecutor(make_executor(cfg.executor), {PREFIX: hub} if hub else {})
         producer = Producer(task_stream(envs, cfg.seed, mix), k=cfg.k,
@@ -123,14 +121,14 @@ def train(cfg: TrainLoopConfig, log: Callable[[str], Any] = print,
                             run_id=new_run_id(), schedule=cfg.schedule, executor=executor)
         stack.callback(producer.stop)
         # Before anything is written: a cluster that cannot be reached leaves no OUT behind.
-        host = producer.start_executor([e.ref for e in envs], served)
+        host = producer.start_executor(refs, served)
         cfg.out.mkdir(parents=True, exist_ok=True)
         (cfg.out / "metrics.jsonl").write_text("")
         gw = run_in_thread(engine.model_copy(update={"host": host}))
         stack.callback(gw.close)
         http = stack.enter_context(contextlib.closing(HttpSource(gw.url, admin)))
         stack.callback(producer.stop)  # again, before those two: rollouts talk to the gateway
-        producer.open(refs=[e.ref for e in envs], gateway=gw.url, admin_key=admin, agent=agent,
+        producer.open(refs=refs, gateway=gw.url, admin_key=admin, agent=agent,
                       out=cfg.out, max_turns=cfg.max_turns, agent_install=cfg.agent_install,
                       agent_on_host=cfg.agent_on_host, served=served, metrics=metrics)
         source = LaunchOrderSource(http, producer)

@@ -79,9 +79,10 @@ def build_batch(groups: list[Group], config: TrainerConfig, trainer_version: int
     for group in groups:
         for t in group.trajectories:  # ignored by the composite (advantages.runner_events)
             batch.drops.rewards["not_from_runner"] += len(t.rewards) - len(runner_events(t))
-        stale = batch.drops.samples["stale"]
+        stale_before = batch.drops.samples["stale"]
         kept = filter_group(group, config.filters, trainer_version, batch.drops)
-        batch.fates[group.group_id] = GroupFate(0, batch.drops.samples["stale"] - stale)
+        stale = batch.drops.samples["stale"] - stale_before
+        batch.fates[group.group_id] = GroupFate(0, stale)  # until it is trained
         if kept is None:
             continue
         a_sample, turn_terms = group_advantages(kept.samples, config.advantages)
@@ -109,5 +110,5 @@ def build_batch(groups: list[Group], config: TrainerConfig, trainer_version: int
             continue
         batch.n_groups += 1
         batch.sequences += sequences
-        batch.fates[group.group_id] = GroupFate(kept.n_valid, batch.fates[group.group_id].stale)
+        batch.fates[group.group_id] = GroupFate(kept.n_valid, stale)
     return batch

@@ -43,7 +43,7 @@ from envhub.orchestrator.groups.setup import (
     take_down,
 )
 from envhub.orchestrator.groups.stream import GroupRunner
-from envhub.orchestrator.groups.task_metrics import TaskMetrics, serve_metrics
+from envhub.orchestrator.groups.task_metrics import TaskMetrics, run_metrics
 
 log = logging.getLogger(__name__)
 RUNS_DIR = Path("runs")  # results of runs without --out: runs/<run_id>/
@@ -98,9 +98,7 @@ async def run(config: RunConfig, console: Any = None, progress: bool = True,
         if hub is not None:
             stack.push_async_callback(hub.close)  # also when the plan fails or is interrupted
         served = await asyncio.to_thread(served_envs, hub, [c.ref for c in config.envs])
-        metrics = hub.metrics if hub is not None else TaskMetrics() if config.metrics else None
-        if config.metrics and metrics is not None:
-            stack.callback(serve_metrics(config.metrics, metrics, log.warning).close)
+        metrics = run_metrics(config.metrics, hub, log.warning, stack)
         # In a thread: loading reads task files and may install a registry package, and a
         # registry install runs its own event loop.
         groups = await asyncio.to_thread(plan_groups, config, served)

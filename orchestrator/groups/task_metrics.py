@@ -63,3 +63,15 @@ def serve_metrics(listen: str, metrics: TaskMetrics, log: Any) -> Any:
                              ) from None
     log(f"per-task metrics at {server.url}/metrics")
     return server
+
+
+def run_metrics(listen: str | None, hub: Any, log: Any, stack: Any) -> TaskMetrics | None:
+    """A run's per-task metrics: the task services hub's (served at its address) or, with
+    `--metrics` (`listen`), a set of their own; served at `listen` until `stack` (an
+    ExitStack or AsyncExitStack) closes. None when nothing serves them."""
+    if hub is None and not listen:
+        return None
+    metrics: TaskMetrics = hub.metrics if hub is not None else TaskMetrics()
+    if listen:
+        stack.callback(serve_metrics(listen, metrics, log).close)
+    return metrics
