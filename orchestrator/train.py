@@ -77,6 +77,7 @@ def train(cfg: TrainLoopConfig, log: Callable[[str], Any] = print,
     from envhub.orchestrator.groups.setup import new_run_id
     from envhub.orchestrator.groups.task_metrics import run_metrics
     from envhub.orchestrator.training.engines import serving
+    from envhub.orchestrator.training.ledger import GroupLedger
     from envhub.orchestrator.training.loop import Loop
     from envhub.orchestrator.training.model import build_trainer
     from envhub.orchestrator.training.producer import Producer
@@ -114,11 +115,12 @@ def train(cfg: TrainLoopConfig, log: Callable[[str], Any] = print,
         # Rank 0 (or the only process): the engine, the rollouts, the gateway and the loop.
         engine = stack.enter_context(serving(cfg, gw_config, log))  # a vLLM stops at the end
         metrics = run_metrics(cfg.metrics, hub, log, stack)
-        mix = LaunchMix([e.weight for e in envs], dynamic=cfg.mix == "dynamic", k=cfg.k)
+        ledger = GroupLedger(new_run_id(), [e.name for e in envs], cfg.k)  # every group's state
+        mix = LaunchMix([e.weight for e in envs], ledger, dynamic=cfg.mix == "dynamic")
         executor = RoutedExecutor(make_executor(cfg.executor), {PREFIX: hub} if hub else {})
-        producer = Producer(task_stream(envs, cfg.seed, mix), k=cfg.k,
+        producer = Producer(task_stream(envs, cfg.seed, mix), ledger,
                             concurrency=cfg.concurrency, buffer=cfg.buffer_size,
-                            run_id=new_run_id(), schedule=cfg.schedule, executor=executor)
+                            schedule=cfg.schedule, executor=executor)
         stack.callback(producer.stop)
         # Before anything is written: a cluster that cannot be reached leaves no OUT behind.
         host = producer.start_executor(refs, served)
@@ -131,11 +133,11 @@ def train(cfg: TrainLoopConfig, log: Callable[[str], Any] = print,
         producer.open(refs=refs, gateway=gw.url, admin_key=admin, agent=agent,
                       out=cfg.out, max_turns=cfg.max_turns, agent_install=cfg.agent_install,
                       agent_on_host=cfg.agent_on_host, served=served, metrics=metrics)
-        source = LaunchOrderSource(http, producer)
+        source = LaunchOrderSource(http, ledger)
         loop = Loop(cfg, trainer, producer, source, GroupWindow(source, cfg.window_size), envs,
                     push_url=f"{gw.url}/admin/weights", admin_key=admin, log=log,
                     on_wait=on_wait, eval_agent=None if cfg.agent == "tool" else agent,
-                    mix=mix, metrics=metrics)
+                    metrics=metrics)
         return loop.run()
     raise AssertionError("unreachable")  # the stack re-raises or the body returned
 

@@ -19,8 +19,9 @@ from envhub.trainer.source import Group
 if TYPE_CHECKING:
     from envhub.orchestrator.groups.task_metrics import TaskMetrics
     from envhub.orchestrator.training.config import TrainLoopConfig
+    from envhub.orchestrator.training.ledger import GroupLedger
     from envhub.orchestrator.training.producer import Producer
-    from envhub.orchestrator.training.tasks import EnvTasks, LaunchMix
+    from envhub.orchestrator.training.tasks import EnvTasks
     from envhub.trainer.trainer import Trainer
     from envhub.trainer.window import GroupWindow
 
@@ -33,16 +34,13 @@ class Loop:
                  source: LaunchOrderSource, window: GroupWindow, envs: list[EnvTasks], *,
                  push_url: str, admin_key: str, log: Callable[[str], Any],
                  on_wait: Callable[[Any], None] | None = None, eval_agent: Any = None,
-                 mix: LaunchMix | None = None, metrics: TaskMetrics | None = None) -> None:
+                 metrics: TaskMetrics | None = None) -> None:
         self.cfg, self.trainer, self.producer = cfg, trainer, producer
+        self.ledger: GroupLedger = producer.ledger
         self.source, self.window, self.envs = source, window, envs
         self.push_url, self.admin_key, self.log = push_url, admin_key, log
-        self.on_wait, self.eval_agent = on_wait, eval_agent
-        self.mix, self.metrics = mix, metrics
-        self._env_index = {e.name: i for i, e in enumerate(envs)}
-        self._stale = [0] * len(envs)  # samples dropped as stale, per environment
+        self.on_wait, self.eval_agent, self.metrics = on_wait, eval_agent, metrics
         self.rows: list[dict[str, Any]] = []
-        self._released: set[str] = set()  # groups handed back to the producer's buffer
         self._started = time.perf_counter()
 
     def run(self) -> list[dict[str, Any]]:
@@ -79,7 +77,7 @@ class Loop:
         (the head moves only when consumed). Without, whatever the window allows now."""
         taken: list[Group] = []
         while len(taken) < n:
-            seen = self.producer.completed
+            seen = self.ledger.finished
             taken += self.window.take(n - len(taken))
             self._release([g.group_id for g in taken])
             if len(taken) >= n or not wait:
@@ -93,26 +91,20 @@ class Loop:
     def _release(self, taken: list[str]) -> None:
         # Groups with no session at all are passed (nothing to train on) and freed too.
         empty = self.window.skip(self.source.empty_done())
-        new = [g for g in [*taken, *sorted(empty)] if g not in self._released]
-        self._released.update(new)
-        if new:
-            self.producer.taken(new)
-        if self.mix is not None:  # nothing trained of a group with no session
-            for gid in sorted(empty - set(taken)):
-                self.mix.observe(self._env_index[self.producer.env_of[gid]], 0.0)
+        self.ledger.release([*taken, *sorted(empty)])
+        for gid in sorted(empty - set(taken)):  # nothing trained of a group with no session
+            self.ledger.settle(gid, 0.0)
 
     def _report(self, groups: list[Group]) -> None:
-        """Tell the launch mix (and the per-task metrics) how many samples of each group the
-        step trained (the trainer's filters: none of a dropped or no-signal group) and how
+        """Settle each group in the ledger (and the per-task metrics): how many of its samples
+        the step trained (the trainer's filters: none of a dropped or no-signal group) and how
         many it dropped as stale."""
         fates = self.trainer.last_fates
         for g in groups:
             fate = fates[g.group_id]
-            env = self.producer.env_of[g.group_id]
-            self._stale[self._env_index[env]] += fate.stale
-            if self.mix is not None:
-                self.mix.observe(self._env_index[env], fate.trained)
+            self.ledger.settle(g.group_id, fate.trained, fate.stale)
             if self.metrics is not None:
+                env = self.ledger.env_of(g.group_id)
                 self.metrics.trained.labels(env).inc(fate.trained)
                 self.metrics.stale.labels(env).inc(fate.stale)
 
@@ -147,8 +139,8 @@ class Loop:
         t0, t1, t2, t3 = times
         by_env: dict[str, list[RolloutRecord]] = {}
         for g in groups:
-            by_env.setdefault(self.producer.env_of[g.group_id], []).extend(
-                self.producer.done.get(g.group_id, []))
+            by_env.setdefault(self.ledger.env_of(g.group_id), []).extend(
+                self.ledger.records(g.group_id))
         row: dict[str, Any] = {"phase": "train", "step": step,
                                "weight_version": self.trainer.version,
                                "ranks": getattr(self.trainer, "ranks", 1),
@@ -161,7 +153,7 @@ class Loop:
                                "wall_s": round(t3 - self._started, 3),
                                "in_flight": self.producer.in_flight,
                                "queued": self.producer.queued,
-                               "groups_launched": len(self.producer.order),
+                               "groups_launched": self.ledger.launched,
                                **self._mix_row()}
         self.rows.append(row)
         append_row(self.cfg.out, row)
@@ -172,16 +164,15 @@ class Loop:
 
     def _mix_row(self) -> dict[str, float]:
         """Per environment: samples trained so far, their share, groups launched, samples
-        dropped as stale (with more than one environment and a launch mix)."""
-        if self.mix is None or len(self.envs) < 2:
-            return {}
-        shares = self.mix.shares()
+        dropped as stale (the ledger's counts; also for a single environment, for
+        `envhub view`'s per-task table)."""
+        counts, shares = self.ledger.counts(), self.ledger.shares()
         row: dict[str, float] = {}
-        for i, e in enumerate(self.envs):
-            row[f"mix/{e.name}/trained_samples"] = self.mix.trained[i]
-            row[f"mix/{e.name}/trained_share"] = round(shares[i], 4)
-            row[f"mix/{e.name}/launched_groups"] = self.mix.launched[i]
-            row[f"mix/{e.name}/stale_samples"] = self._stale[i]
+        for name, c, share in zip(self.ledger.envs, counts, shares, strict=True):
+            row[f"mix/{name}/trained_samples"] = c.trained
+            row[f"mix/{name}/trained_share"] = round(share, 4)
+            row[f"mix/{name}/launched_groups"] = c.launched
+            row[f"mix/{name}/stale_samples"] = c.stale
         return row
 
     def evaluate(self, after_step: int) -> None:

@@ -17,8 +17,11 @@ later turns carry the new version (the engine stamps each turn).
 Synchronous mode (`run_groups`): the caller hands one step's groups and waits for all of them
 (their samples queue in the Dispatcher, as a batch does in a synchronous RL system).
 
-Generation order is launch order (`order`): the trainer's window runs over it. A group is
-`done` once every sample is scored and its session closed.
+Generation order is launch order: the trainer's window runs over it. Each group's state
+(launched, finished with its records, released by the trainer) is in the run's `GroupLedger`
+(orchestrator/training/ledger.py): the producer writes launches and finishes there and reads
+how many groups are outstanding. A group is finished once every sample is scored and its
+session closed.
 """
 
 from __future__ import annotations
@@ -31,10 +34,10 @@ from typing import Any, TypeVar
 from envhub.envs.environment import Task
 from envhub.orchestrator.groups.dispatch import Dispatcher
 from envhub.orchestrator.groups.executor import InProcessExecutor, RolloutExecutor
-from envhub.orchestrator.groups.results import RolloutRecord
 from envhub.orchestrator.groups.scheduling import make_policy
 from envhub.orchestrator.groups.setup import load_envs
 from envhub.orchestrator.groups.stream import GroupRunner
+from envhub.orchestrator.training.ledger import GroupLedger
 from envhub.orchestrator.training.tasks import EnvTasks
 
 T = TypeVar("T")
@@ -46,21 +49,14 @@ class ProducerFailed(RuntimeError):
 
 
 class Producer:
-    def __init__(self, stream: Iterator[tuple[EnvTasks, Task]], *, k: int, concurrency: int,
-                 buffer: int, run_id: str, schedule: str = "fifo",
+    def __init__(self, stream: Iterator[tuple[EnvTasks, Task]], ledger: GroupLedger, *,
+                 concurrency: int, buffer: int, schedule: str = "fifo",
                  executor: RolloutExecutor | None = None) -> None:
-        self.stream = stream
-        self.k, self.concurrency, self.buffer, self.run_id = k, concurrency, buffer, run_id
+        self.stream, self.ledger, self.k = stream, ledger, ledger.k
+        self.concurrency, self.buffer = concurrency, buffer
         self.executor: RolloutExecutor = executor or InProcessExecutor()
         self.slots = Dispatcher(make_policy(schedule), concurrency)
         self._whole_groups = schedule == "fifo"  # launch a group only when all of it can start
-        self.order: list[str] = []  # group ids, launch order
-        self.env_of: dict[str, str] = {}  # group id -> environment name
-        self.done: dict[str, list[RolloutRecord]] = {}
-        self.launched = 0  # samples of the groups launched and not yet done (queued or running)
-        self.completed = 0  # groups done so far (the trainer waits for this to change)
-        self._outstanding = 0  # launched, not yet taken by the trainer
-        self._changed = threading.Condition()
         self._failure: BaseException | None = None
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="envhub-rollouts",
@@ -107,7 +103,8 @@ class Producer:
     def open(self, **options: Any) -> GroupRunner:
         """Open the group runner on the rollout loop (`GroupRunner.open` options), its rollouts
         placed by the executor."""
-        self.runner = self.call(GroupRunner.open(run_id=self.run_id, executor=self.executor,
+        self.runner = self.call(GroupRunner.open(run_id=self.ledger.run_id,
+                                                 executor=self.executor,
                                                  **options))
         return self.runner
 
@@ -119,6 +116,7 @@ class Producer:
         """Asynchronous mode: keep launching groups until `stop()`."""
 
         async def begin() -> None:
+            self.ledger.on_release(self._poke_soon)
             self._main = asyncio.get_running_loop().create_task(self._produce())
             self._main.add_done_callback(self._on_main_done)
 
@@ -135,30 +133,18 @@ class Producer:
 
         return self.call(batch())
 
-    def taken(self, group_ids: list[str]) -> None:
-        """The trainer took these groups: their buffer places free up."""
-        with self._changed:
-            self._outstanding -= len(group_ids)
-        self._loop.call_soon_threadsafe(self._poke)
-
     def wait_change(self, seen: int, timeout: float) -> int:
-        """Block until a group finished after `seen` (the `completed` count the caller saw),
-        the producer failed, or `timeout`; returns the new count. Raises ProducerFailed."""
-        with self._changed:
-            self._changed.wait_for(lambda: self.completed != seen or self._failure is not None,
-                                   timeout)
-            self.check()
-            return self.completed
+        """Block until a group finished after `seen` (the ledger's `finished` count the caller
+        saw), the producer failed, or `timeout`; returns the new count. Raises
+        ProducerFailed."""
+        finished = self.ledger.wait_finished(seen, timeout, lambda: self._failure is not None)
+        self.check()
+        return finished
 
     def check(self) -> None:
         if self._failure is not None:
             raise ProducerFailed(f"the rollout loop failed: {type(self._failure).__name__}: "
                                  f"{self._failure}") from self._failure
-
-    def snapshot(self) -> tuple[list[str], set[str]]:
-        """(launch order, ids of done groups), consistent with each other."""
-        with self._changed:
-            return list(self.order), set(self.done)
 
     def stop(self) -> None:
         """Cancel the rollouts in flight (their sessions close as env_failure "interrupted"),
@@ -197,16 +183,20 @@ class Producer:
 
     # -- on the rollout loop ------------------------------------------------------------------
 
+    def _poke_soon(self) -> None:  # from the trainer's thread: groups released
+        if not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._poke)
+
     def _poke(self) -> None:
         if self._wake is not None:
             self._wake.set()
 
     def _room(self) -> bool:
-        if self._outstanding >= self.buffer:
+        if self.ledger.outstanding() >= self.buffer:
             return False
         # A group whose k exceeds the concurrency still starts, alone.
-        return (not self._whole_groups or self.launched == 0
-                or self.launched + self.k <= self.concurrency)
+        running = self.ledger.running()
+        return not self._whole_groups or running == 0 or (running + 1) * self.k <= self.concurrency
 
     async def _produce(self) -> None:
         self._wake = asyncio.Event()
@@ -220,12 +210,7 @@ class Producer:
         if self._stopping:
             raise asyncio.CancelledError
         env, task = next(self.stream)
-        with self._changed:
-            gid = f"{self.run_id}:{env.name}:{task.id}:g{len(self.order):06d}"
-            self.order.append(gid)
-            self.env_of[gid] = env.name
-            self._outstanding += 1
-            self.launched += self.k
+        gid = self.ledger.launch(env.name, task.id)
         t = asyncio.get_running_loop().create_task(self._group(env, task, gid))
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
@@ -240,18 +225,12 @@ class Producer:
         except BaseException as e:  # a broken runner: the trainer must hear of it, not hang
             self._fail(e)
             raise
-        finally:
-            self.launched -= self.k
-            self._poke()
-        with self._changed:
-            self.done[gid] = records
-            self.completed += 1
-            self._changed.notify_all()
+        self.ledger.finish(gid, records)
+        self._poke()
 
     def _fail(self, e: BaseException) -> None:
-        with self._changed:
-            self._failure = e
-            self._changed.notify_all()
+        self._failure = e
+        self.ledger.wake()
 
     def _on_main_done(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:

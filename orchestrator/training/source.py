@@ -16,7 +16,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from envhub.orchestrator.training.producer import Producer
+from envhub.orchestrator.training.ledger import GroupLedger
 from envhub.sdk.types import SessionStatus, Trajectory
 from envhub.trainer.source import GroupInfo, HttpSource
 from envhub.trainer.window import GroupWindow
@@ -25,12 +25,12 @@ log = logging.getLogger(__name__)
 
 
 class LaunchOrderSource:
-    def __init__(self, http: HttpSource, producer: Producer) -> None:
-        self.http, self.producer = http, producer
+    def __init__(self, http: HttpSource, ledger: GroupLedger) -> None:
+        self.http, self.ledger = http, ledger
         self._done: dict[str, GroupInfo] = {}  # finished groups' listings (they never change)
 
     def list_groups(self) -> list[GroupInfo]:
-        order, done = self.producer.snapshot()
+        order, done = self.ledger.snapshot()
         out = []
         for gid in order:
             if gid in done and gid not in self._done:

@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from envhub.envs.environment import Task
+from envhub.orchestrator.training.ledger import EnvCounts, GroupLedger
 
 
 @dataclass(frozen=True)
@@ -76,55 +77,49 @@ class LaunchMix:
 
     Static (the default): at the weights' pace (`by_share`), whatever becomes of the groups.
 
-    Dynamic: the weights are targets for the shares of *trained* samples. A group launched from
-    environment i is expected to yield y_i trained samples, y_i observed from its groups the
-    trainer is done with (trained samples / k per group; failures, stale samples and no-signal
-    groups yield nothing), starting from k. Environment i's expected trained samples are
-    T_i + y_i * P_i (T_i trained so far, P_i groups launched and not yet done with), and the
-    next launch goes to the environment furthest below its share of the expected total, ties
-    to the lower index. So an environment whose samples are dropped more often is launched more
-    often, and one whose groups take 10x longer has 10x more of them in flight: its launches
-    keep pace with the target however slow it is.
+    Dynamic: the weights are targets for the shares of *trained* samples, read from the run's
+    `GroupLedger`. A group launched from environment i is expected to yield y_i trained
+    samples, y_i observed from its groups the trainer is done with (trained samples per settled
+    group; failures, stale samples and no-signal groups yield nothing), starting from a prior
+    of `prior` full groups. Environment i's expected trained samples are T_i + y_i * P_i (T_i
+    trained so far, P_i groups launched and not yet settled), and the next launch goes to the
+    environment furthest below its share of the expected total, ties to the lower index. So an
+    environment whose samples are dropped more often is launched more often, and one whose
+    groups take 10x longer has 10x more of them in flight: its launches keep pace with the
+    target however slow it is.
 
-    Thread-safe: the producer's thread launches, the trainer's thread reports."""
+    The mix keeps no counts of its own: the producer records each launch in the ledger, the
+    loop each settled group."""
 
-    def __init__(self, weights: Sequence[float], dynamic: bool = False, k: int = 1,
-                 prior_groups: float = 2.0) -> None:
+    def __init__(self, weights: Sequence[float], ledger: GroupLedger | None = None,
+                 dynamic: bool = False, prior_groups: float = 2.0) -> None:
+        if dynamic and ledger is None:
+            raise ValueError("a dynamic launch mix reads the run's GroupLedger: pass it")
         total = sum(weights)
         self.targets = [w / total for w in weights]
-        self.dynamic, self.k, self.prior = dynamic, k, prior_groups
-        n = len(weights)
-        self.launched, self.done = [0] * n, [0] * n
-        self.trained = [0.0] * n
+        self.ledger, self.dynamic, self.prior = ledger, dynamic, prior_groups
         self._static = by_share(list(weights))
         self._lock = threading.Lock()
 
     def next(self) -> int:
         with self._lock:
-            i = next(self._static) if not self.dynamic else min(
-                range(len(self.targets)),
-                key=lambda j: ((self.expected(j) + 0.5 * self.yield_of(j)) / self.targets[j], j))
-            self.launched[i] += 1
-            return i
+            if not self.dynamic:
+                return next(self._static)
+            assert self.ledger is not None
+            counts, k = self.ledger.counts(), self.ledger.k
+            return min(range(len(self.targets)), key=lambda j: (
+                (expected(counts[j], k, self.prior) + 0.5 * yield_of(counts[j], k, self.prior))
+                / self.targets[j], j))
 
-    def observe(self, i: int, trained_samples: float) -> None:
-        """The trainer is done with a group of environment i: it trained this many samples."""
-        with self._lock:
-            self.done[i] += 1
-            self.trained[i] += trained_samples
 
-    def yield_of(self, i: int) -> float:
-        """Trained samples per group launched (a prior of `prior` full groups)."""
-        return (self.trained[i] + self.prior * self.k) / (self.done[i] + self.prior)
+def yield_of(c: EnvCounts, k: int, prior: float) -> float:
+    """Trained samples per settled group (a prior of `prior` full groups of `k`)."""
+    return (c.trained + prior * k) / (c.settled + prior)
 
-    def expected(self, i: int) -> float:
-        return self.trained[i] + self.yield_of(i) * (self.launched[i] - self.done[i])
 
-    def shares(self) -> list[float]:
-        """Each environment's share of the samples trained so far."""
-        with self._lock:
-            total = sum(self.trained)
-            return [t / total if total else 0.0 for t in self.trained]
+def expected(c: EnvCounts, k: int, prior: float) -> float:
+    """Samples trained so far plus those expected of the groups not yet settled."""
+    return c.trained + yield_of(c, k, prior) * (c.launched - c.settled)
 
 
 def by_share(shares: Sequence[float], counts: Sequence[int] | None = None) -> Iterator[int]:

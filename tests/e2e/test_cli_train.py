@@ -36,6 +36,12 @@ def test_train_arith_runs_the_loop_and_the_engine_samples_the_new_weights(tmp_pa
         # the optimizer step was skipped, counted as such.
         assert r["trainer/tokens/packed"] > 0 or (
             r["trainer/step/skipped"] == 1 and r["trainer/drop_groups/no_signal"] == 2), r
+        # the group ledger's counts, also for one environment (envhub view's per-task table)
+        assert r["mix/arith/launched_groups"] == 2 * (r["step"] + 1) == r["groups_launched"]
+        assert 0 <= r["mix/arith/trained_samples"] <= 4 * (r["step"] + 1)
+        assert r["mix/arith/stale_samples"] == 0
+    assert [r["mix/arith/trained_samples"] for r in rows] == sorted(
+        r["mix/arith/trained_samples"] for r in rows)
     kept = sorted(p.name for p in (out / "weights").iterdir())
     assert kept == ["v000002"]  # the pushed weights: the newest kept, older ones pruned
     # a model folder the gateway serves as it is: the tokenizer and chat template came along
@@ -250,6 +256,8 @@ def test_async_train_on_two_environments_by_weight_with_held_out_eval(tmp_path):
         for key in ("filter/stale", "filter/env_failure", "filter/padded",
                     "filter/no_signal_groups", "staleness/max"):
             assert key in r
+        assert r["mix/arith/launched_groups"] + r["mix/arith2/launched_groups"] == (
+            r["groups_launched"])
     launched = [g for r in steps for g in r["groups"]]
     assert sum(g.split(":")[1] == "arith" for g in launched) == 4  # 2:1 over 6 groups
     with StoreSource(f"sqlite:///{out / 'pool.db'}") as pool:

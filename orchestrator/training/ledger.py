@@ -1,0 +1,160 @@
+"""Every group of a training run from launch to trained: the one record of group state.
+
+A group is
+    launched   by the producer (`launch`): its id, its environment, its place in launch order;
+    finished   by the producer (`finish`): all its samples scored, their sessions closed, with
+               the rollout records;
+    released   by the loop (`release`): the window consumed it (trained or passed), so its
+               place in the producer's buffer frees up;
+    settled    by the loop (`settle`): the trainer's count of the samples it trained and of
+               those it dropped as stale (a group with no session settles with none).
+
+Everyone else reads it through methods: the producer (how many groups are launched and not
+released, how many are running), the launch-order source (the order and the finished groups),
+the launch mix (each environment's counts), the loop's rows and `envhub view`'s mix columns.
+The trainer's window keeps only its own memory of what it consumed (checkpointed for resume:
+trainer/window.py); the loop releases here what the window consumed.
+
+Thread-safe: the producer's thread launches and finishes, the trainer's thread releases and
+settles and waits (`wait_finished`) for the next group to finish.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from envhub.orchestrator.groups.results import RolloutRecord
+
+
+@dataclass(frozen=True)
+class EnvCounts:
+    """One environment's groups and samples so far."""
+
+    launched: int  # groups launched
+    settled: int  # groups the trainer is done with
+    trained: float  # samples trained
+    stale: int  # samples dropped as stale
+
+
+class GroupLedger:
+    def __init__(self, run_id: str, envs: Sequence[str], k: int) -> None:
+        self.run_id, self.envs, self.k = run_id, list(envs), k
+        self._index = {name: i for i, name in enumerate(self.envs)}
+        self._order: list[str] = []  # group ids, launch order
+        self._env: dict[str, int] = {}  # group id -> index into envs
+        self._records: dict[str, list[RolloutRecord]] = {}  # finished groups
+        self._released: set[str] = set()
+        self._settled: set[str] = set()
+        n = len(self.envs)
+        self._launched, self._settled_n = [0] * n, [0] * n
+        self._trained, self._stale = [0.0] * n, [0] * n
+        self._changed = threading.Condition()
+        self._on_release: list[Callable[[], None]] = []
+
+    # -- the producer -------------------------------------------------------------------------
+
+    def launch(self, env: str, task_id: str) -> str:
+        """A new group of `env` on task `task_id`; returns its id (unique in the run)."""
+        with self._changed:
+            gid = f"{self.run_id}:{env}:{task_id}:g{len(self._order):06d}"
+            self._order.append(gid)
+            self._env[gid] = self._index[env]
+            self._launched[self._index[env]] += 1
+            return gid
+
+    def finish(self, gid: str, records: list[RolloutRecord]) -> None:
+        """Every sample of `gid` is scored and its session closed."""
+        with self._changed:
+            self._records[gid] = records
+            self._changed.notify_all()
+
+    def on_release(self, callback: Callable[[], None]) -> None:
+        """Call `callback` (from the releasing thread) each time groups are released."""
+        self._on_release.append(callback)
+
+    def wake(self) -> None:
+        """Wake the `wait_finished` callers (to look at their `stop` condition again)."""
+        with self._changed:
+            self._changed.notify_all()
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def release(self, gids: Iterable[str]) -> list[str]:
+        """The window consumed these groups; returns those not released before."""
+        with self._changed:
+            new = [g for g in dict.fromkeys(gids) if g not in self._released]
+            self._released.update(new)
+        if new:
+            for callback in self._on_release:
+                callback()
+        return new
+
+    def settle(self, gid: str, trained: float, stale: int = 0) -> None:
+        """The trainer is done with `gid`: it trained `trained` of its samples and dropped
+        `stale` as too old. ValueError for a group settled before."""
+        with self._changed:
+            if gid in self._settled:
+                raise ValueError(f"group {gid} was settled already")
+            self._settled.add(gid)
+            i = self._env[gid]
+            self._settled_n[i] += 1
+            self._trained[i] += trained
+            self._stale[i] += stale
+
+    def wait_finished(self, seen: int, timeout: float, stop: Callable[[], bool]) -> int:
+        """Block until more than `seen` groups have finished, `stop()` holds (checked on each
+        `wake`) or `timeout`; returns the number finished."""
+        with self._changed:
+            self._changed.wait_for(lambda: len(self._records) != seen or stop(), timeout)
+            return len(self._records)
+
+    # -- reads --------------------------------------------------------------------------------
+
+    @property
+    def finished(self) -> int:
+        """Groups finished so far."""
+        with self._changed:
+            return len(self._records)
+
+    @property
+    def launched(self) -> int:
+        """Groups launched so far."""
+        with self._changed:
+            return len(self._order)
+
+    def outstanding(self) -> int:
+        """Groups launched and not yet released (the producer's buffer holds these)."""
+        with self._changed:
+            return len(self._order) - len(self._released)
+
+    def running(self) -> int:
+        """Groups launched and not yet finished."""
+        with self._changed:
+            return len(self._order) - len(self._records)
+
+    def snapshot(self) -> tuple[list[str], set[str]]:
+        """(launch order, ids of finished groups), consistent with each other."""
+        with self._changed:
+            return list(self._order), set(self._records)
+
+    def env_of(self, gid: str) -> str:
+        return self.envs[self._env[gid]]
+
+    def records(self, gid: str) -> list[RolloutRecord]:
+        """A finished group's rollout records (none for a group not finished)."""
+        with self._changed:
+            return list(self._records.get(gid, []))
+
+    def counts(self) -> list[EnvCounts]:
+        """Each environment's counts, in `envs` order, consistent with each other."""
+        with self._changed:
+            return [EnvCounts(*c) for c in zip(self._launched, self._settled_n, self._trained,
+                                               self._stale, strict=True)]
+
+    def shares(self) -> list[float]:
+        """Each environment's share of the samples trained so far."""
+        counts = self.counts()
+        total = sum(c.trained for c in counts)
+        return [c.trained / total if total else 0.0 for c in counts]
