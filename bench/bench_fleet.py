@@ -13,7 +13,11 @@ Three `envhub engine --model zero` processes behind one `envhub gateway --backen
               hit the dying instance (the first call of each session that lived there, after
               the kill) versus the other calls of the same window.
 
-    python bench/bench_fleet.py [--turns 2] [--levels 1,100,1000]
+With `--think S` each session waits S seconds between its calls, as an agent running tools
+does: the load is then sessions in flight rather than calls back to back (GLM-5's 1,000+
+rollouts), and the figure that matters is the gateway's own p99 (`gw p99`).
+
+    python bench/bench_fleet.py [--turns 2] [--levels 1,100,1000] [--think 1.0]
 """
 
 from __future__ import annotations
@@ -57,8 +61,9 @@ class Target:
 
 
 async def session(http: aiohttp.ClientSession, url: str, key: str, turns: int,
-                  record: list[dict[str, Any]]) -> None:
-    """One agent: a chat of `turns` calls; each call's latency and gateway time recorded."""
+                  record: list[dict[str, Any]], think: float = 0.0) -> None:
+    """One agent: a chat of `turns` calls, `think` seconds apart; each call's latency and
+    gateway time recorded."""
     messages: list[dict[str, str]] = [{"role": "user", "content": "start"}]
     headers = {"authorization": f"Bearer {key}"}
     for turn in range(turns):
@@ -76,9 +81,12 @@ async def session(http: aiohttp.ClientSession, url: str, key: str, turns: int,
             return
         messages += [{"role": "assistant", "content": body["choices"][0]["message"]["content"]},
                      {"role": "user", "content": f"turn {turn}"}]
+        if think and turn < turns - 1:
+            await asyncio.sleep(think)
 
 
-async def scale(target: Target, level: int, turns: int, run: str) -> dict[str, float]:
+async def scale(target: Target, level: int, turns: int, run: str,
+                think: float = 0.0) -> dict[str, float]:
     sessions = max(level, 50 if level == 1 else level)  # level 1: 50 sessions in sequence
     record: list[dict[str, Any]] = []
     sem = asyncio.Semaphore(level)
@@ -86,7 +94,7 @@ async def scale(target: Target, level: int, turns: int, run: str) -> dict[str, f
     async with aiohttp.ClientSession(connector=conn) as http:
         async def one(k: int) -> None:
             async with sem:
-                await session(http, target.url, f"{run}-c{level}-{k}", turns, record)
+                await session(http, target.url, f"{run}-c{level}-{k}", turns, record, think)
 
         t0 = time.perf_counter()
         await asyncio.gather(*(one(k) for k in range(sessions)))
@@ -181,6 +189,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--turns", type=int, default=2)
     ap.add_argument("--levels", default="1,100,1000")
+    ap.add_argument("--think", type=float, default=0.0,
+                    help="seconds each session waits between its calls")
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
@@ -189,14 +199,15 @@ def main() -> None:
             run = f"r{int(time.time())}"
             rows = {}
             for level in levels:
-                res = asyncio.run(scale(target, level, args.turns, run))
+                res = asyncio.run(scale(target, level, args.turns, run, args.think))
                 res["direct_p99"] = asyncio.run(direct(target, level, max(100, level)))
                 rows[level] = res
             fo = asyncio.run(failover(target, run))
         finally:
             target.close()
     cost = asyncio.run(routing_cost())
-    print(f"\nfleet: 3 zero-work engines behind one gateway, {args.turns} turns per session")
+    print(f"\nfleet: 3 zero-work engines behind one gateway process, {args.turns} turns per "
+          f"session, {args.think:g} s think time between calls")
     print(f"{'sessions':>9} {'sessions/s':>11} {'calls/s':>8} {'p50 ms':>8} {'p99 ms':>8} "
           f"{'gw p99':>8} {'direct p99':>11} {'errors':>7}")
     for level, r in rows.items():

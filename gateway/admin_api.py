@@ -19,6 +19,7 @@ from pydantic import BaseModel, Field, RootModel
 from envhub.gateway.errors import Forbidden, Unauthorized
 from envhub.gateway.models.base import OPENAI_ERRORS, body_of, parse
 from envhub.gateway.openai_api import json_response, read_json
+from envhub.gateway.pool.declared import Declaration
 from envhub.gateway.pool.leases import op_revoke
 from envhub.gateway.pool.store import op_event, op_update_session
 from envhub.gateway.pool.trajectory import build_trajectory, session_info
@@ -179,9 +180,16 @@ async def context_action(request: Request, session_id: str) -> Response:
     live = await _session_for(request, session_id)
     action = parse(CMAction, await read_json(request)).model_copy(
         update={"source": "declared", "seq": None, "segment": None, "from_seq": None})
-    history = await request.app.state.gw.sessions.history(live)
     async with live.lock:
-        history.declared = action
+        # into the pool, so that whichever gateway process serves the next request applies it
+        # (pool/declared.py); this process's cached history too when it holds the session
+        history = live.history
+        declaration = Declaration(live.id, action.model_dump(),
+                                  history.lease if history is not None else None)
+        await request.app.state.gw.store.write(declaration.op)
+        if history is not None and live.history is history and (
+                declaration.held or history.lease is None):
+            history.declared = CMAction(**declaration.body)
     return json_response({"accepted": True})
 
 

@@ -19,7 +19,7 @@ Decisions where the Anthropic API and token-exactness meet:
   (models/anthropic.py), the content blocks by anthropic_convert.py. `tool_choice` `any` /
   `tool` force a call by constrained decoding (gateway/structured.py;
   `disable_parallel_tool_use` allows one call only); `none` drops the tools like the OpenAI
-  route does.
+  route does; a call to a tool the request did not offer comes back as text (service.py).
 - A final assistant message (prefill) is refused: the chat template closes every assistant
   turn, so it cannot be continued token-exactly.
 
@@ -39,12 +39,12 @@ from fastapi.responses import Response, StreamingResponse
 
 from envhub.gateway.anthropic_convert import constraint, to_messages, to_tools, tool_choice
 from envhub.gateway.backends.base import SamplingParams
-from envhub.gateway.errors import GatewayError, Overloaded
+from envhub.gateway.errors import GatewayError, Overloaded, internal_error
 from envhub.gateway.models.anthropic import CountTokensRequest, MessagesRequest
 from envhub.gateway.models.base import ANTHROPIC_ERRORS, STREAMS, body_of, ignored_header, parse
 from envhub.gateway.openai_api import ClientGone, check_model, read_json, until_disconnect
 from envhub.gateway.render.messages import normalize_message
-from envhub.gateway.service import ChatAnswer, ChatCall, Choice
+from envhub.gateway.service import ChatAnswer, ChatCall, Choice, new_chain
 
 log = logging.getLogger("envhub.gateway.anthropic")
 router = APIRouter(responses=ANTHROPIC_ERRORS)
@@ -65,6 +65,7 @@ class Call:
     params: SamplingParams
     stream: bool = False
     ignored: list[str] = field(default_factory=list)
+    tool_choice_none: bool = False  # tools declared, none may be called
 
 
 # -- errors ----------------------------------------------------------------------------------
@@ -83,10 +84,8 @@ def error_response(exc: GatewayError, request: Request | None = None) -> Respons
                     headers=headers)
 
 
-def _internal(exc: Exception) -> GatewayError:
-    err = GatewayError(f"internal error: {type(exc).__name__}: {exc}")
-    err.status_code = 500
-    return err
+def _internal(exc: Exception, where: str) -> GatewayError:
+    return internal_error(exc, where, log)  # a generic message + an id; the cause is logged
 
 
 def _params(req: MessagesRequest, stop_token_ids: list[int]) -> SamplingParams:
@@ -112,7 +111,8 @@ def parse_request(request: Request, body: dict[str, Any], *, counting: bool = Fa
         stream = bool(req.stream)
     else:
         params, stream = SamplingParams(), False
-    return Call(model, messages, tools, params, stream, req.ignored())
+    none = isinstance(choice, dict) and choice.get("type") == "none"
+    return Call(model, messages, tools, params, stream, req.ignored(), none)
 
 
 # -- response --------------------------------------------------------------------------------
@@ -227,7 +227,9 @@ async def messages(request: Request) -> Response:
             answer = await until_disconnect(request, gw.service.chat(
                 live, gw.sessions.history, ChatCall(req.messages, req.tools, req.params,
                                                     normalize=normalize_message,
-                                                    requested_model=req.model)))
+                                                    requested_model=req.model,
+                                                    new_chain=new_chain(request.headers),
+                                                    tool_choice_none=req.tool_choice_none)))
         finally:
             gw.metrics.in_flight.dec()
     except GatewayError as exc:
@@ -235,8 +237,7 @@ async def messages(request: Request) -> Response:
     except ClientGone:
         return Response(status_code=499)  # the client hung up; nobody reads this
     except Exception as exc:  # keep the Anthropic shape; the cause goes to the log
-        log.exception("unexpected error on /v1/messages")
-        return error_response(_internal(exc), request)
+        return error_response(_internal(exc, "/v1/messages"), request)
     message = message_body(answer, req, gw.renderer)
     headers = _headers(message["id"], req)
     if req.stream:
@@ -259,8 +260,7 @@ async def count_tokens(request: Request) -> Response:
     except GatewayError as exc:
         return error_response(exc, request)
     except Exception as exc:
-        log.exception("unexpected error on /v1/messages/count_tokens")
-        return error_response(_internal(exc), request)
+        return error_response(_internal(exc, "/v1/messages/count_tokens"), request)
     return Response(orjson.dumps({"input_tokens": n}), media_type="application/json")
 
 

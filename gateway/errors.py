@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import uuid
+
 # One MissingExtra for every component (an `as` import: an explicit re-export).
 from envhub.sdk.errors import MissingExtra as MissingExtra
 
@@ -56,3 +59,27 @@ class Overloaded(GatewayError):
 class BackendUnavailable(GatewayError):
     status_code = 503
     type = "server_error"
+
+
+class InternalError(GatewayError):
+    """A 500 that tells the client nothing of its cause: a generic message and an error id.
+    Build it with `internal_error`, which logs the id with the full traceback."""
+
+    status_code = 500
+    type = "server_error"
+
+    def __init__(self, error_id: str):
+        super().__init__(f"internal server error (error id {error_id}); the operator finds the "
+                         "cause in the server's log under this id", code="internal_error")
+        self.error_id = error_id
+
+
+def internal_error(exc: BaseException, where: str,
+                   logger: logging.Logger | None = None) -> InternalError:
+    """An unexpected exception as a client-safe 500: the exception text, its type and any
+    paths stay in the log (with the traceback and `where`, under a fresh error id); the
+    body carries only the id."""
+    err = InternalError("err_" + uuid.uuid4().hex[:16])
+    (logger or logging.getLogger("envhub.gateway")).error(
+        "internal error %s on %s", err.error_id, where, exc_info=exc)
+    return err

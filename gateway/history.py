@@ -14,18 +14,36 @@ A new request is matched against these states by rolling message hashes:
   full either way.
 
 Conversations ("chains"): black-box CLIs make side calls on the same key (a title or summary
-request beside the main loop, sub-agents). Each conversation is its own chain, a root of the
-session's tree; a chain's id is the seq of its first turn. A request that extends nothing joins
-a chain when (1) its first message is the first message of that chain's latest request (same
-system prompt or same opening; the most recent such chain wins), or (2) it shares messages
-beyond the first with the latest request of a chain that has the same tools; otherwise it
-opens a new chain and no CM action is recorded. Chains are derived from what is stored (the
-parent turn, or the CM action's `from_seq`), so a pool needs no extra column.
+request beside the main loop, sub-agents), and harnesses run several agents or several runs of
+one CLI on one key. Each conversation is its own chain, a root of the session's tree; a chain's
+id is the seq of its first turn. Whether a request that extends nothing rewrites a chain is
+decided by content, never by its first message alone. Its *preamble* is its leading system
+messages and the first message after them (the system prompt and the task); then
+  1. it keeps, beyond its preamble, a message of a chain's history that is not a system
+     message (an assistant response, a tool result, a later user message: system messages
+     anywhere are instructions an agent sends alike in every conversation) → a CM action of
+     that chain (the most recent such chain): `truncate` (only removes), `summarize`
+     (replaces more than it adds) or `rewrite`;
+  2. else its preamble is the first messages of a chain's history, with the same tools (the
+     conversation went back to its own opening and goes on from there with new text, e.g. a
+     summary after the task) → a CM action of that chain, classified as in 1;
+  3. else it is a new conversation: a new chain, no CM action. A new conversation sharing only
+     a system prompt (a second run of a CLI), only a first user message, or nothing, is one.
+What cannot be told apart, and is recorded as a new chain: a `reset` (the conversation keeps
+only its system prompt and goes on with a new user message: byte for byte a new conversation
+of the same agent), and a summary that keeps nothing of the old conversation (a new first user
+message holding the summary). An agent that does either declares it (the SDK's
+`context_action`, recorded on its next request); a request that repeats an earlier request
+exactly is a retry (`fork`) unless it says it starts a new conversation
+(`X-Envhub-Chain: new`, for harness authors running one agent several times on a key).
+Chains are derived from what is stored (the parent turn, or the CM action's `from_seq`), so a
+pool needs no extra column.
 """
 
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from envhub.gateway.render.messages import chain
@@ -46,7 +64,6 @@ class TurnState:
     key: bytes = b""  # rolling hash of (tools, request messages, response)
     n_messages: int = 0  # request messages
     chain: int = -1  # the conversation: seq of its first turn (set by History.add)
-    first_hash: bytes = b""  # hash of the request's first message (set by History.add)
     extended: bool = False  # a later turn of the same segment continued from here
     _ids: list[int] | None = None  # cached full history; kept only on segment tips
 
@@ -111,12 +128,16 @@ class History:
         self._last = (hashes, rolling)
         return rolling
 
-    def plan(self, hashes: list[bytes], tools_key: bytes, first_is_system: bool,
-             consume_declared: bool = True) -> Plan:
-        """How a request with these message hashes relates to the history. With
-        `consume_declared=False` (a preview) the agent's declared action stays pending."""
+    def plan(self, hashes: list[bytes], tools_key: bytes, role: Callable[[int], str],
+             consume_declared: bool = True, new_chain: bool = False) -> Plan:
+        """How a request with these message hashes relates to the history. `role(i)`: the role
+        of its message i (asked only of a request that extends nothing). With
+        `consume_declared=False` (a preview) the agent's declared action stays pending.
+        `new_chain`: the client says this request starts a conversation of its own (nothing is
+        matched)."""
         rolling = self._rolling(hashes, tools_key)
-        plan = self._match(hashes, rolling, first_is_system)
+        plan = (Plan("new", None, 0, hashes, True) if new_chain
+                else self._match(hashes, rolling, role))
         if not consume_declared:
             return plan
         declared, self.declared = self.declared, None
@@ -134,7 +155,8 @@ class History:
                 plan.action = declared
         return plan
 
-    def _match(self, hashes: list[bytes], rolling: list[bytes], first_is_system: bool) -> Plan:
+    def _match(self, hashes: list[bytes], rolling: list[bytes],
+               role: Callable[[int], str]) -> Plan:
         m = len(hashes)
         # Retry: the exact request of an earlier turn → same prompt ids, new segment.
         earlier = self.by_req.get(rolling[m])
@@ -152,49 +174,52 @@ class History:
                         CMAction(kind="fork", from_seq=state.seq,
                                  info={"reason": "continues an earlier turn"}))
         return Plan("new", None, 0, hashes, True, self._conversation_action(
-            hashes, rolling[0], first_is_system))
+            hashes, rolling[0], role))
 
     def _conversation_action(self, hashes: list[bytes], tools_key: bytes,
-                             first_is_system: bool) -> CMAction | None:
+                             role: Callable[[int], str]) -> CMAction | None:
         """The CM action of the conversation a request that extends nothing rewrites, or None
-        when it starts a new conversation (see the module docstring)."""
-        tips = sorted(self.tips.values(), key=lambda s: s.seq, reverse=True)
-        for tip in tips:
-            if hashes and tip.first_hash == hashes[0]:
-                return self._classify(hashes, first_is_system, tip)[0]
-        for tip in tips:
-            if tip.tools_key == tools_key:
-                action, kept = self._classify(hashes, first_is_system, tip)
+        when it starts a new conversation (rules 1-3 of the module docstring)."""
+        preamble = 0
+        while preamble < len(hashes) and role(preamble) == "system":
+            preamble += 1
+        preamble = min(preamble + 1, len(hashes))
+        beyond = {j for j in range(preamble, len(hashes)) if role(j) != "system"}
+        tips = [(tip, tip.request_hashes() + [tip.response_hash])
+                for tip in sorted(self.tips.values(), key=lambda s: s.seq, reverse=True)]
+        for tip, old in tips:  # 1: keeps some of a chain's history beyond its own preamble
+            if not {hashes[j] for j in beyond}.isdisjoint(old):
+                action, kept = self._classify(old, hashes, beyond, tip)
                 if kept > 0:
                     return action
+        for tip, old in tips:  # 2: back at a chain's own opening, going on from there
+            if (tip.tools_key == tools_key and len(hashes) > preamble
+                    and old[:preamble] == hashes[:preamble]):
+                return self._classify(old, hashes, beyond, tip)[0]
         return None
 
-    def _classify(self, new: list[bytes], starts_with_system: bool,
-                  ref: TurnState) -> tuple[CMAction, int]:
-        """The action turning `ref`'s conversation into `new`, and how many messages beyond a
-        shared system prompt it kept."""
-        old = ref.request_hashes() + [ref.response_hash]
+    def _classify(self, old: list[bytes], new: list[bytes], beyond: set[int], ref: TurnState
+                  ) -> tuple[CMAction, int]:
+        """The action turning `ref`'s conversation (`old`: its messages and response) into
+        `new`, and how many of them `new` keeps at positions in `beyond` (its messages past
+        the preamble that are not system messages)."""
         ops = difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes()
-        equal = [(i1, i2, j1) for tag, i1, i2, j1, _ in ops if tag == "equal"]
+        equal = [(i1, i2, j1, j2) for tag, i1, i2, j1, j2 in ops if tag == "equal"]
         removed = [[i1, i2] for tag, i1, i2, _, _ in ops if tag in ("delete", "replace")]
         added = [[j1, j2] for tag, i1, _, j1, j2 in ops
                  if tag == "replace" or (tag == "insert" and i1 < len(old))]
-        kept = sum(i2 - i1 for i1, i2, _ in equal)
-        if starts_with_system and any(i1 == 0 and j1 == 0 for i1, _, j1 in equal):
-            kept -= 1  # a shared system prompt alone does not make a continuation
+        kept_beyond = sum(1 for _, _, j1, j2 in equal for j in range(j1, j2) if j in beyond)
         n_removed = sum(b - a for a, b in removed)
         n_added = sum(b - a for a, b in added)
         kind: CMKind
-        if kept == 0:
-            kind = "reset"
-        elif n_added == 0:
+        if n_added == 0:
             kind = "truncate"
         elif n_removed > n_added:
             kind = "summarize"
         else:
             kind = "rewrite"
         return CMAction(kind=kind, from_seq=ref.seq, removed=removed, added=added,
-                        tokens_before=len(ref.full_ids())), kept
+                        tokens_before=len(ref.full_ids())), kept_beyond
 
     def chain_of(self, parent: TurnState | None, action: CMAction | None, seq: int) -> int:
         """The conversation of a new turn: its parent's, else that of the turn its CM action
@@ -212,10 +237,6 @@ class History:
         """Register a finished turn (with the CM action it was recorded with, if any) so later
         requests can extend it."""
         state.chain = self.chain_of(state.parent, action, state.seq)
-        if state.parent is not None:  # the request extends the parent's messages
-            state.first_hash = state.parent.first_hash
-        else:
-            state.first_hash = state.appended_hashes[0] if state.appended_hashes else b""
         tip = self.tips.get(state.chain)
         if tip is None or state.seq > tip.seq:
             self.tips[state.chain] = state

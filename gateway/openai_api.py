@@ -21,7 +21,7 @@ from envhub.gateway.errors import BadRequest, NotFound
 from envhub.gateway.models.base import OPENAI_ERRORS, STREAMS, Body, body_of, ignored_header, parse
 from envhub.gateway.models.openai import ChatRequest, CompletionRequest, Sampling
 from envhub.gateway.render.messages import normalize_message
-from envhub.gateway.service import ChatAnswer, ChatCall
+from envhub.gateway.service import ChatAnswer, ChatCall, new_chain
 from envhub.gateway.structured import Constraint, for_request, forced_call
 
 router = APIRouter(responses=OPENAI_ERRORS)
@@ -74,7 +74,8 @@ class ClientGone(Exception):
 def _tool_choice(raw: Any, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
     """The tools to render for `tool_choice` (its shape is checked by the request model). A
     named function must be declared; 'required' needs tools. Forcing the call is the
-    constraint's job (openai_constraint)."""
+    constraint's job (openai_constraint). 'none' renders no tools, and a call the model makes
+    anyway comes back as text (ChatService._choice: undeclared_tool)."""
     if raw is None or raw == "auto":
         return tools
     if raw == "none":
@@ -163,8 +164,10 @@ async def chat_completions(request: Request) -> Response:
     gw.metrics.in_flight.inc()
     try:
         answer = await until_disconnect(request, gw.service.chat(
-            live, gw.sessions.history, ChatCall(messages, tools, params, n, normalize_message,
-                                                 requested_model=model)))
+            live, gw.sessions.history, ChatCall(
+                messages, tools, params, n, normalize_message, requested_model=model,
+                new_chain=new_chain(request.headers),
+                tool_choice_none=body.get("tool_choice") == "none")))
     finally:
         gw.metrics.in_flight.dec()
     want_lp = bool(req.logprobs)

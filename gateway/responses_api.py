@@ -49,7 +49,7 @@ from envhub.gateway.responses_items import (
     with_ids,
 )
 from envhub.gateway.responses_log import ITEMS, StoredResponse
-from envhub.gateway.service import ChatAnswer, ChatCall
+from envhub.gateway.service import ChatAnswer, ChatCall, new_chain
 from envhub.gateway.structured import Constraint, for_request, forced_call
 
 router = APIRouter(responses=OPENAI_ERRORS)
@@ -91,8 +91,10 @@ async def create_response(request: Request, body: ResponsesRequest) -> Response:
     gw.metrics.in_flight.inc()
     try:
         answer = await until_disconnect(request, gw.service.chat(
-            live, gw.sessions.history, ChatCall(messages, tools, params, 1, normalize_message,
-                                                requested_model=body.model)))
+            live, gw.sessions.history, ChatCall(
+                messages, tools, params, 1, normalize_message, requested_model=body.model,
+                new_chain=new_chain(request.headers),
+                tool_choice_none=body.tool_choice == "none")))
     finally:
         gw.metrics.in_flight.dec()
     out = response_body(gw, answer, body, want_lp)
@@ -134,13 +136,23 @@ def _constraint(gw: Any, body: ResponsesRequest, tools: list[dict[str, Any]] | N
     if body.parallel_tool_calls is not None:
         request["parallel_tool_calls"] = body.parallel_tool_calls
     try:
-        return for_request(gw.renderer, tools, fmt=chat_format, force=force, name=name,
-                           parallel=body.parallel_tool_calls is not False, request=request)
+        return for_request(gw.renderer, _strict(body, tools), fmt=chat_format, force=force,
+                           name=name, parallel=body.parallel_tool_calls is not False,
+                           request=request)
     except BadRequest as e:  # name the Responses field, not the chat one
         if e.param and e.param.startswith("response_format"):
             e.param = "text.format" + e.param[len("response_format"):].replace(
                 ".json_schema", "", 1)
         raise
+
+
+def _strict(body: ResponsesRequest, tools: list[dict[str, Any]] | None
+            ) -> list[dict[str, Any]] | None:
+    """The tools as the constraint sees them: `strict` is on unless a tool says false (the
+    Responses API's default); the rendered tools are left as they were."""
+    loose = {t.name for t in body.tools or [] if t.strict is False}
+    return [t if t["function"]["name"] in loose else
+            {**t, "function": {**t["function"], "strict": True}} for t in tools or []] or None
 
 
 def response_body(gw: Any, answer: ChatAnswer, body: ResponsesRequest, want_lp: bool

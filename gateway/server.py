@@ -24,7 +24,7 @@ from envhub.gateway import admin_api, admin_fleet, anthropic_api, openai_api, re
 from envhub.gateway.backends import backend_class, make_backend
 from envhub.gateway.backends.base import Backend
 from envhub.gateway.config import GatewayConfig
-from envhub.gateway.errors import GatewayError, Overloaded
+from envhub.gateway.errors import GatewayError, InternalError, Overloaded, internal_error
 from envhub.gateway.metrics import Metrics
 from envhub.gateway.model_names import ModelNames
 from envhub.gateway.models.base import bad_request, install_openapi
@@ -53,12 +53,15 @@ def _error_body(message: str, type_: str, param: str | None = None,
 class _Edge:
     """ASGI middleware: session key from headers or `/s/{key}/...`, the body size limit, and
     an `x-envhub-gateway` header naming this process on every answer (behind a proxy that
-    spreads sessions over several gateways, it says which one served a call)."""
+    spreads sessions over several gateways, it says which one served a call). The `direct`
+    routes ((method, path) → endpoint) are called here, with the app's exception handlers."""
 
-    def __init__(self, app: Any, max_body: int, process: str):
+    def __init__(self, app: Any, max_body: int, process: str,
+                 direct: dict[tuple[str, str], Any] | None = None):
         self.app = app
         self.max_body = max_body
         self.process = (b"x-envhub-gateway", process.encode())
+        self.direct = direct or {}
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -103,8 +106,12 @@ class _Edge:
                 message["headers"] = [*message.get("headers", ()), self.process]
             await send(message)
 
+        endpoint = self.direct.get((scope["method"], scope["path"]))
         try:
-            await self.app(scope, limited_receive, tracking_send)
+            if endpoint is not None:
+                await _call_direct(endpoint, scope, limited_receive, tracking_send)
+            else:
+                await self.app(scope, limited_receive, tracking_send)
         except _TooLarge:
             if not started:
                 await self._reject(send, seen)
@@ -118,6 +125,32 @@ class _Edge:
                                 (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})
 
+
+async def _call_direct(endpoint: Any, scope: dict, receive: Any, send: Any) -> None:
+    """Serve a hot route (the model-call endpoints take only the request) without FastAPI's
+    routing and dependency layers: the endpoint itself, then the app's exception handlers
+    (by the exception's class, as Starlette looks them up)."""
+    request = Request(scope, receive)
+    try:
+        response = await endpoint(request)
+    except _TooLarge:
+        raise
+    except Exception as exc:
+        handlers = scope["app"].exception_handlers
+        handler = next((handlers[c] for c in type(exc).__mro__ if c in handlers), None)
+        if handler is None:
+            raise
+        response = await handler(request, exc)
+    await response(scope, receive, send)
+
+
+# The model calls, served by _Edge straight from the endpoint: they take only the request, so
+# FastAPI's routing, dependency solving and inner middleware add nothing but CPU on the
+# gateway's hottest path (bench/bench_gateway_overhead.py). Their routes stay registered for
+# OpenAPI and for the 405s of other methods.
+_DIRECT = {("POST", "/v1/chat/completions"): openai_api.chat_completions,
+           ("POST", "/v1/completions"): openai_api.completions,
+           ("POST", "/v1/messages"): anthropic_api.messages}
 
 _ROUTERS = (openai_api.router, responses_api.router, anthropic_api.router, admin_api.router,
             admin_fleet.router)
@@ -190,6 +223,8 @@ def create_app(config: GatewayConfig, backend: Backend | None = None) -> FastAPI
         headers = {}
         if isinstance(exc, Overloaded):
             headers["retry-after"] = str(max(1, round(exc.retry_after)))
+        if isinstance(exc, InternalError):
+            headers["x-envhub-error-id"] = exc.error_id
         metrics.requests.labels(request.url.path, str(exc.status_code)).inc()
         return Response(_error_body(exc.message, exc.type, exc.param, exc.code),
                         status_code=exc.status_code, media_type="application/json",
@@ -225,13 +260,12 @@ def create_app(config: GatewayConfig, backend: Backend | None = None) -> FastAPI
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> Response:
-        log.exception("unexpected error on %s", request.url.path)
-        return Response(_error_body(f"internal error: {type(exc).__name__}: {exc}",
-                                    "server_error"), status_code=500,
-                        media_type="application/json")
+        # the body names no exception, type or path (they may leak internals); the error id
+        # in it is logged with the traceback, so an operator can find the cause
+        return await _gateway_error(request, internal_error(exc, request.url.path, log))
 
     app.add_middleware(_Edge, max_body=config.max_body_bytes,  # type: ignore[arg-type]
-                       process=process)
+                       process=process, direct=_DIRECT)
     install_openapi(app)
     return app
 

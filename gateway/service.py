@@ -11,14 +11,20 @@ import hashlib
 import os
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
 
 from envhub.gateway.backends.base import Backend, GenerateRequest, GenerateResult, SamplingParams
-from envhub.gateway.errors import BackendUnavailable, BadRequest, Conflict, GatewayError
+from envhub.gateway.errors import (
+    BackendUnavailable,
+    BadRequest,
+    Conflict,
+    GatewayError,
+    internal_error,
+)
 from envhub.gateway.history import History, Plan, TurnState
 from envhub.gateway.metrics import Metrics
 from envhub.gateway.pool import schema as t
@@ -56,6 +62,8 @@ class ChatCall:
     n: int = 1
     normalize: Callable[[Message, int], Message] | None = None
     requested_model: str | None = None  # the name the client asked for, recorded per turn
+    new_chain: bool = False  # the client says it starts a conversation (X-Envhub-Chain: new)
+    tool_choice_none: bool = False  # tools declared but tool_choice none: no call may come back
 
     def prepared(self, live: LiveSession) -> tuple[list[bytes], Callable[[int], Message]]:
         """Message hashes, and an accessor for the normalised message i."""
@@ -70,6 +78,22 @@ class ChatCall:
             return fresh[i]
 
         return hashes, get
+
+
+CHAIN_HEADER = "x-envhub-chain"
+
+
+def new_chain(headers: Mapping[str, str]) -> bool:
+    """`X-Envhub-Chain: new`: the request starts a conversation of its own, whatever it shares
+    with the session's (for harnesses that run one agent several times on a key; see
+    gateway/history.py). 400 for any other value."""
+    value = headers.get(CHAIN_HEADER)
+    if value is None:
+        return False
+    if value.strip().lower() != "new":
+        raise BadRequest(f"{CHAIN_HEADER}: {value[:40]!r} is not understood; send 'new' to start "
+                         "a conversation of its own, or leave the header out")
+    return True
 
 
 @dataclass
@@ -128,7 +152,8 @@ class ChatService:
         async with live.lock:
             hashes, message = call.prepared(live)
             tools_key = tools_hash(call.tools)
-            plan = history.plan(hashes, tools_key, message(0)["role"] == "system")
+            plan = history.plan(hashes, tools_key, lambda i: message(i)["role"],
+                                new_chain=call.new_chain)
             n_messages = len(hashes)
             prompt, delta = self._prompt(plan, message, n_messages, call.tools)
             budget = self.max_model_len - len(prompt)
@@ -156,7 +181,8 @@ class ChatService:
             tool_names={tool["function"]["name"] for tool in call.tools or []},
             extends=extends,
             messages=[message(i) for i in range(n_messages)] if self.text_backend else None,
-            tools=call.tools, requested_model=call.requested_model), t0)
+            tools=call.tools, requested_model=call.requested_model,
+            tool_choice_none=call.tool_choice_none), t0)
         answer.render_ms = render_ms
         return answer
 
@@ -183,8 +209,8 @@ class ChatService:
         history = await history_loader(live)
         async with live.lock:
             hashes, message = call.prepared(live)
-            plan = history.plan(hashes, tools_hash(call.tools), message(0)["role"] == "system",
-                                consume_declared=False)
+            plan = history.plan(hashes, tools_hash(call.tools), lambda i: message(i)["role"],
+                                consume_declared=False, new_chain=call.new_chain)
             return len(self._prompt(plan, message, len(hashes), call.tools)[0])
 
     async def complete(self, live: LiveSession, history_loader: HistoryLoader, prompt: list[int],
@@ -236,7 +262,10 @@ class ChatService:
         except Exception as e:
             history.release(p.extends)
             self.metrics.backend_errors.inc()
-            raise BackendUnavailable(f"the inference engine failed: {e}") from e
+            # the cause stays in the log (it may name hosts and paths); the answer names its id
+            error_id = internal_error(e, "the inference engine").error_id
+            raise BackendUnavailable(f"the inference engine failed (error id {error_id}, its "
+                                     "cause is in the gateway's log); retry") from e
 
         backend_ms = (time.perf_counter() - tb) * 1000
         choices: list[Choice] = []
@@ -247,7 +276,7 @@ class ChatService:
         latency_ms = (time.perf_counter() - t0) * 1000
         self.metrics.latency_ms.observe(latency_ms)
         for i, (seq, seg, res) in enumerate(zip(p.seqs, p.segments, results, strict=True)):
-            choice, signals = self._choice(seq, res, p.tool_names, p.raw)
+            choice, signals = self._choice(seq, res, p)
             choices.append(choice)
             state = TurnState(seq=seq, segment=seg, parent=p.parent,
                               delta_ids=p.delta if i == 0 else p.prompt,
@@ -294,24 +323,30 @@ class ChatService:
         self.metrics.prompt_tokens.inc(len(p.prompt) * len(results))
         return ChatAnswer(choices=choices, prompt_tokens=len(p.prompt), backend_ms=backend_ms)
 
-    def _choice(self, seq: int, res: GenerateResult, tool_names: set[str],
-                raw: bool = False) -> tuple[Choice, list[Signal]]:
-        if raw:
+    def _choice(self, seq: int, res: GenerateResult, p: _Prepared
+                ) -> tuple[Choice, list[Signal]]:
+        if p.raw:
             parsed = ParsedCompletion(content=self.renderer.decode(res.completion_ids, True))
-        elif res.text is not None and not res.completion_ids:  # text-only backend
-            parsed = self.renderer.parse_text(res.text)
+            return Choice(seq, res, parsed, [], res.finish_reason), []
+        if res.text is not None and not res.completion_ids:  # text-only backend
+            text = res.text
         else:
-            parsed = self.renderer.parse_completion(res.completion_ids)
+            text = self.renderer.completion_text(res.completion_ids)
+        parsed = self.renderer.parse_text(text)
         signals = []
         if parsed.malformed:
             signals.append(Signal(name="malformed_tool_call", seq=seq,
                                   info={"error": parsed.malformed}))
-        calls = []
-        for c in parsed.tool_calls:
-            if tool_names and c["name"] not in tool_names:
-                signals.append(Signal(name="unknown_tool", seq=seq, info={"tool": c["name"]}))
-            calls.append({"id": f"call_{response_id()}", "type": "function",
-                          "function": {"name": c["name"], "arguments": c["arguments"]}})
+        undeclared = sorted({c["name"] for c in parsed.tool_calls} - p.tool_names)
+        if undeclared:
+            # OpenAI never returns a call to a function the request did not offer: the whole
+            # answer goes back as text (echoed, it still hashes as recorded: _response_hash).
+            signals.append(Signal(name="undeclared_tool", seq=seq,
+                                  info={"tools": undeclared, "why": _why_undeclared(p)}))
+            parsed = ParsedCompletion(content=text)
+        calls = [{"id": f"call_{response_id()}", "type": "function",
+                  "function": {"name": c["name"], "arguments": c["arguments"]}}
+                 for c in parsed.tool_calls]
         finish = "tool_calls" if calls else res.finish_reason
         return Choice(seq, res, parsed, calls, finish), signals
 
@@ -321,6 +356,14 @@ _RAW = b"\0" * 8  # raw completions have no messages or tools to hash
 
 def _raw_key(prompt: list[int]) -> bytes:
     return hashlib.blake2b(t.pack_ids(prompt), digest_size=8).digest()
+
+
+def _why_undeclared(p: _Prepared) -> str:
+    if p.tool_choice_none:
+        return "tool_choice is none: the request allowed no tool call"
+    if not p.tool_names:
+        return "the request declared no tools"
+    return f"not among the request's tools ({', '.join(sorted(p.tool_names))})"
 
 
 def _response_hash(choice: Choice) -> bytes:
@@ -354,3 +397,4 @@ class _Prepared:
     messages: list[Message] | None = None  # for text-only backends
     tools: list[dict[str, Any]] | None = None
     requested_model: str | None = None
+    tool_choice_none: bool = False

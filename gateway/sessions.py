@@ -5,6 +5,8 @@ session whose id and key are that token, so `OPENAI_API_KEY=run-42` is all an ag
 
 Histories are cached per process; with several gateway processes on one pool a history is
 loaded under a lease (pool/leases.py) and reloaded when another process has taken the session.
+A context action the agent declared is kept in the pool (pool/declared.py) and applied by
+whichever process loads the history next.
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ from dataclasses import dataclass, field
 
 from envhub.gateway.errors import BadRequest, Conflict, NotFound, Unauthorized
 from envhub.gateway.history import History
+from envhub.gateway.pool.declared import pending
 from envhub.gateway.pool.leases import new_token, op_claim
 from envhub.gateway.pool.rows import session_insert
 from envhub.gateway.pool.store import IntegrityError, Store
 from envhub.gateway.pool.trajectory import history_from_rows
 from envhub.gateway.render.messages import MessageMemo
+from envhub.sdk.types import CMAction
 
 _MAX_ID = 128
 
@@ -144,6 +148,10 @@ class Sessions:
                 rows = await asyncio.to_thread(self.store.turn_rows, live.id)
                 actions = await asyncio.to_thread(self.store.events, "cm_actions", live.id)
                 history = history_from_rows(rows, actions)
+                # an action the agent declared through another process (pool/declared.py)
+                declared = await asyncio.to_thread(pending, self.store, live.id, actions)
+                if declared is not None:
+                    history.declared = CMAction(**declared)
                 history.lease = lease
                 live.history = history
         return live.history

@@ -10,6 +10,11 @@ turned into one `Constraint`:
   family's own tool-call syntax (only the Hermes/Qwen `<tool_call>` format is written here;
   other formats get a 400 that says so).
 
+`strict: true` on a json_schema or a function tool first gives the schema strict mode's meaning
+(gateway/strict.py: objects closed, every property required; 400 for what strict mode does not
+support). Tool calls under tool_choice 'auto' are parsed, not constrained, so a strict
+function's schema binds forced calls only.
+
 Token engines constrain decoding with it: the embedded engine through llguidance (a token mask
 per step, gateway/engine/guide.py), vLLM through its `structured_outputs` request field, SGLang
 through `json_schema` (it has no Lark grammar: forced tool calls are refused there). A hosted
@@ -33,6 +38,7 @@ from typing import Any
 import orjson
 
 from envhub.gateway.errors import BadRequest
+from envhub.gateway.strict import strict_schema
 
 # Lark terminals for a Hermes tool call; the tag tokens are referenced by id when the tokenizer
 # has them as single tokens (Qwen: 151657/151658), else matched as text.
@@ -88,6 +94,9 @@ def response_format(raw: Any) -> dict[str, Any] | None:
         if not isinstance(schema, dict):
             raise BadRequest("response_format.json_schema.schema must be a JSON Schema object",
                              param="response_format.json_schema.schema")
+        if spec.get("strict") is True:
+            return strict_schema(schema, "response_format's schema",
+                                 "response_format.json_schema.schema")
         return schema
     raise BadRequest("'response_format' must be {'type': 'text'}, {'type': 'json_object'} or "
                      "{'type': 'json_schema', 'json_schema': {...}}", param="response_format")
@@ -108,8 +117,7 @@ def tool_call_grammar(tools: list[dict[str, Any]], names: list[str] | None, *,
     chosen = [t["function"] for t in tools if names is None or t["function"]["name"] in names]
     schema = {"anyOf": [{
         "type": "object",
-        "properties": {"name": {"const": fn["name"]},
-                       "arguments": fn.get("parameters") or {"type": "object"}},
+        "properties": {"name": {"const": fn["name"]}, "arguments": _arguments(fn)},
         "required": ["name", "arguments"], "additionalProperties": False} for fn in chosen]}
     open_, close = (f"<[{i}]>" if i is not None else orjson.dumps(s).decode()
                     for i, s in zip(tag_ids, (_OPEN, _CLOSE), strict=True))
@@ -119,6 +127,15 @@ def tool_call_grammar(tools: list[dict[str, Any]], names: list[str] | None, *,
     else:
         rules.insert(0, 'start: call ("\\n" call)*' if many else "start: call")
     return "\n".join(rules) + "\n"
+
+
+def _arguments(fn: dict[str, Any]) -> dict[str, Any]:
+    """The schema a call's arguments must match: the function's parameters, with strict mode's
+    meaning (gateway/strict.py) when the function says `strict: true`."""
+    params = fn.get("parameters") or {"type": "object"}
+    if fn.get("strict") is True:
+        return strict_schema(params, f"function {fn['name']!r} parameters", "tools")
+    return params
 
 
 def check(constraint: Constraint) -> None:

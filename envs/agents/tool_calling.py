@@ -2,7 +2,7 @@
 
 Per turn: fit the context (declare any CM action), call the model, run each tool call, report
 process signals the gateway cannot see (tool_error, language_mixing) against the turn that
-caused them (the gateway records malformed_tool_call and unknown_tool itself).
+caused them (the gateway records malformed_tool_call and undeclared_tool itself).
 Stops on submit, on a reply without tool calls when there is no submit tool, or at the turn,
 token or time limit. Gateway failures are infrastructure (EnvFailure); a request the gateway
 rejects as bad is the agent's own error (AgentError).
@@ -103,7 +103,7 @@ class ToolCallingAgent:
                 out = await toolbox.call(call.function.name, call.function.arguments or "",
                                          ctx.state)
                 messages.append({"role": "tool", "tool_call_id": call.id, "content": out.content})
-                # The gateway itself records unknown_tool (it sees the offered tools), for
+                # The gateway itself records undeclared_tool (it sees the offered tools), for
                 # every kind of agent; only errors it cannot see are reported here.
                 if out.is_error and not out.unknown:
                     await self._signal(ctx, info, "tool_error", this_seq,

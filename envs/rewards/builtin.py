@@ -1,8 +1,8 @@
 """The built-in reward components (DESIGN.md, Rewards): outcome, process, time.
 
 - outcome: the verifier's score, clamped to [0, 1].
-- process: one event per penalised turn signal (malformed_tool_call from the gateway;
-  unknown_tool, tool_error, language_mixing from the agent; grading_tampered from a verifier
+- process: one event per penalised turn signal (malformed_tool_call and undeclared_tool from
+  the gateway; tool_error, language_mixing from the agent; grading_tampered from a verifier
   that caught the agent's code forging test results; ungradable_output from the runner when
   what the agent left could not be graded), value -signal.value;
   `process.<signal>` overrides the `process` weight for one signal (and penalises a signal
@@ -22,7 +22,7 @@ from envhub.envs.rewards.base import SampleScore, weight_of
 from envhub.sdk.types import RewardEvent, Signal
 
 TIME_SCALE_FLOOR_S = 1.0
-PROCESS_SIGNALS = ("malformed_tool_call", "unknown_tool", "tool_error", "language_mixing",
+PROCESS_SIGNALS = ("malformed_tool_call", "undeclared_tool", "tool_error", "language_mixing",
                    "grading_tampered", UNGRADABLE)
 
 

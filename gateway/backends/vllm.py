@@ -43,6 +43,7 @@ class VLLMBackend:
         self.model = model
         self.weight_version = weight_version
         self.instance = instance or self.base_url
+        self._weight_info = True  # the engine may serve GET /weight_info (vLLM dev mode)
         headers = {"content-type": "application/json"}
         if api_key:
             headers["authorization"] = f"Bearer {api_key}"
@@ -139,13 +140,24 @@ class VLLMBackend:
         return data
 
     async def health(self) -> dict[str, Any]:
+        """`weight_version`: the engine's when it says, else the one stamped here;
+        `engine_weight_version`: only what the engine itself reports (vLLM's /health is an
+        empty 200, so its RL route `/weight_info` is asked; None when it has none). The
+        heartbeat compares the latter with the fleet's: a restarted engine reports its
+        start-up version while this client still holds the last one pushed."""
         status, data = await self._call("GET", "/health", None)
         if status != 200:
             raise BackendUnavailable(f"{self.instance} /health answered {status}")
-        version = data.get("weight_version", self.weight_version) if isinstance(data, dict) \
-            else self.weight_version
+        said = data.get("weight_version") if isinstance(data, dict) else None
+        reported = said
+        if reported is None and self._weight_info:
+            status, info = await self._call("GET", "/weight_info", None)
+            self._weight_info = status != 404  # vLLM without dev mode: do not ask again
+            reported = info.get("weight_version") if status == 200 and isinstance(info, dict) \
+                else None
         return {"backend": self.name, "instance": self.instance, "status": "ok",
-                "weight_version": version}
+                "weight_version": self.weight_version if said is None else said,
+                "engine_weight_version": reported}
 
     async def aclose(self) -> None:
         await self._transport.aclose()

@@ -31,6 +31,9 @@ class EngineServeConfig(EngineConfig):
     zero: bool = Field(False, description="serve the zero-work engine (same as --model zero)")
     zero_length: int = Field(8, ge=1, description="zero engine: completion length in tokens")
     log_level: str = Field("warning", description="uvicorn log level")
+    health_version: bool = Field(True, description="report the weight version on /health; "
+                                 "off: an empty 200 like vLLM's (the version only on "
+                                 "/weight_info), to exercise clients of a real vLLM")
 
 
 def serve_engine(config: EngineServeConfig) -> None:
@@ -58,8 +61,8 @@ def serve_engine(config: EngineServeConfig) -> None:
             raise typer.Exit(2) from exc
     typer.echo(f"envhub engine: {engine.name} (weight version {engine.weight_version}) on "
                f"http://{config.host}:{config.port}", err=True)
-    uvicorn.run(create_app(engine), host=config.host, port=config.port,
-                log_level=config.log_level)
+    uvicorn.run(create_app(engine, health_version=config.health_version), host=config.host,
+                port=config.port, log_level=config.log_level)
 
 
 # Flag names kept from earlier releases: --served-model-name is vLLM's; --zero is a plain flag.

@@ -29,7 +29,7 @@ from envhub.gateway.engine.api import CompletionRequest, UpdateWeightsRequest, e
 from envhub.gateway.engine.result import EngineResult
 from envhub.gateway.engine.rl_routes import PauseGate
 from envhub.gateway.engine.rl_routes import router as rl_router
-from envhub.gateway.errors import BadRequest, GatewayError
+from envhub.gateway.errors import BadRequest, GatewayError, internal_error
 
 
 class ServedEngine(Protocol):
@@ -72,7 +72,8 @@ class ReceivedLog:
         return rows[-limit:] if limit > 0 else []
 
 
-def create_app(engine: ServedEngine, *, log_size: int = 1000) -> FastAPI:
+def create_app(engine: ServedEngine, *, log_size: int = 1000,
+               health_version: bool = True) -> FastAPI:
     app = FastAPI(title="envhub engine", docs_url=None, redoc_url=None)
     received = ReceivedLog(log_size)
     app.state.engine, app.state.received = engine, received
@@ -98,8 +99,9 @@ def create_app(engine: ServedEngine, *, log_size: int = 1000) -> FastAPI:
                      exc.status_code)
 
     @app.exception_handler(Exception)
-    async def _crash(_: Request, exc: Exception) -> Response:
-        return _json(error_body(f"engine error: {exc!r}", "server_error", code=500), 500)
+    async def _crash(request: Request, exc: Exception) -> Response:
+        err = internal_error(exc, request.url.path)  # the cause goes to the log, not the body
+        return _json(error_body(err.message, err.type, code=500), 500)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
@@ -132,6 +134,8 @@ def create_app(engine: ServedEngine, *, log_size: int = 1000) -> FastAPI:
 
     @app.get("/health")
     async def health() -> Response:
+        if not health_version:  # vLLM's shape: clients must ask /weight_info
+            return Response(status_code=200)
         return _json({"status": "ok", "model": engine.name,
                       "weight_version": engine.weight_version})
 

@@ -8,7 +8,9 @@ them as real HTTP servers on loopback.
     python -m envhub.gateway.fakes openai --port 8001
 
 Each fake also serves `POST /fake/fail {"count": n, "status": 500}` (the next n generation
-calls answer that status) and `GET /fake/requests` (what it received), for failure tests.
+calls answer that status) and `GET /fake/requests` (what it received), for failure tests;
+the SGLang fake also `POST /fake/slow_health {"delay": s}` (an overloaded engine's late
+heartbeats).
 """
 
 from __future__ import annotations

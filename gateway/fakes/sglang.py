@@ -43,6 +43,7 @@ class FakeSGLang:
         self.weight_version = weight_version
         self.model_path = model_path
         self.faults = Faults()
+        self.health_delay = 0.0  # seconds /health takes to answer (an overloaded engine)
         self.received: list[dict[str, Any]] = []
         self.aborted: list[str] = []
         self._running: dict[str, asyncio.Event] = {}
@@ -153,6 +154,7 @@ def sglang_app(fake: FakeSGLang | None = None) -> FastAPI:
 
     @app.get("/health")
     async def health() -> Response:
+        await asyncio.sleep(fake.health_delay)
         return Response(status_code=200)
 
     @app.get("/model_info")
@@ -172,6 +174,14 @@ def sglang_app(fake: FakeSGLang | None = None) -> FastAPI:
         fake.faults.count, fake.faults.status = int(body.get("count", 1)), \
             int(body.get("status", 500))
         return _json({"armed": fake.faults.count})
+
+    @app.post("/fake/slow_health")
+    async def slow_health(request: Request) -> Response:
+        body = await body_of(request)
+        if isinstance(body, Response):
+            return body
+        fake.health_delay = float(body.get("delay", 0.0))
+        return _json({"health_delay": fake.health_delay})
 
     @app.get("/fake/requests")
     async def requests() -> Response:

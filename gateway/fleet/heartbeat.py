@@ -5,7 +5,20 @@ A beat is missed when the probe fails or takes longer than `heartbeat_timeout`. 
 answered beats in a row (one at startup) — so an instance that answers /health but fails its
 calls does not flap in and out every beat — and only once its weights match the fleet's: an
 instance that missed a weight update (it was down, or restarted with its initial weights) is
-sent the fleet's last weights first.
+sent the fleet's last weights first. Once the fleet pushed weights by path (and told every
+engine their version), the engine's own report decides — vLLM's /health is empty, so its
+/weight_info is asked — never the version the gateway last stamped: a restarted engine
+reports its start-up version, leaves rotation (`envhub_fleet_removals{why="version"}`, a
+warning in the log) and is re-loaded before it serves again. After a version recorded for
+weights pushed out of band there is nothing to re-load and engines need not know the version,
+so their reports are not compared.
+
+Late is not dead. A beat answered late (the probe timed out: the engine is slow, e.g. under
+overload) counts as a miss, but it never takes out the *last* instance in rotation: with
+every engine out, every call would get a 503, while a slow engine still serves them. An
+instance that truly fails — connection refused or reset, an error answer — leaves rotation
+after its misses even if it is the last one (then calls get a clear 503). Calls that fail on
+the kept instance still drain it through the router's errors-in-a-row rule.
 """
 
 from __future__ import annotations
@@ -14,6 +27,9 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
+import httpx
+
+from envhub.gateway.backends.vllm import TransportTimeout
 from envhub.gateway.fleet.instance import Instance
 
 if TYPE_CHECKING:
@@ -47,13 +63,19 @@ async def probe(fleet: Fleet, inst: Instance) -> None:
     inst.misses = 0
     inst.good_beats += 1
     version = _version(info, inst.weight_version)
+    if fleet.weights_path is not None:
+        # the fleet pushed its weights by path and told every engine their version, so the
+        # engine's own report is the truth: after a restart it is the start-up version
+        version = _version({"weight_version": info.get("engine_weight_version")}, version) \
+            if isinstance(info, dict) else version
     inst.weight_version = version
     if fleet.weights_path is not None and version != fleet.weight_version:
         if fleet._updating.locked():
             return  # the update in progress decides about this instance
-        if inst.take_out(f"weight version {version}, fleet at {fleet.weight_version}",
-                         fleet.beats):
+        why = f"weight version {version}, fleet at {fleet.weight_version}: re-loading"
+        if inst.take_out(why, fleet.beats):
             fleet.metrics.removals.labels(inst.name, "version").inc()
+            log.warning("instance %s left rotation: %s", inst.name, why)
         if not await _resync(fleet, inst):
             return
     if inst.in_rotation:
@@ -67,10 +89,24 @@ async def probe(fleet: Fleet, inst: Instance) -> None:
             log.warning("instance %s is back in rotation", inst.name)
 
 
+def _late(exc: BaseException) -> bool:
+    """The probe ran out of time (ours or the client's), as opposed to failing outright."""
+    return isinstance(exc, TimeoutError) or isinstance(
+        exc.__cause__, (TimeoutError, httpx.TimeoutException, TransportTimeout))
+
+
 def _missed(fleet: Fleet, inst: Instance, exc: BaseException) -> None:
     inst.misses += 1
     inst.good_beats = 0
     why = f"missed {inst.misses} heartbeat(s): {exc!r}"
+    if inst.misses >= fleet.heartbeat_misses and inst.in_rotation and _late(exc) and not any(
+            i.in_rotation for i in fleet.instances.values() if i is not inst):
+        # slow but (probably) alive, and nobody else to serve: keep it (module docstring)
+        inst.reason = f"kept in rotation as the last instance: {why}"
+        fleet.metrics.kept_late.labels(inst.name).inc()
+        log.warning("instance %s answers heartbeats late but is the last in rotation; kept: %s",
+                    inst.name, why)
+        return
     if inst.misses >= fleet.heartbeat_misses:
         if inst.take_out(why, fleet.beats):
             fleet.metrics.removals.labels(inst.name, "heartbeat").inc()

@@ -73,6 +73,9 @@ class FleetMetrics:
                                registry=r)
         self.removals = Counter("envhub_fleet_removals", "instances taken out of rotation",
                                 ["instance", "why"], registry=r)
+        self.kept_late = Counter("envhub_fleet_kept_late", "late heartbeats of the last instance "
+                                 "in rotation, which keep it in (fleet/heartbeat.py)",
+                                 ["instance"], registry=r)
         self.weight_updates = Counter("envhub_fleet_weight_updates", "weight updates done",
                                       registry=r)
         r.register(_Live(instances, fleet_state))

@@ -141,6 +141,8 @@ class TextFormat(_Part):
         spec: dict[str, Any] = {} if self.name is None else {"name": self.name}
         if self.json_schema is not None:
             spec["schema"] = self.json_schema
+        if self.strict is not None:
+            spec["strict"] = self.strict
         return {"type": "json_schema", "json_schema": spec}
 
 

@@ -106,6 +106,18 @@ session_leases = Table(
     Column("taken_at", Float, nullable=False),
 )
 
+# A context action the agent declared (the SDK's `context_action`) for its next request, so
+# that whichever gateway process on this pool serves that request applies it
+# (gateway/pool/declared.py). One row per session: a new declaration replaces the last. It is
+# used up once a cm_actions event carries its id (`info.declaration`); rows are never deleted.
+cm_declared = Table(
+    "cm_declared", metadata,
+    Column("session_id", String(128), primary_key=True),
+    Column("id", String(32), nullable=False),
+    Column("body", Text, nullable=False),  # CMAction JSON, `info.declaration` = id
+    Column("declared_at", Float, nullable=False),
+)
+
 
 def pack_ids(ids: list[int]) -> bytes:
     return array("i", ids).tobytes()

@@ -117,15 +117,19 @@ class ChatRenderer:
 
     # -- parsing -------------------------------------------------------------------------------
 
-    def parse_completion(self, completion_ids: list[int]) -> ParsedCompletion:
+    def completion_text(self, completion_ids: list[int]) -> str:
+        """The sampled text as parsed: without the final stop token, with tool-call markup
+        (some families make it special tokens) but no other special tokens."""
         ids = completion_ids
         if ids and ids[-1] in self.stop_token_ids:
             ids = ids[:-1]
-        # Keep tool-call markup (some families make it special tokens) but not other specials.
         text = self.decode(ids)
         for tok in self._strip_tokens:
             text = text.replace(tok, "")
-        return self._parse(text)
+        return text
+
+    def parse_completion(self, completion_ids: list[int]) -> ParsedCompletion:
+        return self._parse(self.completion_text(completion_ids))
 
     def parse_text(self, text: str) -> ParsedCompletion:
         """Tool calls from text-only backends (hosted models)."""

@@ -30,10 +30,11 @@ KINDS = [pytest.param("local", marks=pytest.mark.bwrap),
          pytest.param("docker", marks=pytest.mark.docker)]
 
 
-def run_cli(tmp_path: Path, cli: str, kind: str) -> dict:
+def run_cli(tmp_path: Path, cli: str, kind: str, script: str | None = None) -> dict:
     require(shutil.which("npm") is not None, "node and npm (apt-get install nodejs npm)")
     require_docker() if kind == "docker" else require_tool("bwrap")
-    spec, script, _ = CLIS[cli]
+    spec, default_script, _ = CLIS[cli]
+    script = script or default_script
     ran = envhub("run", "swe-task", "--agent", script, "--agent-install", f"npm:{spec}",
                  "--agent-install", f"script:{HERE / script}", "--sandbox", kind, "-n", "1",
                  "-k", "1", "--time-limit", "420", "--out", "out", "-q", cwd=tmp_path)
@@ -75,3 +76,17 @@ def test_npm_cli_agent_runs_unchanged_in_the_sandbox_and_every_call_is_recorded(
         tmp_path: Path, cli: str, kind: str) -> None:
     record = run_cli(tmp_path, cli, kind)
     check_recording(tmp_path, record, cli)
+
+
+@pytest.mark.bwrap
+def test_two_runs_of_claude_code_on_one_key_are_separate_conversations(tmp_path: Path) -> None:
+    """A harness runs Claude Code twice on one key, the second run fresh on another task: the
+    runs share their system prompt, nothing else. Each run's conversations are chains of their
+    own, and no CM action is recorded (the gateway once took the second run for a summarize or
+    reset of the first's chains, judging by the first message alone)."""
+    record = run_cli(tmp_path, "claude", "local", "claude_two_runs.sh")
+    traj = pool_trajectory(tmp_path / "out", record["session_id"])
+    assert record["agent_info"]["gateway_requests"] == len(traj.turns) >= 2
+    assert_token_exact(traj)
+    assert traj.cm_actions == [], traj.cm_actions
+    assert len({t.segment for t in traj.turns}) == len({t.chain for t in traj.turns}) >= 2

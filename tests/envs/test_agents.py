@@ -82,7 +82,7 @@ async def _context(gw, tmp_path: Path, limits: AgentLimits, task_index: int = 0)
 def test_tool_agent_records_turns_signals_and_declared_context_actions(tmp_path):
     script = [tool_call("calculator", {"expression": f"{i} * 3"}) for i in range(5)]
     script += [tool_call("calculator", {"expression": "import os"}),  # tool error
-               tool_call("teleport", {}),  # unknown tool: the gateway records it
+               tool_call("teleport", {}),  # undeclared: the gateway answers text, records it
                "The answer is 42 因为六乘以七等于四十二",  # no tool call + language mixing
                tool_call("submit", {"answer": "42"})]
     gw, _ = start_gateway(tmp_path, script)
@@ -100,7 +100,7 @@ def test_tool_agent_records_turns_signals_and_declared_context_actions(tmp_path)
     assert result.stopped == "submitted" and result.turns == len(script)
     assert [t.seq for t in traj.turns] == list(range(len(script)))
     signals = {(s.name, s.seq) for s in traj.signals}
-    assert {("tool_error", 5), ("unknown_tool", 6), ("language_mixing", 7)} <= signals
+    assert {("tool_error", 5), ("undeclared_tool", 6), ("language_mixing", 7)} <= signals
     declared = [a for a in traj.cm_actions if a.source == "declared"]
     assert declared and all(a.kind == "summarize" for a in declared)
     assert result.info["cm_actions"] == len(declared)

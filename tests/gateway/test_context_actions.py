@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import httpx
 import openai
+import pytest
 
 from tests.gateway.conftest import CALC_TOOL
 
@@ -87,13 +88,51 @@ def test_branch_from_earlier_turn_is_fork(gateway):
     assert t["turns"][-1]["prompt_ids"][:len(prefix)] == prefix
 
 
-def test_reset_keeps_only_the_system_prompt(gateway):
+def test_going_back_to_the_opening_with_a_summary_is_a_summarize(gateway):
+    """The conversation keeps its system prompt and task and goes on with a summary in place
+    of its turns: a CM action of its own chain (history.py's rule 2)."""
+    c, msgs = run(gateway, "cm-opening", n_turns=2)
+    call(c, msgs[:2] + [{"role": "user", "content": "So far: computed 1+1."}])
+    t = traj(gateway, "cm-opening")
+    action = t["cm_actions"][-1]
+    assert action["kind"] == "summarize" and action["from_seq"] == 1
+    assert {turn["chain"] for turn in t["turns"]} == {0}
+
+
+def test_a_reset_is_recorded_when_declared_and_is_a_new_conversation_otherwise(gateway):
+    """Keeping only the system prompt and going on with a new user message is byte for byte
+    what a new conversation of the same agent sends (a second run of a CLI on the key): it
+    opens a new chain, no CM action. Declared through the SDK, it is the reset of the
+    conversation it left."""
+    from envhub.sdk import Session
+
     c, msgs = run(gateway, "cm-reset", n_turns=2)
     call(c, [msgs[0], {"role": "user", "content": "a brand new problem"}])
     t = traj(gateway, "cm-reset")
+    assert t["cm_actions"] == [] and [turn["chain"] for turn in t["turns"]] == [0, 0, 2]
+
+    c, msgs = run(gateway, "cm-reset-declared", n_turns=2)
+    Session(gateway.url, "cm-reset-declared", "cm-reset-declared").context_action("reset")
+    call(c, [msgs[0], {"role": "user", "content": "a brand new problem"}])
+    t = traj(gateway, "cm-reset-declared")
     action = t["cm_actions"][-1]
-    assert action["kind"] == "reset" and action["from_seq"] == 1
-    assert {turn["chain"] for turn in t["turns"]} == {0}  # the same conversation, restarted
+    assert action["kind"] == "reset" and action["source"] == "declared"
+    assert action["from_seq"] == 1 and {turn["chain"] for turn in t["turns"]} == {0}
+
+
+def test_a_new_conversation_sharing_only_the_first_message_is_not_a_summarize(gateway):
+    """[user "Say hi"] then [..., "more please"], then a new conversation [system, user "Say
+    hi"] on the same key: a chain of its own (the gateway once recorded it as a summarize of
+    the first, judging by the shared message alone)."""
+    c = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="cm-hi", max_retries=0)
+    hi = [{"role": "user", "content": "Say hi"}]
+    reply = c.chat.completions.create(model="default", messages=hi).choices[0].message
+    hi += [reply.model_dump(exclude_none=True), {"role": "user", "content": "more please"}]
+    c.chat.completions.create(model="default", messages=hi)
+    c.chat.completions.create(model="default", messages=[
+        {"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say hi"}])
+    t = traj(gateway, "cm-hi")
+    assert t["cm_actions"] == [] and [turn["chain"] for turn in t["turns"]] == [0, 0, 2]
 
 
 def test_unrelated_call_is_a_new_conversation_not_a_reset(gateway):
@@ -135,3 +174,20 @@ def test_history_survives_restart(tmp_path, tool_script):
         assert len(t["turns"]) == 3
     finally:
         gw.close()
+
+
+def test_the_chain_header_starts_a_conversation_of_its_own(gateway):
+    """Two runs of one agent on one task send the same first request: without a word from the
+    client the second is a retry (fork) of the first; with `X-Envhub-Chain: new` it is a chain
+    of its own, no CM action. Any other value is a 400 that says what to send."""
+    c, msgs = run(gateway, "cm-header", n_turns=1)
+    again = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="cm-header", max_retries=0,
+                          default_headers={"X-Envhub-Chain": "new"})
+    again.chat.completions.create(model="default", messages=msgs[:2], tools=[CALC_TOOL])
+    t = traj(gateway, "cm-header")
+    assert t["cm_actions"] == [] and [turn["chain"] for turn in t["turns"]] == [0, 1]
+    with pytest.raises(openai.BadRequestError, match="X-Envhub-Chain|x-envhub-chain"):
+        c.chat.completions.create(model="default", messages=msgs[:2], tools=[CALC_TOOL],
+                                  extra_headers={"X-Envhub-Chain": "old"})
+    call(c, msgs[:2])  # the same request again, without the header: a retry
+    assert traj(gateway, "cm-header")["cm_actions"][-1]["kind"] == "fork"

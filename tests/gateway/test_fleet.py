@@ -214,6 +214,42 @@ def test_heartbeats_alone_drain_a_dead_instance_and_readmit_it(
     asyncio.run(go())
 
 
+async def slow_health(server: FakeServer, delay: float) -> None:
+    """`server`'s /health answers after `delay` s (an overloaded engine)."""
+    async with httpx.AsyncClient() as http:
+        await http.post(f"{server.url}/fake/slow_health", json={"delay": delay})
+
+
+def test_late_heartbeats_never_take_out_the_last_instance(fakes: list[FakeServer]) -> None:
+    """Overload: every engine answers /health late. One stays in rotation and calls succeed;
+    when that one then dies for real (connection refused) it goes out all the same."""
+    async def go() -> None:
+        fleet = make_fleet(fakes[:2], heartbeat_timeout=0.2, heartbeat_misses=2)
+        await fleet.start()
+        try:
+            await wait_until(lambda: all(i.in_rotation for i in fleet.instances.values()),
+                             "both in rotation")
+            for f in fakes[:2]:
+                await slow_health(f, 5.0)
+            beats = fleet.beats
+            await wait_until(lambda: fleet.beats >= beats + 4, "four late heartbeats")
+            kept = [i for i in fleet.instances.values() if i.in_rotation]
+            assert len(kept) == 1 and "kept in rotation as the last instance" in kept[0].reason
+            assert kept[0].misses >= 2  # late all along, yet never taken out
+            results = [await fleet.generate(req(f"s{k}")) for k in range(6)]
+            assert {r.instance for r in results} == {kept[0].name}
+            # the last instance dies: connection refused is a failure, not lateness
+            await asyncio.to_thread(fakes[int(kept[0].name[1:])].close)
+            await wait_until(lambda: not kept[0].in_rotation, "the dead instance out")
+            assert "missed" in kept[0].reason
+            with pytest.raises(BackendUnavailable, match="no engine instance is in rotation"):
+                await fleet.generate(req("after"))
+        finally:
+            await fleet.aclose()
+
+    asyncio.run(go())
+
+
 def test_attempts_are_bounded_and_bad_requests_are_not_retried(
         fakes: list[FakeServer]) -> None:
     async def go() -> None:

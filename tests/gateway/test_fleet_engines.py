@@ -278,3 +278,39 @@ def test_real_weights_swap_on_tiny_model_engines(tmp_path: Path) -> None:
     finally:
         for e in engines:
             e.stop()
+
+
+def test_restarted_engine_is_reloaded_before_it_serves_again(tmp_path: Path) -> None:
+    """An engine restarted after a weight push comes back with its start-up weights. Its /health
+    says nothing of versions (vLLM's shape), so the heartbeat asks /weight_info, keeps it out
+    of rotation and re-pushes the fleet's weights: every sample after that is the new version."""
+    args = [*ZERO, "--no-health-version"]
+    engines = start_engines(args, 2, tmp_path)
+    try:
+        with start_gateway(tmp_path, engines) as gw:
+            fleet = fleet_of(gw)
+            r = httpx.post(f"{gw.url}/admin/weights", json={"path": str(tmp_path), "version": 3},
+                           timeout=120)
+            assert r.status_code == 200 and not r.json()["failed"], r.text
+            victim = engines[0]
+            inst = fleet.instances[victim.url]
+            victim.stop()
+            engines[0] = EngineProcess(args, port=victim.port,
+                                       log_path=tmp_path / "restart.log").start()
+            deadline = time.monotonic() + 60
+            while not (inst.in_rotation and inst.weight_version == 3):
+                assert time.monotonic() < deadline, inst.describe()
+                time.sleep(0.05)
+            # the gateway re-pushed v3: nothing else told the restarted engine about it
+            info = httpx.get(f"{victim.url}/weight_info").json()
+            assert info["weight_version"] == "3", info
+            calls_before = inst.calls
+            for k in range(12):
+                c = openai.OpenAI(base_url=f"{gw.url}/v1", api_key=f"rs-{k}", max_retries=0)
+                answer = c.chat.completions.create(
+                    model="default", messages=[{"role": "user", "content": "hi"}])
+                assert answer.model_extra["envhub"]["weight_versions"] == [3]  # type: ignore
+            assert inst.calls > calls_before  # the restarted engine served some of them
+    finally:
+        for e in engines:
+            e.stop()

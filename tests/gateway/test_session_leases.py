@@ -104,3 +104,42 @@ def test_one_new_key_on_two_processes_at_once_opens_one_session(pool_url):
     finally:
         for gw in gws:
             gw.close()
+
+
+@pytest.mark.parametrize("declare_on", [1, 0], ids=["declared-elsewhere", "declared-by-holder"])
+def test_a_context_action_declared_on_one_process_labels_the_next_call_on_the_other(
+        pool_url, declare_on):
+    """The SDK's declaration reaches one process, the agent's next call another (a proxy in
+    front): the declaration lives in the pool, so the serving process records it, once."""
+    from envhub.sdk import Session
+
+    gws = two_gateways(pool_url)
+    key = f"declared-{declare_on}"
+    try:
+        clients = [openai.OpenAI(base_url=f"{gw.url}/v1", api_key=key, max_retries=0)
+                   for gw in gws]
+        messages: list[dict] = [{"role": "user", "content": "hello"}]
+
+        def ask(who: int, msgs: list[dict]) -> None:
+            resp = clients[who].chat.completions.create(model="default", messages=msgs,
+                                                        max_tokens=4)
+            msgs += [resp.choices[0].message.model_dump(exclude_none=True),
+                     {"role": "user", "content": f"turn {len(msgs)}"}]
+
+        ask(0, messages)
+        ask(0, messages)  # process 0 holds the session
+        Session(gws[declare_on].url, key, key).context_action(
+            "summarize", info={"strategy": "agent-summary"})
+        summary = [messages[0], {"role": "user", "content": "so far: two steps"}]
+        ask(1 - declare_on, summary)
+        ask(declare_on, summary)  # used up: not applied again on the first process
+        ask(1 - declare_on, summary)
+        t = httpx.get(f"{gws[0].url}/sessions/{key}/trajectory").json()
+        declared = [a for a in t["cm_actions"] if a["source"] == "declared"]
+        assert len(declared) == 1, t["cm_actions"]
+        assert declared[0]["kind"] == "summarize" and declared[0]["seq"] == 2
+        assert declared[0]["info"]["strategy"] == "agent-summary"
+        assert [turn["seq"] for turn in t["turns"]] == list(range(5))
+    finally:
+        for gw in gws:
+            gw.close()

@@ -63,7 +63,8 @@ def test_rewards_signals_close_and_listing(secured):
     s.close("env_failure", reason="sandbox crashed")
     t = s.trajectory()
     assert [(r.kind, r.value) for r in t.rewards] == [("outcome", 1.0), ("process", -0.1)]
-    assert t.signals[0].name == "tool_error"
+    # the gateway's own first: the scripted model called `calc`, which `chat` does not declare
+    assert [sig.name for sig in t.signals] == ["undeclared_tool", "tool_error"]
     assert t.status.value == "env_failure" and t.session.reason == "sandbox crashed"
     headers = {"authorization": f"Bearer {ADMIN}"}
     rows = httpx.get(f"{secured.url}/sessions", params={"group_id": "g2"},

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from envhub.envs.builtin.arith.env import SCHEMAS
 from envhub.sdk import Session
 from envhub.trainer.errors import SourceError
 from envhub.trainer.source import HttpSource, StoreSource
@@ -20,11 +21,12 @@ def _play(url: str, group: str, index: int, close: bool, reward: float) -> str:
                            env="arith", sample_index=index)
     client = session.openai()
     messages = [{"role": "user", "content": f"what is {index} + 1?"}]
-    first = client.chat.completions.create(model="default", messages=messages)
+    tools = [SCHEMAS["calculator"]]  # an undeclared call would come back as text
+    first = client.chat.completions.create(model="default", messages=messages, tools=tools)
     call = first.choices[0].message.tool_calls[0]
     messages += [first.choices[0].message.model_dump(exclude_none=True),
                  {"role": "tool", "tool_call_id": call.id, "content": str(index + 1)}]
-    client.chat.completions.create(model="default", messages=messages)
+    client.chat.completions.create(model="default", messages=messages, tools=tools)
     session.reward("outcome", reward)
     if close:
         session.close("done")

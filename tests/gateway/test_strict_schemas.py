@@ -1,0 +1,139 @@
+"""`strict: true` means OpenAI's strict mode: objects closed and every property required (also
+for schemas that do not say so, as instructor / LangChain send them), and a 400 naming what
+strict mode does not support; on the bundled model through the official client."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Literal
+
+import httpx
+import openai
+import pytest
+from pydantic import BaseModel, Field
+
+from envhub.gateway.errors import BadRequest
+from envhub.gateway.server import GatewayHandle
+from envhub.gateway.strict import strict_schema
+
+pytest.importorskip("llguidance")
+
+ASK = [{"role": "user", "content": "How long is the table? Answer in JSON."}]
+
+
+class Length(BaseModel):
+    answer: int = Field(ge=0, le=999)
+    unit: Literal["cm", "m"] = "cm"  # defaulted: pydantic leaves it out of `required`
+
+
+# what the weather function's caller wrote: open object, `unit` optional
+CITY = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]},
+                                         "unit": {"enum": ["C", "F"]}},
+        "required": ["city"]}
+WEATHER = {"type": "function", "function": {"name": "weather", "description": "the weather",
+                                            "strict": True, "parameters": CITY}}
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayHandle]:
+    from envhub.gateway.config import GatewayConfig
+    from envhub.gateway.engine import BUNDLED_MODEL
+    from envhub.gateway.server import run_in_thread
+
+    db = f"sqlite:///{tmp_path_factory.mktemp('strict')}/pool.db"
+    handle = run_in_thread(GatewayConfig(port=0, db=db, backend="local",
+                                         model=str(BUNDLED_MODEL), default_max_tokens=48))
+    yield handle
+    handle.close()
+
+
+def client(gw: GatewayHandle, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{gw.url}/v1", api_key=key, max_retries=0)
+
+
+def test_parse_with_a_pydantic_model(gw: GatewayHandle) -> None:
+    r = client(gw, "strict-parse").chat.completions.parse(
+        model="m", messages=ASK, response_format=Length, seed=0, max_tokens=40)
+    choice = r.choices[0]
+    assert choice.finish_reason == "stop" and isinstance(choice.message.parsed, Length)
+    assert set(json.loads(choice.message.content)) == {"answer", "unit"}
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_instructor_style_schema_comes_back_closed(gw: GatewayHandle, seed: int) -> None:
+    schema = Length.model_json_schema()
+    assert "additionalProperties" not in schema and schema["required"] == ["answer"]
+    r = client(gw, f"strict-instructor-{seed}").chat.completions.create(
+        model="m", messages=ASK, seed=seed, max_tokens=40, response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "length", "schema": schema, "strict": True}})
+    assert r.choices[0].finish_reason == "stop"
+    assert set(json.loads(r.choices[0].message.content)) == {"answer", "unit"}
+
+
+def test_forced_call_to_a_strict_function_has_exactly_its_keys(gw: GatewayHandle) -> None:
+    r = client(gw, "strict-tool").chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "Weather?"}], seed=2, max_tokens=48,
+        tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "weather"}})
+    [call] = r.choices[0].message.tool_calls
+    assert set(json.loads(call.function.arguments)) == {"city", "unit"}
+
+
+def test_responses_function_tools_are_strict_by_default(gw: GatewayHandle) -> None:
+    r = client(gw, "strict-responses").responses.create(
+        model="m", input="Weather?", max_output_tokens=48,
+        tools=[{"type": "function", "name": "weather", "parameters": CITY}],
+        tool_choice={"type": "function", "name": "weather"})
+    [call] = [item for item in r.output if item.type == "function_call"]
+    assert set(json.loads(call.arguments)) == {"city", "unit"}
+
+
+@pytest.mark.parametrize("schema, named", [
+    ({"type": "object", "properties": {"a": {"oneOf": [{"type": "string"},
+                                                       {"type": "integer"}]}}}, "'oneOf'"),
+    ({"type": "object", "properties": {"a": {"type": "string"}},
+      "additionalProperties": {"type": "string"}}, "additionalProperties"),
+    ({"anyOf": [{"type": "object"}, {"type": "string"}]}, "root must be an object"),
+])
+def test_unsupported_strict_schema_is_a_400_naming_it(gw: GatewayHandle, schema: dict,
+                                                       named: str) -> None:
+    with pytest.raises(openai.BadRequestError, match=named) as e:
+        client(gw, "strict-bad").chat.completions.create(
+            model="m", messages=ASK, max_tokens=8, response_format={
+                "type": "json_schema", "json_schema": {"name": "x", "schema": schema,
+                                                       "strict": True}})
+    assert e.value.body["param"] == "response_format.json_schema.schema"
+
+
+def test_unsupported_strict_tool_schema_is_a_400(gw: GatewayHandle) -> None:
+    bad = {**WEATHER["function"], "parameters": {**CITY, "patternProperties": {"^x": {}}}}
+    r = httpx.post(f"{gw.url}/v1/chat/completions", headers={"authorization": "Bearer strict-t"},
+                   json={"model": "m", "messages": ASK, "tools": [{"type": "function",
+                                                                   "function": bad}],
+                         "tool_choice": "required"})
+    assert r.status_code == 400 and "'patternProperties'" in r.json()["error"]["message"]
+    assert "function 'weather'" in r.json()["error"]["message"]
+
+
+def test_normaliser_closes_nested_and_referenced_objects() -> None:
+    class Item(BaseModel):
+        name: str
+        qty: int = 1
+
+    class Order(BaseModel):
+        items: list[Item]
+        note: str | None = None
+
+    out = strict_schema(Order.model_json_schema(), "s", "p")
+    assert out["additionalProperties"] is False and out["required"] == ["items", "note"]
+    assert out["$defs"]["Item"]["required"] == ["name", "qty"]
+    assert out["$defs"]["Item"]["additionalProperties"] is False
+    # a one-schema allOf (older pydantic's $ref wrapper) is unwrapped; a root $ref is allowed
+    wrapped = {"$ref": "#/$defs/O", "$defs": {"O": {"type": "object", "properties": {
+        "x": {"allOf": [{"$ref": "#/$defs/I"}], "description": "d"}}},
+        "I": {"type": "object", "properties": {}}}}
+    out = strict_schema(wrapped, "s", "p")
+    assert out["$defs"]["O"]["properties"]["x"] == {"$ref": "#/$defs/I", "description": "d"}
+    with pytest.raises(BadRequest, match="'allOf' .at properties.x"):
+        strict_schema({"type": "object", "properties": {"x": {"allOf": [{}, {}]}}}, "s", "p")
