@@ -39,7 +39,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from envhub.gateway.anthropic_convert import constraint, to_messages, to_tools, tool_choice
 from envhub.gateway.backends.base import SamplingParams
-from envhub.gateway.errors import GatewayError, Overloaded, internal_error
+from envhub.gateway.errors import BodyTooLarge, GatewayError, Overloaded, internal_error
 from envhub.gateway.models.anthropic import CountTokensRequest, MessagesRequest
 from envhub.gateway.models.base import ANTHROPIC_ERRORS, STREAMS, body_of, ignored_header, parse
 from envhub.gateway.openai_api import ClientGone, check_model, read_json, until_disconnect
@@ -236,6 +236,8 @@ async def messages(request: Request) -> Response:
         return error_response(exc, request)
     except ClientGone:
         return Response(status_code=499)  # the client hung up; nobody reads this
+    except BodyTooLarge:  # the edge answers 413
+        raise
     except Exception as exc:  # keep the Anthropic shape; the cause goes to the log
         return error_response(_internal(exc, "/v1/messages"), request)
     message = message_body(answer, req, gw.renderer)
@@ -259,6 +261,8 @@ async def count_tokens(request: Request) -> Response:
         n = await _prompt_length(gw, live, req.messages, req.tools)
     except GatewayError as exc:
         return error_response(exc, request)
+    except BodyTooLarge:  # the edge answers 413
+        raise
     except Exception as exc:
         return error_response(_internal(exc, "/v1/messages/count_tokens"), request)
     return Response(orjson.dumps({"input_tokens": n}), media_type="application/json")

@@ -74,6 +74,11 @@ class InternalError(GatewayError):
         self.error_id = error_id
 
 
+class BodyTooLarge(Exception):
+    """A request body grew past the limit while it was read: the edge answers 413
+    (gateway/server.py). Not a GatewayError: route handlers let it pass."""
+
+
 def internal_error(exc: BaseException, where: str,
                    logger: logging.Logger | None = None) -> InternalError:
     """An unexpected exception as a client-safe 500: the exception text, its type and any

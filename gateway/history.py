@@ -19,23 +19,26 @@ one CLI on one key. Each conversation is its own chain, a root of the session's 
 id is the seq of its first turn. Whether a request that extends nothing rewrites a chain is
 decided by content, never by its first message alone. Its *preamble* is its leading system
 messages and the first message after them (the system prompt and the task); then
-  1. it keeps, beyond its preamble, a message of a chain's history that is not a system
-     message (an assistant response, a tool result, a later user message: system messages
-     anywhere are instructions an agent sends alike in every conversation) → a CM action of
-     that chain (the most recent such chain): `truncate` (only removes), `summarize`
-     (replaces more than it adds) or `rewrite`;
-  2. else its preamble is the first messages of a chain's history, with the same tools (the
-     conversation went back to its own opening and goes on from there with new text, e.g. a
-     summary after the task) → a CM action of that chain, classified as in 1;
-  3. else it is a new conversation: a new chain, no CM action. A new conversation sharing only
-     a system prompt (a second run of a CLI), only a first user message, or nothing, is one.
+  1. it keeps a response the model sampled in a chain, and with it messages of that chain
+     beyond its preamble that are not system messages (system messages anywhere, like a
+     templated first request, are what an agent sends alike in every conversation) → a CM
+     action of the chain that it keeps most of (the most recent on a tie): `truncate` (only
+     removes), `summarize` (replaces more than it adds) or `rewrite`;
+  2. else it repeats the whole first request of a chain (its opening: system prompt, task and
+     whatever else came before the first response) with the same tools and goes on from there
+     with new text (a summary after the task, the task's user messages kept by a compaction)
+     → a CM action of that chain, classified as in 1;
+  3. else it is a new conversation: a new chain, no CM action. A new conversation sharing a
+     system prompt and templated messages (a second run of a CLI on another task), only a
+     first user message, or nothing, is one.
 What cannot be told apart, and is recorded as a new chain: a `reset` (the conversation keeps
 only its system prompt and goes on with a new user message: byte for byte a new conversation
 of the same agent), and a summary that keeps nothing of the old conversation (a new first user
 message holding the summary). An agent that does either declares it (the SDK's
-`context_action`, recorded on its next request); a request that repeats an earlier request
-exactly is a retry (`fork`) unless it says it starts a new conversation
-(`X-Envhub-Chain: new`, for harness authors running one agent several times on a key).
+`context_action`, recorded on its next request). A request that repeats an earlier request
+exactly is a retry (`fork`), and one that extends nothing is matched by rules 1-2, unless the
+client says it starts a conversation of its own (`X-Envhub-Chain: new`, for harness authors
+running one agent several times on a key; its requests still extend their own turns).
 Chains are derived from what is stored (the parent turn, or the CM action's `from_seq`), so a
 pool needs no extra column.
 """
@@ -77,16 +80,22 @@ class TurnState:
             return self._ids
         return self.prompt_ids() + self.completion_ids
 
-    def request_hashes(self) -> list[bytes]:
-        """The request's message hashes (walks parents: only for rare CM classification)."""
-        chunks: list[list[bytes]] = []
+    def conversation(self) -> tuple[list[bytes], set[int], int]:
+        """The message hashes of the request and response of this turn (walks parents: only
+        for requests that extend nothing), the positions of the sampled responses among them,
+        and how many messages the first request of this path had (its opening)."""
+        path: list[TurnState] = []
         node: TurnState | None = self
         while node is not None:
-            chunks.append(node.appended_hashes)
-            if node.parent is not None:
-                chunks.append([node.parent.response_hash])
+            path.append(node)
             node = node.parent
-        return [h for chunk in reversed(chunks) for h in chunk]
+        hashes: list[bytes] = []
+        responses: set[int] = set()
+        for node in reversed(path):
+            hashes += node.appended_hashes
+            responses.add(len(hashes))
+            hashes.append(node.response_hash)
+        return hashes, responses, len(path[-1].appended_hashes)
 
 
 @dataclass
@@ -99,6 +108,7 @@ class Plan:
     appended_hashes: list[bytes]
     new_segment: bool
     action: CMAction | None = None
+    declared: CMAction | None = None  # the agent's declaration this request took, as declared
 
 
 @dataclass
@@ -133,33 +143,30 @@ class History:
         """How a request with these message hashes relates to the history. `role(i)`: the role
         of its message i (asked only of a request that extends nothing). With
         `consume_declared=False` (a preview) the agent's declared action stays pending.
-        `new_chain`: the client says this request starts a conversation of its own (nothing is
-        matched)."""
+        `new_chain`: the client says this request starts a conversation of its own (it may
+        extend its own turns, but is neither a retry nor a CM action of another)."""
         rolling = self._rolling(hashes, tools_key)
-        plan = (Plan("new", None, 0, hashes, True) if new_chain
-                else self._match(hashes, rolling, role))
+        plan = self._match(hashes, rolling, role, new_chain)
         if not consume_declared:
             return plan
         declared, self.declared = self.declared, None
+        plan.declared = declared  # back with `release` when the call fails
         if declared is not None:
-            detected = plan.action.kind if plan.action else None
-            declared.info = {**declared.info, "detected": detected}
-            if declared.from_seq is None and plan.kind == "new" and self.latest is not None:
+            info = {**declared.info, "detected": plan.action.kind if plan.action else None}
+            from_seq = declared.from_seq
+            if from_seq is None and plan.kind == "new" and self.latest is not None:
                 # the agent says it managed its context: the conversation it left is its latest
-                declared.from_seq = (plan.action.from_seq if plan.action is not None
-                                     else self.latest.seq)
-            if plan.action is not None or plan.new_segment:
-                plan.action = declared
-            else:  # the history still extends: record the declaration, keep the segment
-                declared.info["history_extended"] = True
-                plan.action = declared
+                from_seq = plan.action.from_seq if plan.action is not None else self.latest.seq
+            if plan.action is None and not plan.new_segment:
+                info["history_extended"] = True  # recorded; the segment goes on
+            plan.action = declared.model_copy(update={"info": info, "from_seq": from_seq})
         return plan
 
     def _match(self, hashes: list[bytes], rolling: list[bytes],
-               role: Callable[[int], str]) -> Plan:
+               role: Callable[[int], str], new_chain: bool) -> Plan:
         m = len(hashes)
         # Retry: the exact request of an earlier turn → same prompt ids, new segment.
-        earlier = self.by_req.get(rolling[m])
+        earlier = None if new_chain else self.by_req.get(rolling[m])
         if earlier is not None:
             return Plan("retry", earlier, m, earlier.appended_hashes, True,
                         CMAction(kind="fork", from_seq=earlier.seq,
@@ -173,8 +180,8 @@ class History:
             return Plan("fork", state, i, hashes[i:], True,
                         CMAction(kind="fork", from_seq=state.seq,
                                  info={"reason": "continues an earlier turn"}))
-        return Plan("new", None, 0, hashes, True, self._conversation_action(
-            hashes, rolling[0], role))
+        return Plan("new", None, 0, hashes, True, None if new_chain else
+                    self._conversation_action(hashes, rolling[0], role))
 
     def _conversation_action(self, hashes: list[bytes], tools_key: bytes,
                              role: Callable[[int], str]) -> CMAction | None:
@@ -185,30 +192,37 @@ class History:
             preamble += 1
         preamble = min(preamble + 1, len(hashes))
         beyond = {j for j in range(preamble, len(hashes)) if role(j) != "system"}
-        tips = [(tip, tip.request_hashes() + [tip.response_hash])
+        kept_hashes = {hashes[j] for j in beyond}
+        tips = [(tip, *tip.conversation())
                 for tip in sorted(self.tips.values(), key=lambda s: s.seq, reverse=True)]
-        for tip, old in tips:  # 1: keeps some of a chain's history beyond its own preamble
-            if not {hashes[j] for j in beyond}.isdisjoint(old):
-                action, kept = self._classify(old, hashes, beyond, tip)
-                if kept > 0:
-                    return action
-        for tip, old in tips:  # 2: back at a chain's own opening, going on from there
-            if (tip.tools_key == tools_key and len(hashes) > preamble
-                    and old[:preamble] == hashes[:preamble]):
-                return self._classify(old, hashes, beyond, tip)[0]
+        best: tuple[int, CMAction] | None = None
+        for tip, old, responses, _ in tips:  # 1: keeps a sampled response of the chain
+            if not any(old[i] in kept_hashes for i in responses):
+                continue
+            action, kept, kept_response = self._classify(old, hashes, beyond, responses, tip)
+            if kept_response and (best is None or kept > best[0]):
+                best = (kept, action)
+        if best is not None:
+            return best[1]
+        for tip, old, responses, opening in tips:  # 2: the chain's own opening, then more
+            if (tip.tools_key == tools_key and len(hashes) > opening
+                    and old[:opening] == hashes[:opening]):
+                return self._classify(old, hashes, beyond, responses, tip)[0]
         return None
 
-    def _classify(self, old: list[bytes], new: list[bytes], beyond: set[int], ref: TurnState
-                  ) -> tuple[CMAction, int]:
-        """The action turning `ref`'s conversation (`old`: its messages and response) into
-        `new`, and how many of them `new` keeps at positions in `beyond` (its messages past
-        the preamble that are not system messages)."""
+    def _classify(self, old: list[bytes], new: list[bytes], beyond: set[int],
+                  responses: set[int], ref: TurnState) -> tuple[CMAction, int, bool]:
+        """The action turning `ref`'s conversation (`old`: its messages and responses, the
+        latter at `responses`) into `new`; how many of its messages `new` keeps at positions
+        in `beyond` (past the preamble, not system messages), and whether one is a response."""
         ops = difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes()
         equal = [(i1, i2, j1, j2) for tag, i1, i2, j1, j2 in ops if tag == "equal"]
         removed = [[i1, i2] for tag, i1, i2, _, _ in ops if tag in ("delete", "replace")]
         added = [[j1, j2] for tag, i1, _, j1, j2 in ops
                  if tag == "replace" or (tag == "insert" and i1 < len(old))]
-        kept_beyond = sum(1 for _, _, j1, j2 in equal for j in range(j1, j2) if j in beyond)
+        kept = [(i1 + k, j1 + k) for i1, i2, j1, _ in equal for k in range(i2 - i1)
+                if j1 + k in beyond]
+        kept_response = any(i in responses for i, _ in kept)
         n_removed = sum(b - a for a, b in removed)
         n_added = sum(b - a for a, b in added)
         kind: CMKind
@@ -219,7 +233,7 @@ class History:
         else:
             kind = "rewrite"
         return CMAction(kind=kind, from_seq=ref.seq, removed=removed, added=added,
-                        tokens_before=len(ref.full_ids())), kept_beyond
+                        tokens_before=len(ref.full_ids())), len(kept), kept_response
 
     def chain_of(self, parent: TurnState | None, action: CMAction | None, seq: int) -> int:
         """The conversation of a new turn: its parent's, else that of the turn its CM action
@@ -270,10 +284,13 @@ class History:
                 self.next_segment += 1
         return seqs, segments
 
-    def release(self, extends: TurnState | None) -> None:
-        """A call that `allocate`d with `extends` failed: the tip may be extended again."""
+    def release(self, extends: TurnState | None, declared: CMAction | None = None) -> None:
+        """A planned call failed: the tip it `allocate`d with (`extends`) may be extended
+        again, and the declaration it took (`Plan.declared`) applies to the next request."""
         if extends is not None:
             extends.extended = False
+        if declared is not None and self.declared is None:
+            self.declared = declared
 
     def request_key(self, parent: TurnState | None, tools_key: bytes,
                     appended_hashes: list[bytes]) -> bytes:

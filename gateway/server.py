@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import socket
@@ -24,7 +25,13 @@ from envhub.gateway import admin_api, admin_fleet, anthropic_api, openai_api, re
 from envhub.gateway.backends import backend_class, make_backend
 from envhub.gateway.backends.base import Backend
 from envhub.gateway.config import GatewayConfig
-from envhub.gateway.errors import GatewayError, InternalError, Overloaded, internal_error
+from envhub.gateway.errors import (
+    BodyTooLarge,
+    GatewayError,
+    InternalError,
+    Overloaded,
+    internal_error,
+)
 from envhub.gateway.metrics import Metrics
 from envhub.gateway.model_names import ModelNames
 from envhub.gateway.models.base import bad_request, install_openapi
@@ -38,10 +45,6 @@ from envhub.sdk.serve import KEEP_ALIVE_S, ServerThread, bind, serve_in_thread
 log = logging.getLogger("envhub.gateway")
 
 __all__ = ["GatewayConfig", "GatewayHandle", "create_app", "run_in_thread", "serve"]
-
-
-class _TooLarge(Exception):
-    pass
 
 
 def _error_body(message: str, type_: str, param: str | None = None,
@@ -96,7 +99,7 @@ class _Edge:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_body:
-                    raise _TooLarge()
+                    raise BodyTooLarge()
             return message
 
         async def tracking_send(message: dict) -> None:
@@ -112,7 +115,7 @@ class _Edge:
                 await _call_direct(endpoint, scope, limited_receive, tracking_send)
             else:
                 await self.app(scope, limited_receive, tracking_send)
-        except _TooLarge:
+        except BodyTooLarge:
             if not started:
                 await self._reject(send, seen)
 
@@ -133,7 +136,7 @@ async def _call_direct(endpoint: Any, scope: dict, receive: Any, send: Any) -> N
     request = Request(scope, receive)
     try:
         response = await endpoint(request)
-    except _TooLarge:
+    except BodyTooLarge:
         raise
     except Exception as exc:
         handlers = scope["app"].exception_handlers
@@ -151,6 +154,21 @@ async def _call_direct(endpoint: Any, scope: dict, receive: Any, send: Any) -> N
 _DIRECT = {("POST", "/v1/chat/completions"): openai_api.chat_completions,
            ("POST", "/v1/completions"): openai_api.completions,
            ("POST", "/v1/messages"): anthropic_api.messages}
+
+class _GatewayApp(FastAPI):
+    """FastAPI behind `_Edge`: every HTTP request passes the edge first, and the model calls
+    (`_DIRECT`) go from there to their endpoint, past every layer of the framework (its error
+    and telemetry middleware included: the endpoints and the app's exception handlers answer
+    every error themselves)."""
+
+    edge: _Edge
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await super().__call__(scope, receive, send)
+        scope["app"] = self
+        await self.edge(scope, receive, send)
+
 
 _ROUTERS = (openai_api.router, responses_api.router, anthropic_api.router, admin_api.router,
             admin_fleet.router)
@@ -211,7 +229,7 @@ def create_app(config: GatewayConfig, backend: Backend | None = None) -> FastAPI
         await backend.aclose()
         await asyncio.to_thread(store.close)
 
-    app = FastAPI(title="envhub gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = _GatewayApp(title="envhub gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.gw = state
     for router in _ROUTERS:
         app.include_router(router)
@@ -264,8 +282,8 @@ def create_app(config: GatewayConfig, backend: Backend | None = None) -> FastAPI
         # in it is logged with the traceback, so an operator can find the cause
         return await _gateway_error(request, internal_error(exc, request.url.path, log))
 
-    app.add_middleware(_Edge, max_body=config.max_body_bytes,  # type: ignore[arg-type]
-                       process=process, direct=_DIRECT)
+    app.edge = _Edge(functools.partial(FastAPI.__call__, app), max_body=config.max_body_bytes,
+                     process=process, direct=_DIRECT)
     install_openapi(app)
     return app
 

@@ -154,14 +154,20 @@ class ChatService:
             tools_key = tools_hash(call.tools)
             plan = history.plan(hashes, tools_key, lambda i: message(i)["role"],
                                 new_chain=call.new_chain)
-            n_messages = len(hashes)
-            prompt, delta = self._prompt(plan, message, n_messages, call.tools)
-            budget = self.max_model_len - len(prompt)
-            if budget < 1:
-                raise BadRequest(f"the prompt is {len(prompt)} tokens; this model's limit is "
-                                 f"{self.max_model_len}: shorten the conversation",
-                                 code="context_length_exceeded")
-            params = replace(call.params, max_tokens=min(call.params.max_tokens, budget))
+            try:
+                n_messages = len(hashes)
+                prompt, delta = self._prompt(plan, message, n_messages, call.tools)
+                budget = self.max_model_len - len(prompt)
+                if budget < 1:
+                    raise BadRequest(f"the prompt is {len(prompt)} tokens; this model's limit "
+                                     f"is {self.max_model_len}: shorten the conversation",
+                                     code="context_length_exceeded")
+                params = replace(call.params, max_tokens=min(call.params.max_tokens, budget))
+                messages = ([message(i) for i in range(n_messages)] if self.text_backend
+                            else None)
+            except BaseException:
+                history.release(None, plan.declared)  # nothing allocated yet
+                raise
             # A retry reuses the earlier turn's parent and messages.
             parent = plan.parent
             if plan.kind == "retry":
@@ -179,8 +185,7 @@ class ChatService:
             action=plan.action, new_segment=plan.new_segment, params=params,
             n_messages=n_messages,
             tool_names={tool["function"]["name"] for tool in call.tools or []},
-            extends=extends,
-            messages=[message(i) for i in range(n_messages)] if self.text_backend else None,
+            extends=extends, declared=plan.declared, messages=messages,
             tools=call.tools, requested_model=call.requested_model,
             tool_choice_none=call.tool_choice_none), t0)
         answer.render_ms = render_ms
@@ -257,10 +262,10 @@ class ChatService:
         try:
             results = [await calls[0]] if len(calls) == 1 else await asyncio.gather(*calls)
         except (GatewayError, asyncio.CancelledError):  # cancelled: the agent hung up
-            history.release(p.extends)
+            history.release(p.extends, p.declared)
             raise
         except Exception as e:
-            history.release(p.extends)
+            history.release(p.extends, p.declared)
             self.metrics.backend_errors.inc()
             # the cause stays in the log (it may name hosts and paths); the answer names its id
             error_id = internal_error(e, "the inference engine").error_id
@@ -313,7 +318,7 @@ class ChatService:
         try:
             await self.store.write(*ops)
         except Exception:
-            history.release(p.extends)
+            history.release(p.extends, p.declared)
             raise
         async with live.lock:
             for state, action in zip(states, actions, strict=True):
@@ -393,6 +398,7 @@ class _Prepared:
     n_messages: int
     tool_names: set[str]
     extends: TurnState | None  # the segment tip this call continues; released on failure
+    declared: CMAction | None = None  # the agent's declaration it took; back on failure
     raw: bool = False
     messages: list[Message] | None = None  # for text-only backends
     tools: list[dict[str, Any]] | None = None

@@ -160,7 +160,7 @@ def load_training_envs(cfg: TrainLoopConfig, served: dict[str, Any] | None = Non
     from envhub.orchestrator.groups.services.hub import PREFIX
     from envhub.orchestrator.training.tasks import EnvTasks, split_tasks
 
-    envs = []
+    envs: list[EnvTasks] = []
     for choice in cfg.envs:
         if choice.ref.startswith(PREFIX) and served is None:
             continue
@@ -172,6 +172,10 @@ def load_training_envs(cfg: TrainLoopConfig, served: dict[str, Any] | None = Non
             raise ValueError(f"{choice.ref}: envhub.toml's [tasks] stratify = {stratify!r} names "
                              "no field of its tasks' rows; name one they have, or drop it")
         train_tasks, held = split_tasks(tasks, cfg.tasks, heldout, stratify)
+        if any(e.name == loaded.name for e in envs):
+            raise ValueError(f"{choice.ref}: another environment of this run is named "
+                             f"{loaded.name!r} too; rename one (envhub.toml's name), since "
+                             "rows, metrics and the launch mix count by name")
         envs.append(EnvTasks(choice.ref, loaded.name, choice.weight, train_tasks, held,
                              stratify, loaded.manifest.reward_weights()))
     return envs

@@ -41,6 +41,9 @@ class EnvCounts:
 class GroupLedger:
     def __init__(self, run_id: str, envs: Sequence[str], k: int) -> None:
         self.run_id, self.envs, self.k = run_id, list(envs), k
+        if len(set(self.envs)) != len(self.envs):
+            raise ValueError(f"environment names repeat ({', '.join(self.envs)}): each "
+                             "environment of a run needs a name of its own")
         self._index = {name: i for i, name in enumerate(self.envs)}
         self._order: list[str] = []  # group ids, launch order
         self._env: dict[str, int] = {}  # group id -> index into envs

@@ -27,6 +27,7 @@ session closed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
@@ -184,7 +185,7 @@ class Producer:
     # -- on the rollout loop ------------------------------------------------------------------
 
     def _poke_soon(self) -> None:  # from the trainer's thread: groups released
-        if not self._loop.is_closed():
+        with contextlib.suppress(RuntimeError):  # the loop closed: nothing to launch any more
             self._loop.call_soon_threadsafe(self._poke)
 
     def _poke(self) -> None:

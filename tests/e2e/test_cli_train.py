@@ -82,6 +82,14 @@ def test_train_rejects_bad_input_with_exit_2(tmp_path):
         bad = envhub("train", *args, "--out", str(tmp_path / "a"), cwd=tmp_path, timeout=120)
         assert bad.returncode == 2 and says in bad.stderr, (args, bad.stderr[-2000:])
         assert "Traceback" not in bad.stderr
+    import shutil
+
+    from envhub.envs.loader import load_env
+
+    shutil.copytree(load_env("arith").folder, tmp_path / "same-name")  # also named arith
+    twin = envhub("train", "arith", str(tmp_path / "same-name"), "--out", str(tmp_path / "a"),
+                  cwd=tmp_path, timeout=120)
+    assert twin.returncode == 2 and "named 'arith' too" in twin.stderr, twin.stderr[-2000:]
     assert not (tmp_path / "a").exists() and not (tmp_path / "runs").exists()  # nothing written
 
 

@@ -191,3 +191,57 @@ def test_the_chain_header_starts_a_conversation_of_its_own(gateway):
                                   extra_headers={"X-Envhub-Chain": "old"})
     call(c, msgs[:2])  # the same request again, without the header: a retry
     assert traj(gateway, "cm-header")["cm_actions"][-1]["kind"] == "fork"
+
+
+def test_a_client_sending_the_chain_header_on_every_call_still_extends_its_turns(gateway):
+    """Harnesses set the header once for a whole run (default headers, ANTHROPIC_CUSTOM_
+    HEADERS): each run is a chain of its own and its calls extend one another, token-exact."""
+    for _ in range(2):  # two runs
+        c = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="cm-header-all", max_retries=0,
+                          default_headers={"X-Envhub-Chain": "new"})
+        msgs = [{"role": "system", "content": "sys"}, {"role": "user", "content": "task"}]
+        for k in range(2):
+            m = call(c, msgs).choices[0].message
+            msgs.append(m.model_dump(exclude_none=True))
+            msgs += ([{"role": "tool", "tool_call_id": t.id, "content": f"r{k}"}
+                      for t in m.tool_calls] if m.tool_calls else
+                     [{"role": "user", "content": "more"}])
+    t = traj(gateway, "cm-header-all")
+    assert t["cm_actions"] == [] and [turn["chain"] for turn in t["turns"]] == [0, 0, 2, 2]
+    assert [turn["segment"] for turn in t["turns"]] == [0, 0, 1, 1]
+
+
+def test_a_second_run_with_templated_opening_messages_is_a_new_conversation(gateway):
+    """Codex-like first requests: a system prompt, then user messages a CLI sends alike in
+    every run (instructions file, environment), then the task. A second run on another task
+    keeps all the templated messages, but no response of the first run: a new chain."""
+    c = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="cm-templated", max_retries=0)
+    opening = [{"role": "system", "content": "sys"},
+               {"role": "user", "content": "# AGENTS.md\nBe careful."},
+               {"role": "user", "content": "<environment_context>cwd=/repo</environment_context>"}]
+    first = opening + [{"role": "user", "content": "task one"}]
+    m = call(c, first).choices[0].message
+    first.append(m.model_dump(exclude_none=True))
+    first += ([{"role": "tool", "tool_call_id": t.id, "content": "r0"} for t in m.tool_calls]
+              if m.tool_calls else [{"role": "user", "content": "more"}])
+    call(c, first)
+    call(c, opening + [{"role": "user", "content": "task two"}])
+    t = traj(gateway, "cm-templated")
+    assert t["cm_actions"] == [] and [turn["chain"] for turn in t["turns"]] == [0, 0, 2]
+
+
+def test_a_declaration_taken_by_a_failed_call_applies_to_the_next_one(gateway):
+    """The agent declares a summarize, its next call fails (a prompt over the model's limit,
+    400): the declaration is not lost with it, nor left to label some later call. The call
+    after that carries it."""
+    from envhub.sdk import Session
+
+    c, msgs = run(gateway, "cm-declared-retry", n_turns=2)
+    Session(gateway.url, "cm-declared-retry", "cm-declared-retry").context_action(
+        "summarize", info={"strategy": "agent-summary"})
+    with pytest.raises(openai.BadRequestError, match="limit"):
+        call(c, msgs[:2] + [{"role": "user", "content": "word " * 50_000}])
+    assert traj(gateway, "cm-declared-retry")["cm_actions"] == []
+    call(c, msgs[:2] + [{"role": "user", "content": "so far: two steps"}])
+    actions = traj(gateway, "cm-declared-retry")["cm_actions"]
+    assert [(a["kind"], a["source"]) for a in actions] == [("summarize", "declared")]
