@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import anthropic
+import openai
 import pytest
 
 from envhub.gateway.backends.scripted import ScriptedBackend
@@ -55,3 +56,21 @@ CALC = {"name": "calc", "description": "evaluate an arithmetic expression",
 
 def client(gw: GatewayHandle, key: str) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=gw.url, api_key=key, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def bundled_gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayHandle]:
+    """A gateway on the bundled model (the embedded engine), one per test module."""
+    from envhub.gateway.config import GatewayConfig
+    from envhub.gateway.engine import BUNDLED_MODEL
+    from envhub.gateway.server import run_in_thread
+
+    db = f"sqlite:///{tmp_path_factory.mktemp('bundled')}/pool.db"
+    handle = run_in_thread(GatewayConfig(port=0, db=db, backend="local",
+                                         model=str(BUNDLED_MODEL), default_max_tokens=48))
+    yield handle
+    handle.close()
+
+
+def openai_client(gw: GatewayHandle, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{gw.url}/v1", api_key=key, max_retries=0)

@@ -5,7 +5,6 @@ strict mode does not support; on the bundled model through the official client."
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Literal
 
 import httpx
@@ -16,6 +15,7 @@ from pydantic import BaseModel, Field
 from envhub.gateway.errors import BadRequest
 from envhub.gateway.server import GatewayHandle
 from envhub.gateway.strict import strict_schema
+from tests.gateway.conftest import openai_client
 
 pytest.importorskip("llguidance")
 
@@ -36,20 +36,11 @@ WEATHER = {"type": "function", "function": {"name": "weather", "description": "t
 
 
 @pytest.fixture(scope="module")
-def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayHandle]:
-    from envhub.gateway.config import GatewayConfig
-    from envhub.gateway.engine import BUNDLED_MODEL
-    from envhub.gateway.server import run_in_thread
-
-    db = f"sqlite:///{tmp_path_factory.mktemp('strict')}/pool.db"
-    handle = run_in_thread(GatewayConfig(port=0, db=db, backend="local",
-                                         model=str(BUNDLED_MODEL), default_max_tokens=48))
-    yield handle
-    handle.close()
+def gw(bundled_gw: GatewayHandle) -> GatewayHandle:
+    return bundled_gw
 
 
-def client(gw: GatewayHandle, key: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{gw.url}/v1", api_key=key, max_retries=0)
+client = openai_client
 
 
 def test_parse_with_a_pydantic_model(gw: GatewayHandle) -> None:

@@ -5,7 +5,6 @@ on the bundled model; backends that cannot constrain answer 400."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
@@ -16,7 +15,7 @@ import torch
 
 from envhub.gateway.engine import BUNDLED_MODEL
 from envhub.gateway.server import GatewayHandle
-from tests.gateway.conftest import CALC_TOOL
+from tests.gateway.conftest import CALC_TOOL, openai_client
 from tests.support import gateway_in_thread, scripted_backend
 
 pytest.importorskip("llguidance")
@@ -34,19 +33,11 @@ ASK = [{"role": "user", "content": "How long is the table? Answer in JSON."}]
 
 
 @pytest.fixture(scope="module")
-def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayHandle]:
-    from envhub.gateway.config import GatewayConfig
-    from envhub.gateway.server import run_in_thread
-
-    db = f"sqlite:///{tmp_path_factory.mktemp('so')}/pool.db"
-    handle = run_in_thread(GatewayConfig(port=0, db=db, backend="local",
-                                         model=str(BUNDLED_MODEL), default_max_tokens=48))
-    yield handle
-    handle.close()
+def gw(bundled_gw: GatewayHandle) -> GatewayHandle:
+    return bundled_gw
 
 
-def client(gw: GatewayHandle, key: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{gw.url}/v1", api_key=key, max_retries=0)
+client = openai_client
 
 
 def trajectory(gw: GatewayHandle, key: str) -> dict:
