@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import random
 import signal
 import statistics
 import tempfile
@@ -66,6 +67,8 @@ async def session(http: aiohttp.ClientSession, url: str, key: str, turns: int,
     gateway time recorded."""
     messages: list[dict[str, str]] = [{"role": "user", "content": "start"}]
     headers = {"authorization": f"Bearer {key}"}
+    if think:  # sessions start spread over one think time: steady arrivals, not one burst
+        await asyncio.sleep(random.uniform(0, think))
     for turn in range(turns):
         t0 = time.perf_counter()
         async with http.post(f"{url}/v1/chat/completions", headers=headers,
