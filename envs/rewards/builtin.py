@@ -22,8 +22,10 @@ from envhub.envs.rewards.base import SampleScore, weight_of
 from envhub.sdk.types import RewardEvent, Signal
 
 TIME_SCALE_FLOOR_S = 1.0
-PROCESS_SIGNALS = ("malformed_tool_call", "undeclared_tool", "tool_error", "language_mixing",
-                   "grading_tampered", UNGRADABLE)
+# unknown_tool: undeclared_tool's old name, in pools recorded before the gateway stopped
+# passing such calls through; re-scoring them keeps its penalty
+PROCESS_SIGNALS = ("malformed_tool_call", "undeclared_tool", "unknown_tool", "tool_error",
+                   "language_mixing", "grading_tampered", UNGRADABLE)
 
 
 class Outcome:

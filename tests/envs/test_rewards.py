@@ -48,6 +48,14 @@ def test_process_penalties_use_per_signal_weights_and_land_on_turns():
         ("language_mixing", 3, -1.0, 0.1)]
 
 
+def test_a_call_to_an_undeclared_tool_is_penalised_under_its_old_name_too():
+    """The gateway records undeclared_tool; pools recorded before it did say unknown_tool."""
+    signals = [Signal(name="undeclared_tool", seq=0), Signal(name="unknown_tool", seq=1)]
+    events = process_events(signals, {"process": 0.1}, last_seq=1)
+    assert [(e.name, e.seq, e.value) for e in events] == [
+        ("undeclared_tool", 0, -1.0), ("unknown_tool", 1, -1.0)]
+
+
 def test_reward_to_go_sums_the_weighted_future():
     events = [RewardEvent(kind="outcome", value=1.0, weight=1.0),
               RewardEvent(kind="process", value=-1.0, seq=0, weight=0.1),
