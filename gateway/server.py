@@ -67,8 +67,7 @@ class _Edge:
         self.direct = direct or {}
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
+        # HTTP only: `_GatewayApp` hands lifespan events to FastAPI itself
         key = None
         path: str = scope["path"]
         if path.startswith("/s/"):
@@ -154,6 +153,7 @@ async def _call_direct(endpoint: Any, scope: dict, receive: Any, send: Any) -> N
 _DIRECT = {("POST", "/v1/chat/completions"): openai_api.chat_completions,
            ("POST", "/v1/completions"): openai_api.completions,
            ("POST", "/v1/messages"): anthropic_api.messages}
+
 
 class _GatewayApp(FastAPI):
     """FastAPI behind `_Edge`: every HTTP request passes the edge first, and the model calls
