@@ -46,22 +46,28 @@ async def read_json(request: Request) -> dict[str, Any]:
 
 
 async def until_disconnect(request: Request, work: Any) -> Any:
-    """Run `work`; cancel it if the client hangs up first (the engine call is aborted, e.g.
-    SGLang's /abort_request, and nothing is recorded for an answer nobody will read)."""
-    task = asyncio.ensure_future(work)
+    """Await `work`; cancel it if the client hangs up first (the engine call is aborted, e.g.
+    SGLang's /abort_request, and nothing is recorded for an answer nobody will read). The work
+    runs in the request's own task: a watcher cancels that task on a disconnect."""
+    me = asyncio.current_task()
+    assert me is not None
+    gone = False
 
     async def watch() -> None:
+        nonlocal gone
         # the body is read, so the next receive() returns only when the client disconnects
         while (await request.receive())["type"] != "http.disconnect":
             pass
-        task.cancel()
+        gone = True
+        me.cancel()
 
     watcher = asyncio.ensure_future(watch())
     try:
-        return await task
+        return await work
     except asyncio.CancelledError:
-        if task.cancelled() and not watcher.done():
+        if not gone:
             raise  # the server itself is cancelling us
+        me.uncancel()
         raise ClientGone() from None
     finally:
         watcher.cancel()

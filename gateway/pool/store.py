@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 from sqlalchemy import create_engine, event, func, select, update
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from envhub.gateway.pool import schema as t
 
@@ -62,6 +62,7 @@ class Store:
         t.metadata.create_all(self.engine)
         self._queue: queue.Queue[tuple[list[WriteOp], asyncio.AbstractEventLoop,
                                        asyncio.Future] | None] = queue.Queue()
+        self._conn: Connection | None = None  # the writer thread's own, kept between batches
         self._writer = threading.Thread(target=self._write_loop, name="pool-writer", daemon=True)
         self._writer.start()
 
@@ -78,6 +79,8 @@ class Store:
         while True:
             item = self._queue.get()
             if item is None:
+                if self._conn is not None:
+                    self._conn.close()
                 return
             batch = [item]
             while len(batch) < _MAX_BATCH:
@@ -91,10 +94,28 @@ class Store:
                 batch.append(nxt)
             self._commit(batch)
 
+    def _transaction(self, ops: list[WriteOp]) -> None:
+        """`ops` in one transaction on the writer's connection, which stays open between
+        batches (a pool checkout and its reset per batch cost about as much as a turn's insert).
+        A connection the database dropped (a restarted server) is replaced once."""
+        for attempt in (1, 2):
+            if self._conn is None:
+                self._conn = self.engine.connect()
+            try:
+                with self._conn.begin():
+                    _run(self._conn, ops)
+                return
+            except Exception as e:
+                lost = isinstance(e, DBAPIError) and e.connection_invalidated
+                if lost or self._conn.invalidated:
+                    self._conn.close()
+                    self._conn = None
+                if attempt == 2 or not lost:
+                    raise
+
     def _commit(self, batch: list) -> None:
         try:
-            with self.engine.begin() as conn:
-                _run(conn, [op for ops, _, _ in batch for op in ops])
+            self._transaction([op for ops, _, _ in batch for op in ops])
             for _, loop, fut in batch:
                 loop.call_soon_threadsafe(_resolve, fut, None, None)
         except Exception as e:  # one bad write must not fail its neighbours: retry one by one

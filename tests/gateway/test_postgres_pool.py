@@ -58,3 +58,37 @@ def test_two_gateways_one_pool_survive_kill_9(postgres_server):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_writer_survives_its_connection_dropped_by_the_server(postgres_server):
+    """The pool writer keeps one connection between batches; when the server drops it (a
+    restart, an idle timeout, an operator's pg_terminate_backend) the next write reconnects
+    and commits instead of failing the call that made it."""
+    from sqlalchemy import create_engine, select, text
+
+    from envhub.gateway.pool import schema as t
+    from envhub.gateway.pool.rows import session_insert
+    from envhub.gateway.pool.store import Store
+
+    db = postgres_server.create_database()
+    store = Store(db)
+    admin = create_engine(db.replace("postgresql://", "postgresql+psycopg://"))
+
+    def write(i: int) -> None:
+        asyncio.run(store.write(session_insert(f"s{i}", f"k{i}", group_id=None, task_id=None,
+                                               env=None, sample_index=0, metadata=None)))
+
+    try:
+        write(0)
+        with admin.connect() as c:
+            killed = c.execute(text(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()")).scalar()
+        assert killed >= 1  # the writer's connection, open since the first write
+        write(1)
+        with admin.connect() as c:
+            ids = {r[0] for r in c.execute(select(t.sessions.c.id))}
+        assert ids == {"s0", "s1"}
+    finally:
+        store.close()
+        admin.dispose()
