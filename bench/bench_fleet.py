@@ -15,9 +15,11 @@ Three `envhub engine --model zero` processes behind one `envhub gateway --backen
 
 With `--think S` each session waits S seconds between its calls, as an agent running tools
 does: the load is then sessions in flight rather than calls back to back (GLM-5's 1,000+
-rollouts), and the figure that matters is the gateway's own p99 (`gw p99`).
+rollouts), and the figure that matters is the gateway's own p99 (`gw p99`). `--gateways N`
+runs N gateway processes on one PostgreSQL pool behind nginx (Debian's `nginx` and
+`postgresql`), sessions spread by the hash of their key.
 
-    python bench/bench_fleet.py [--turns 2] [--levels 1,100,1000] [--think 1.0]
+    python bench/bench_fleet.py [--turns 2] [--levels 1,100,1000] [--think 1.0] [--gateways 2]
 """
 
 from __future__ import annotations
@@ -28,37 +30,60 @@ import os
 import random
 import signal
 import statistics
+import sys
 import tempfile
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 from common import envhub, free_port, pct, start
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.postgres, tests.nginx
+from tests.nginx import NginxProxy  # noqa: E402
+from tests.postgres import PostgresServer  # noqa: E402
+
 PROMPT_IDS = list(range(1000, 1100))
 
 
 class Target:
-    def __init__(self, tmp: str):
+    """The engines and the gateway process(es): one on a SQLite pool, or several on one
+    PostgreSQL pool behind nginx (deploy/nginx/envhub.conf: sessions hashed by key)."""
+
+    def __init__(self, tmp: str, gateways: int = 1):
         self.engine_ports = [free_port() for _ in range(3)]
         self.engines = [start(envhub("engine", "--model", "zero", "--zero-length", "8",
                                      "--port", str(p)), f"http://127.0.0.1:{p}/health")
                         for p in self.engine_ports]
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        args = ["gateway", "--backend", "vllm", "--port", str(self.port),
-                "--db", f"sqlite:///{tmp}/pool.db", "--heartbeat-interval", "0.5",
-                "--default-max-tokens", "16"]
-        for p in self.engine_ports:
-            args += ["--upstream", f"http://127.0.0.1:{p}"]
-        self.gateway = start(envhub(*args), f"{self.url}/health")
+        self.pg: Any = None
+        self.nginx: Any = None
+        db = f"sqlite:///{tmp}/pool.db"
+        if gateways > 1:
+            self.pg = PostgresServer().start()
+            db = self.pg.create_database()
+        ports = [free_port() for _ in range(gateways)]
+        self.gateways = []
+        for port in ports:
+            args = ["gateway", "--backend", "vllm", "--port", str(port), "--db", db,
+                    "--heartbeat-interval", "0.5", "--default-max-tokens", "16"]
+            for p in self.engine_ports:
+                args += ["--upstream", f"http://127.0.0.1:{p}"]
+            self.gateways.append(start(envhub(*args), f"http://127.0.0.1:{port}/health"))
+        self.url = f"http://127.0.0.1:{ports[0]}"
+        if gateways > 1:
+            self.nginx = NginxProxy(ports).start()
+            self.url = self.nginx.url
 
     def close(self) -> None:
-        for proc in [self.gateway, *self.engines]:
+        if self.nginx is not None:
+            self.nginx.stop()
+        for proc in [*self.gateways, *self.engines]:
             if proc.poll() is None:
                 proc.terminate()
                 proc.wait(timeout=20)
+        if self.pg is not None:
+            self.pg.stop()
 
 
 async def session(http: aiohttp.ClientSession, url: str, key: str, turns: int,
@@ -194,10 +219,12 @@ def main() -> None:
     ap.add_argument("--levels", default="1,100,1000")
     ap.add_argument("--think", type=float, default=0.0,
                     help="seconds each session waits between its calls")
+    ap.add_argument("--gateways", type=int, default=1,
+                    help="gateway processes; more than 1: on a PostgreSQL pool behind nginx")
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
-        target = Target(tmp)
+        target = Target(tmp, args.gateways)
         try:
             run = f"r{int(time.time())}"
             rows = {}
@@ -209,7 +236,9 @@ def main() -> None:
         finally:
             target.close()
     cost = asyncio.run(routing_cost())
-    print(f"\nfleet: 3 zero-work engines behind one gateway process, {args.turns} turns per "
+    behind = ("one gateway process (SQLite pool)" if args.gateways == 1 else
+              f"{args.gateways} gateway processes (PostgreSQL pool) behind nginx")
+    print(f"\nfleet: 3 zero-work engines behind {behind}, {args.turns} turns per "
           f"session, {args.think:g} s think time between calls")
     print(f"{'sessions':>9} {'sessions/s':>11} {'calls/s':>8} {'p50 ms':>8} {'p99 ms':>8} "
           f"{'gw p99':>8} {'direct p99':>11} {'errors':>7}")

@@ -318,8 +318,8 @@ def run_in_thread(config: GatewayConfig, backend: Backend | None = None) -> Gate
 # Objects allocated between two young-generation collections. A call allocates a few thousand
 # short-lived containers (parsed JSON, messages, rows), so CPython's default (700) collects
 # several times per call and walks every session's history in the older generations all the
-# more often: ~15% of the process's CPU at 64 concurrent calls (bench_gateway_overhead.py).
-# The garbage it frees is the same; only collections are fewer.
+# more often: about 13% of the process's CPU per call at 64 concurrent calls (0.89 → 0.77 ms,
+# measured against the zero engine). The garbage freed is the same; collections are fewer.
 _GC_YOUNG = 50_000
 
 
