@@ -76,11 +76,13 @@ class ResponseLog:
         self._remember(stored)
         return stored
 
-    async def save(self, stored: StoredResponse, conversation: list[Any]) -> None:
-        """Store a response; `conversation`: its validated input items, whole."""
+    async def save(self, stored: StoredResponse, conversation: list[Any],
+                   alone: bool = False) -> None:
+        """Store a response; `conversation`: its validated input items, whole. `alone`: no
+        other call is in flight (Store.write)."""
         await self.store.write(response_insert(
             stored.id, stored.session_id, previous_id=stored.previous_id, body=stored.body,
-            input_items=stored.input))
+            input_items=stored.input), alone=alone)
         self._remember(stored)
         self._latest[stored.session_id] = (stored.id, fingerprint(
             conversation + ITEMS.validate_python(stored.body["output"])))
