@@ -51,6 +51,9 @@ class Verdict:
     env_failure: str | None = None
     # process signals of the grading itself (e.g. grading_tampered), scored like the turns'
     signals: list[Signal] = field(default_factory=list)
+    # the agent's declared output as text (an answer, a report), read with a size cap: what a
+    # model judge grades (reward component `judge`, envs/rewards/judge); None: nothing to judge
+    output: str | None = None
 
 
 # The process signal of a rollout whose output could not be graded because of what the agent

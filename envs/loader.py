@@ -25,6 +25,7 @@ from envhub.envs.builtin import BUILTIN_ROOT, builtin_folders
 from envhub.envs.environment import Environment, Task, ToolProvider
 from envhub.envs.errors import EnvLoadError, EnvNotFound
 from envhub.envs.manifest import (
+    JudgeSpec,
     Manifest,
     ManifestError,
     RewardEntry,
@@ -246,7 +247,8 @@ def check_tools(loaded: LoadedEnv, tasks: Sequence[Task] = ()) -> None:
 
 def reward_components(folder: Path, manifest: Manifest) -> dict[str, RewardComponent]:
     """The built-in reward components plus the manifest's own (`name = { component = ... }`):
-    'module:Class' of the package first, else a dotted path."""
+    'module:Class' of the package first, else a dotted path; and its model judges
+    (`[rewards.NAME]` with a rubric, envs/rewards/judge)."""
     from envhub.sdk.plugins import load_object
 
     def load(path: str) -> Any:
@@ -256,11 +258,16 @@ def reward_components(folder: Path, manifest: Manifest) -> dict[str, RewardCompo
             path = f"{package_name(folder)}.{path}"
         return load_object(path, {}, "reward component")
 
+    from envhub.envs.rewards.judge import Judge
+
     own = {k: e.component for k, e in manifest.rewards.items() if isinstance(e, RewardEntry)}
     try:
-        return make_components(own, load)
+        found = make_components(own, load)
     except (LookupError, ImportError) as e:
         raise EnvLoadError(f"{folder}/envhub.toml: field 'rewards': {e}") from None
+    found.update({k: Judge.from_package(e, folder, k) for k, e in manifest.rewards.items()
+                  if isinstance(e, JudgeSpec)})
+    return found
 
 
 def package_name(folder: Path) -> str:

@@ -6,9 +6,18 @@ import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 SEMVER_RE = re.compile(r"^\d+\.\d+\.\d+(?:-[0-9A-Za-z.-]+)?(?:\+[0-9A-Za-z.-]+)?$")
@@ -89,6 +98,79 @@ class RewardEntry(BaseModel):
                            "'package.module:Class' (a RewardComponent, envs/rewards/base.py)")
 
 
+class JudgeSpec(BaseModel):
+    """A model-judged reward component (envs/rewards/judge): `[rewards.judge]` (any key; a
+    table without `component` is a judge). The agent's declared output (`Verdict.output`) is
+    shown to a judge model as delimited data with the rubric; its constrained JSON verdict
+    scores each criterion from 0 to `scale`, and the event's value is their weighted mean / scale,
+    in [0, 1]."""
+
+    model_config = STRICT
+    weight: float = Field(1.0, description="weight of its events in the composite reward")
+    rubric: str | None = Field(None, max_length=20_000,
+                               description="what a good output is, told to the judge")
+    rubric_file: str | None = Field(None, description="the rubric in a file of the package")
+    criteria: dict[str, float] = Field(
+        default_factory=lambda: {"quality": 1.0},
+        description="criterion -> weight (> 0); the judge scores each (name them in the rubric)")
+    scale: int = Field(10, ge=1, le=100, description="each criterion scores 0..scale")
+    mode: Literal["single", "group"] = Field(
+        "single", description="'single': one request per output; 'group': the judge sees the "
+        "group's outputs together and scores them side by side (GRPO needs only their order)")
+    model: str | None = Field(None, description="judge model name; default the served model")
+    base_url: str | None = Field(
+        None, description="an OpenAI-compatible endpoint (.../v1); default the run's gateway, "
+        "through a session recorded as not trainable")
+    api_key_env: str | None = Field(
+        None, description="environment variable holding base_url's API key (never the key)")
+    reference_field: str | None = Field(
+        None, description="a field of the task row shown to the judge as the reference answer")
+    max_output_chars: int = Field(8000, ge=100, le=200_000,
+                                  description="an output is cut to this before judging")
+    reason_chars: int = Field(300, ge=0, le=4000,
+                              description="length of the verdict's reason (0: no reason asked)")
+    max_tokens: int = Field(512, ge=16, le=32768, description="judge completion tokens per call")
+    temperature: float = Field(0.0, ge=0.0, le=2.0)
+    max_calls: int = Field(1000, ge=1, description="judge requests per run (retries count, "
+                           "cached verdicts do not); past it scoring fails as env_failure")
+    retries: int = Field(2, ge=0, le=10, description="retries of a transport error, 429 or 5xx")
+    timeout_s: float = Field(120.0, gt=0, le=3600)
+    cache: str | None = Field(
+        None, description="SQLite file of verdicts by input hash; default "
+        "$ENVHUB_CACHE/judge.sqlite (~/.cache/envhub); 'off': memory only")
+
+    @field_validator("criteria")
+    @classmethod
+    def _criteria(cls, v: dict[str, float]) -> dict[str, float]:
+        if not v or len(v) > 16:
+            raise ValueError("give 1 to 16 criteria, name -> weight")
+        for name, w in v.items():
+            if not COMPONENT_KEY_RE.match(name) or len(name) > 64:
+                raise ValueError(f"criterion {name!r}: use letters, digits, '_' or '-'")
+            if not w > 0:
+                raise ValueError(f"criterion {name!r}: give a weight > 0")
+        return v
+
+    @model_validator(mode="after")
+    def _one_rubric(self) -> JudgeSpec:
+        if (self.rubric is None) == (self.rubric_file is None):
+            raise ValueError("give exactly one of rubric = \"...\" or rubric_file = \"rubric.md\"")
+        return self
+
+
+def _reward_kind(v: Any) -> str:
+    """A `[rewards]` value's member: a table with `component` is a component of the package's
+    own, any other table a judge, anything else a weight."""
+    if isinstance(v, dict):
+        return "RewardEntry" if "component" in v else "JudgeSpec"
+    return type(v).__name__ if isinstance(v, RewardEntry | JudgeSpec) else "float"
+
+
+RewardValue = Annotated[
+    Annotated[float, Tag("float")] | Annotated[RewardEntry, Tag("RewardEntry")]
+    | Annotated[JudgeSpec, Tag("JudgeSpec")], Discriminator(_reward_kind)]
+
+
 class AgentLimits(BaseModel):
     model_config = STRICT
     max_turns: int = Field(30, ge=1)
@@ -127,8 +209,8 @@ class Manifest(BaseModel):
         description="tools offered to the agent: names of the shared tool table "
         "(envs/tools/__init__.py) or of the environment's own tools (ToolProvider); the "
         "loader refuses any other name (`check_tools`)")
-    rewards: dict[str, float | RewardEntry] = Field(
-        default_factory=lambda: dict[str, float | RewardEntry](outcome=1.0),
+    rewards: dict[str, RewardValue] = Field(
+        default_factory=lambda: dict[str, float | RewardEntry | JudgeSpec](outcome=1.0),
         description="reward components and their weights (envs/rewards/__init__.py)")
     agent: AgentLimits = Field(default_factory=AgentLimits)
     dependencies: list[str] = Field(default_factory=list, description="pip requirement strings")
@@ -162,11 +244,16 @@ class Manifest(BaseModel):
 
     @field_validator("rewards")
     @classmethod
-    def _rewards(cls, v: dict[str, float | RewardEntry]) -> dict[str, float | RewardEntry]:
+    def _rewards(cls, v: dict[str, float | RewardEntry | JudgeSpec]
+                 ) -> dict[str, float | RewardEntry | JudgeSpec]:
         from envhub.envs.rewards import REWARDS
         from envhub.sdk.plugins import is_dotted_path
 
         for key, entry in v.items():
+            if isinstance(entry, JudgeSpec):
+                if not COMPONENT_KEY_RE.match(key):
+                    raise ValueError(f"{key!r}: name a judge with letters, digits, '_' or '-'")
+                continue
             if isinstance(entry, RewardEntry):
                 if not COMPONENT_KEY_RE.match(key) or not is_dotted_path(entry.component):
                     raise ValueError(f"{key!r}: name a component with letters, digits, '_' or "
@@ -177,12 +264,13 @@ class Manifest(BaseModel):
                 raise ValueError(
                     f"unknown reward weight {key!r}; use {', '.join(REWARDS)}, "
                     "'process.<signal>', 'custom.<name>', or a component of your own: "
-                    f"{key.split('.')[0]} = {{ weight = 1.0, component = \"module:Class\" }}")
+                    f"{key.split('.')[0]} = {{ weight = 1.0, component = \"module:Class\" }}"
+                    f" (or a model judge: [rewards.{key.split('.')[0]}] rubric = \"...\")")
         return v
 
     def reward_weights(self) -> dict[str, float]:
         """Manifest key -> weight, for built-in and own components alike."""
-        return {k: e.weight if isinstance(e, RewardEntry) else float(e)
+        return {k: e.weight if isinstance(e, RewardEntry | JudgeSpec) else float(e)
                 for k, e in self.rewards.items()}
 
     @field_validator("entrypoint")
@@ -208,7 +296,7 @@ TOML_TYPES = {"bool_type": ("a boolean", "true or false, no quotes"),
               "dict_type": ("a table", "e.g. [section] or { key = 1 }")}
 
 
-UNION_TAGS = {"float", "int", "str", "bool", "RewardEntry"}
+UNION_TAGS = {"float", "int", "str", "bool", "RewardEntry", "JudgeSpec"}
 
 
 def _explain(err: Any) -> str:

@@ -306,7 +306,7 @@ class ChatService:
                             for c in choice.tool_calls],
                 msg_hashes=p.appended_hashes, response_hash=state.response_hash,
                 tools_hash=p.tools_key, latency_ms=latency_ms, instance=res.instance,
-                trainable=res.trainable, completion_text=res.text))
+                trainable=res.trainable and live.trainable, completion_text=res.text))
             action = p.action if i == 0 else CMAction(
                 kind="fork", from_seq=p.seqs[0], info={"reason": f"choice {i} of n={len(p.seqs)}"})
             actions.append(action)

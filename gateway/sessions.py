@@ -7,6 +7,9 @@ Histories are cached per process; with several gateway processes on one pool a h
 loaded under a lease (pool/leases.py) and reloaded when another process has taken the session.
 A context action the agent declared is kept in the pool (pool/declared.py) and applied by
 whichever process loads the history next.
+
+A session created with metadata `{"trainable": false}` (admin key: a model judge's calls,
+envs/rewards/judge) records every turn as not trainable, whatever the backend says.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import hashlib
 import secrets
 import uuid
 from dataclasses import dataclass, field
+
+import orjson
 
 from envhub.gateway.errors import BadRequest, Conflict, NotFound, Unauthorized
 from envhub.gateway.history import History
@@ -43,6 +48,7 @@ class LiveSession:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     loading: asyncio.Lock = field(default_factory=asyncio.Lock)  # one history load at a time
     memo: MessageMemo = field(default_factory=MessageMemo)
+    trainable: bool = True  # False: metadata {"trainable": false}, every turn not trainable
 
 
 class Sessions:
@@ -68,7 +74,8 @@ class Sessions:
                              param="session_id")
         key = api_key or f"sk-envhub-{secrets.token_urlsafe(24)}"
         lease = new_token()
-        live = LiveSession(sid, key_hash(key), history=History(lease=lease))
+        live = LiveSession(sid, key_hash(key), history=History(lease=lease),
+                           trainable=(metadata or {}).get("trainable") is not False)
         row = session_insert(sid, live.key_hash, group_id=group_id, task_id=task_id, env=env,
                              sample_index=sample_index, metadata=metadata)
         try:
@@ -85,7 +92,9 @@ class Sessions:
     def _live_from_row(self, row: dict) -> LiveSession:
         live = self._by_id.get(row["id"])
         if live is None:
-            live = LiveSession(row["id"], row["key_hash"], row["status"])
+            meta = orjson.loads(row.get("metadata") or "{}")
+            live = LiveSession(row["id"], row["key_hash"], row["status"],
+                               trainable=meta.get("trainable") is not False)
             self._remember(live)
         return live
 

@@ -11,6 +11,9 @@ list components of its own, by dotted path, beside them:
     "process.tool_error" = 0.5                                   # one signal's weight
     brevity = { weight = 0.2, component = "rewards:Brevity" }     # module of the package
     # or component = "my_pkg.rewards:Brevity"; naming a built-in replaces it
+    [rewards.judge]                                              # a model judge (judge/)
+    weight = 0.5
+    rubric = "..."
 
 reward_to_go (per turn seq) is derived from all the others: the weighted sum of every event
 from that turn on (gamma 1), so `Trajectory.total_reward` skips it.
@@ -21,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from envhub.envs.rewards.base import RewardComponent, SampleScore, weight_of
+from envhub.envs.rewards.base import RewardComponent, SampleScore, UsesGateway, weight_of
 from envhub.envs.rewards.builtin import (
     PROCESS_SIGNALS,
     TIME_SCALE_FLOOR_S,
@@ -40,6 +43,7 @@ REWARDS: dict[str, str] = {
 
 __all__ = [
     "PROCESS_SIGNALS", "REWARDS", "TIME_SCALE_FLOOR_S", "RewardComponent", "SampleScore",
+    "UsesGateway",
     "components", "composite", "make_components", "mixes_languages", "process_events",
     "reward_to_go", "score_group", "scripts_of", "time_values", "weight_of",
 ]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from envhub.sdk.types import RewardEvent, Signal
 
@@ -18,6 +18,10 @@ class SampleScore:
     signals: list[Signal] = field(default_factory=list)
     turn_seqs: list[int] = field(default_factory=list)
     verdict_info: dict = field(default_factory=dict)
+    # for model judges: the task's instruction and row, and the agent's declared output
+    instruction: str = ""
+    task_data: dict = field(default_factory=dict)
+    output: str | None = None
 
 
 class RewardComponent(Protocol):
@@ -38,3 +42,11 @@ def weight_of(weights: dict[str, float], kind: str, name: str = "") -> float:
     if name and f"{kind}.{name}" in weights:
         return float(weights[f"{kind}.{name}"])
     return float(weights.get(kind, 0.0))
+
+
+@runtime_checkable
+class UsesGateway(Protocol):
+    """Optional second face of a component that calls a model (the judge): before scoring, the
+    runner hands it the run's gateway, its default endpoint."""
+
+    def use_gateway(self, url: str, admin_key: str | None) -> None: ...

@@ -9,8 +9,9 @@ import inspect
 import logging
 from typing import Any
 
+from envhub.envs.environment import EnvFailure, Task
 from envhub.envs.loader import LoadedEnv
-from envhub.envs.rewards import SampleScore, components, score_group
+from envhub.envs.rewards import SampleScore, UsesGateway, components, score_group
 from envhub.orchestrator.groups.results import RolloutRecord
 from envhub.orchestrator.groups.rollout import PendingRollout
 from envhub.sdk.types import RewardEvent
@@ -19,11 +20,15 @@ log = logging.getLogger(__name__)
 
 
 async def finalize_group(pendings: list[PendingRollout], loaded: LoadedEnv, agent_name: str,
-                         earlier: list[RolloutRecord], link: Any = None) -> list[RolloutRecord]:
+                         earlier: list[RolloutRecord], link: Any = None,
+                         task: Task | None = None) -> list[RolloutRecord]:
     """Records for `pendings` (same order), scored with the environment's reward components
     and weights. `earlier` are this group's rollouts finished in a previous attempt
     (--resume): they count towards the group's median time. `link` (the runner's
-    GatewayLink) closes with the admin key a session whose own close did not get through."""
+    GatewayLink) closes with the admin key a session whose own close did not get through,
+    and is the default endpoint of model judges. `task` is shown to model judges.
+    Scoring runs in a thread (a judge waits on HTTP); a component's EnvFailure (a judge
+    that could not answer) makes every scored rollout of the group env_failure."""
     scores: dict[int, SampleScore] = {}
     for i, p in enumerate(pendings):
         if p.status != "done":
@@ -38,12 +43,23 @@ async def finalize_group(pendings: list[PendingRollout], loaded: LoadedEnv, agen
             outcome=p.verdict.outcome, resolved=p.verdict.resolved, duration_s=p.duration_s,
             signals=[*trajectory.signals, *p.verdict.signals],
             turn_seqs=[t.seq for t in trajectory.turns],
-            verdict_info=_jsonable(p.verdict.info))
+            verdict_info=_jsonable(p.verdict.info), output=p.verdict.output,
+            instruction=task.instruction if task else "", task_data=task.data if task else {})
     previous = [SampleScore(r.outcome or 0.0, bool(r.resolved), r.duration_s)
                 for r in earlier if r.status == "done"]
     order = list(scores)
-    scored = score_group([scores[i] for i in order] + previous,
-                         loaded.manifest.reward_weights(), loaded.rewards)[: len(order)]
+    if link is not None:
+        for component in loaded.rewards.values():
+            if isinstance(component, UsesGateway):
+                component.use_gateway(link.url, link.admin_key)
+    try:
+        scored = (await asyncio.to_thread(
+            score_group, [scores[i] for i in order] + previous,
+            loaded.manifest.reward_weights(), loaded.rewards))[: len(order)]
+    except EnvFailure as e:  # not the agents' doing: the group is excluded, not scored 0
+        for i in order:
+            pendings[i].fail("env_failure", f"scoring: {e}")
+        order, scored = [], []
     events_of = dict(zip(order, scored, strict=True))
 
     records = []

@@ -155,7 +155,7 @@ class GroupRunner:
                                        executor=executor, slots=slots)
         try:
             records = await finalize_group(pendings, loaded, rs.agent_name,
-                                           list(done_before or []), rs.link)
+                                           list(done_before or []), rs.link, task)
         except asyncio.CancelledError:
             # Interrupted while scoring: the group is not whole, so none of it counts.
             await asyncio.shield(asyncio.gather(*(

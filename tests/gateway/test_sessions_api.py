@@ -160,3 +160,26 @@ def test_cli_refuses_0_0_0_0_without_admin_key(tmp_path):
     assert not (tmp_path / "pool.db").exists()  # nothing was opened either
     with socket.socket() as s:  # and the port was never bound
         s.bind(("127.0.0.1", port))
+
+
+def test_a_session_opened_not_trainable_records_no_trainable_turn(tmp_path, tool_script):
+    """metadata {"trainable": false} (a model judge's calls): every turn is recorded with
+    trainable false and loss mask 0, also once another gateway on the pool loads the session."""
+    gw = start(tmp_path, tool_script, admin_key=ADMIN)
+    try:
+        judge = Session.open(gw.url, admin_key=ADMIN, env="judge",
+                             metadata={"trainable": False})
+        agent = Session.open(gw.url, admin_key=ADMIN, env="e")
+        chat(gw, judge.api_key)
+        chat(gw, agent.api_key)
+        assert [t.trainable for t in agent.trajectory().turns] == [True]
+    finally:
+        gw.close()
+    again = start(tmp_path, tool_script, admin_key=ADMIN)  # same pool: loads it from its row
+    try:
+        chat(again, judge.api_key)
+        t = Session(again.url, judge.id, judge.api_key).trajectory()
+        assert [turn.trainable for turn in t.turns] == [False, False]
+        assert all(set(s.loss_mask) == {0} for s in t.segments)
+    finally:
+        again.close()

@@ -109,4 +109,5 @@ class ArithEnv:
         value = parse_answer(submitted)
         resolved = value is not None and value == int(task.data["answer"])
         return Verdict(1.0 if resolved else 0.0, resolved,
-                       {"submitted": submitted[:100], "expected": task.data["answer"]})
+                       {"submitted": submitted[:100], "expected": task.data["answer"]},
+                       output=submitted[:2000])  # for a model judge ([rewards.judge])
