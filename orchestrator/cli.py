@@ -223,6 +223,7 @@ def register(app: typer.Typer) -> None:
     from envhub.orchestrator.train_cli import train_command
 
     app.command("train")(train_command)
+    from envhub.envs.builtin.search import synth_cli
     from envhub.envs.images import cli as images_cli
     from envhub.envs.sandbox import cli as sandbox_cli
     from envhub.orchestrator.audit import cli as audit_cli
@@ -230,3 +231,4 @@ def register(app: typer.Typer) -> None:
     sandbox_cli.register(app)
     images_cli.register(app)
     audit_cli.register(app)
+    synth_cli.register(app)

@@ -18,7 +18,7 @@ from envhub.envs.agents.oracle import OracleAgent
 from envhub.envs.agents.tool_calling import ToolCallingAgent
 from envhub.envs.errors import AgentSpecError
 
-BUILTIN_AGENTS = ("tool", "tool:drop", "tool:summarize", "oracle")
+BUILTIN_AGENTS = ("tool", "tool:drop", "tool:summarize", "tool:required", "oracle")
 ON_HOST_WARNING = ("envhub: WARNING: --agent-on-host: the command agent runs as a process on "
                    "THIS MACHINE with your user's rights (docker socket, other rollouts' files, "
                    "task data and gold patches, loopback services): no containment, rewards "
@@ -29,9 +29,10 @@ log = logging.getLogger(__name__)
 def make_agent(spec: str | None, installs: list[str] | None = None,
                on_host: bool = False) -> Agent:
     """`None`/`tool` → built-in agent (context strategy `drop`; `tool:summarize` to
-    summarize); `oracle`; anything else is a command line: run inside the rollout's sandbox
-    with `installs` (--agent-install specs) made present there, or with `on_host` a host
-    process whose program must exist here."""
+    summarize; `tool:required` to have every reply constrained to a tool call); `oracle`;
+    anything else is a command line: run inside the rollout's sandbox with `installs`
+    (--agent-install specs) made present there, or with `on_host` a host process whose program
+    must exist here."""
     spec = (spec or "tool").strip()
     if (installs or on_host) and spec in BUILTIN_AGENTS:
         raise AgentSpecError("--agent-install and --agent-on-host are for command-line agents, "
@@ -43,6 +44,8 @@ def make_agent(spec: str | None, installs: list[str] | None = None,
         return ToolCallingAgent(context="drop")
     if spec == "tool:summarize":
         return ToolCallingAgent(context="summarize")
+    if spec == "tool:required":
+        return ToolCallingAgent(context="drop", tool_choice="required")
     if spec == "oracle":
         return OracleAgent()
     if not on_host:

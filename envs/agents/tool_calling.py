@@ -7,6 +7,14 @@ Stops on submit, on a reply without tool calls when there is no submit tool, or 
 token or time limit. Gateway failures are infrastructure (EnvFailure); a request the gateway
 rejects as bad is the agent's own error (AgentError).
 
+With `tool_choice="required"` (`--agent tool:required`) every call asks the gateway to constrain
+the reply to a call of an offered tool with valid arguments: for a small model in an
+environment where every step is a tool call (the bundled model in `search`). The engine must
+support constrained sampling (the local, vllm or sglang backends do; scripted ones refuse).
+For evaluation and demos: on the local engine the recorded logprobs of constrained turns do
+not match the trainer's recomputation (`trainer/kl/rollout_train_k1` of 5-13 on `search`, 0
+unconstrained), so importance ratios of such rollouts are off.
+
 With a `seed`, each call asks for a sampling seed drawn from it, the task, the sample's index
 in its group and the turn: the same weights then give the same rollout (up to the engine's
 batch numerics), and two weight versions are sampled with the same random numbers (common
@@ -18,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from typing import Any
+from typing import Any, Literal
 
 from envhub.envs.agents.base import AgentContext, AgentResult
 from envhub.envs.agents.context import ContextStrategy, estimate_tokens
@@ -39,10 +47,12 @@ class ToolCallingAgent:
     name = "tool"
 
     def __init__(self, context: str = "drop", keep_last: int = 2,
-                 temperature: float = 1.0, seed: int | None = None) -> None:
+                 temperature: float = 1.0, seed: int | None = None,
+                 tool_choice: Literal["auto", "required"] = "auto") -> None:
         self.strategy = ContextStrategy(context, keep_last)  # type: ignore[arg-type]
         self.temperature = temperature
         self.seed = seed
+        self.tool_choice = tool_choice
 
     async def run(self, ctx: AgentContext) -> AgentResult:
         # No client retries: the gateway's router owns retries (STYLE: retry in one place), and
@@ -118,8 +128,10 @@ class ToolCallingAgent:
         import openai
 
         try:
+            required = self.tool_choice == "required" and toolbox.schemas
             return await client.chat.completions.create(
                 model=ctx.model, messages=messages, tools=toolbox.schemas or openai.NOT_GIVEN,
+                tool_choice="required" if required else openai.NOT_GIVEN,
                 max_tokens=max_new, temperature=self.temperature, timeout=max(1.0, timeout_s),
                 seed=openai.NOT_GIVEN if seed is None else seed)
         except openai.APIStatusError as e:
