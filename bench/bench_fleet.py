@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from common import envhub, free_port, pct, start
+from common import cpu_seconds, envhub, free_port, pct, start
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.postgres, tests.nginx
 from tests.nginx import NginxProxy  # noqa: E402
@@ -229,7 +229,15 @@ def main() -> None:
             run = f"r{int(time.time())}"
             rows = {}
             for level in levels:
+                procs = {"gateway": target.gateways, "engines": target.engines}
+                before = {k: sum(cpu_seconds(p.pid) for p in ps) for k, ps in procs.items()}
+                me, t0 = cpu_seconds(), time.perf_counter()
                 res = asyncio.run(scale(target, level, args.turns, run, args.think))
+                wall = time.perf_counter() - t0
+                # cores each part kept busy: a saturated machine shows in every latency
+                res["cpu"] = {k: (sum(cpu_seconds(p.pid) for p in ps) - before[k]) / wall
+                              for k, ps in procs.items()}
+                res["cpu"]["load generator"] = (cpu_seconds() - me) / wall
                 res["direct_p99"] = asyncio.run(direct(target, level, max(100, level)))
                 rows[level] = res
             fo = asyncio.run(failover(target, run))
@@ -246,6 +254,9 @@ def main() -> None:
         print(f"{level:>9} {r['sessions_s']:>11.1f} {r['calls_s']:>8.1f} {r['p50']:>8.2f} "
               f"{r['p99']:>8.2f} {r['gw_p99']:>8.2f} {r['direct_p99']:>11.2f} "
               f"{r['errors']:>4}/{r['calls']}")
+    for level, r in rows.items():
+        print(f"cores busy at {level} sessions: " + ", ".join(
+            f"{k} {v:.2f}" for k, v in r["cpu"].items()) + f" (of {os.cpu_count()})")
     base = rows[levels[0]]
     for level in levels[1:]:
         r = rows[level]

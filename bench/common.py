@@ -82,3 +82,12 @@ async def load(make_call: Callable[[aiohttp.ClientSession, int, int], Awaitable[
         wall = time.perf_counter() - t0
     return {"rps": len(latencies) / wall, "p50": statistics.median(latencies),
             "p99": pct(latencies, 0.99), "errors": errors, "n": len(latencies)}
+
+
+def cpu_seconds(pid: int | None = None) -> float:
+    """CPU time (user + system, seconds) a process has used so far: this one when `pid` is
+    None (Linux /proc for others)."""
+    if pid is None:
+        return time.process_time()
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
