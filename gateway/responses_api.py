@@ -103,8 +103,7 @@ async def create_response(request: Request, body: ResponsesRequest) -> Response:
         if link is None:  # a client that resends the conversation: store only what is new
             link, own = await gw.responses.implicit_base(live.id, new)
         await gw.responses.save(StoredResponse(out["id"], live.id, link.id if link else None,
-                                               out, with_ids(own)), earlier + new,
-                                alone=gw.service.active == 0)
+                                               out, with_ids(own)), earlier + new)
     headers = {"x-request-id": out["id"]}
     ignored = ignored_header(body.ignored())
     if ignored:

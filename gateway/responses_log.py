@@ -12,7 +12,6 @@ responses that link to it.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -67,7 +66,7 @@ class ResponseLog:
         stored = self._recent.get(response_id)
         if stored is not None:
             return stored
-        row = await asyncio.to_thread(self.store.response_row, response_id)
+        row = await self.store.read(self.store.response_row, response_id)
         if row is None:
             return None
         stored = StoredResponse(row["id"], row["session_id"], row["previous_id"],
@@ -76,13 +75,11 @@ class ResponseLog:
         self._remember(stored)
         return stored
 
-    async def save(self, stored: StoredResponse, conversation: list[Any],
-                   alone: bool = False) -> None:
-        """Store a response; `conversation`: its validated input items, whole. `alone`: no
-        other call is in flight (Store.write)."""
+    async def save(self, stored: StoredResponse, conversation: list[Any]) -> None:
+        """Store a response; `conversation`: its validated input items, whole."""
         await self.store.write(response_insert(
             stored.id, stored.session_id, previous_id=stored.previous_id, body=stored.body,
-            input_items=stored.input), alone=alone)
+            input_items=stored.input))
         self._remember(stored)
         self._latest[stored.session_id] = (stored.id, fingerprint(
             conversation + ITEMS.validate_python(stored.body["output"])))
@@ -110,7 +107,7 @@ class ResponseLog:
         """(the session's latest response, the items after its conversation) when that
         conversation starts `items`; else (None, items)."""
         if session_id not in self._latest:  # first request since the gateway started
-            latest_id = await asyncio.to_thread(self.store.latest_response_id, session_id)
+            latest_id = await self.store.read(self.store.latest_response_id, session_id)
             latest = await self.get(latest_id) if latest_id is not None else None
             self._latest[session_id] = None if latest is None else (latest.id, fingerprint(
                 ITEMS.validate_python(await self.conversation(latest))))

@@ -124,28 +124,23 @@ class ChatService:
         self.metrics = metrics
         self.max_model_len = max_model_len
         self.text_backend = text_backend  # hosted models take messages, not ids
-        self.active = 0  # calls in progress; one alone commits its turn at once (Store.write)
 
     async def _leased(self, live: LiveSession, history_loader: HistoryLoader,
                       attempt: Callable[[History], Awaitable[ChatAnswer]]) -> ChatAnswer:
         """Run `attempt` on the session's history; when another gateway process took the session
         meanwhile (pool/leases.py) nothing was recorded: reload the history and run it again."""
-        self.active += 1
-        try:
-            for _ in range(_LEASE_ATTEMPTS):
-                if live.status != "open":
-                    raise Conflict(f"session {live.id!r} is {live.status}; open a new session")
-                history = await history_loader(live)
-                try:
-                    return await attempt(history)
-                except LeaseLost:
-                    self.metrics.lease_lost.inc()
-                    await forget_history(self.store, live, history)
-            raise BackendUnavailable(f"session {live.id!r} kept moving between gateway "
-                                     "processes sharing this pool; retry (a proxy in front "
-                                     "should hash the session key to one process)")
-        finally:
-            self.active -= 1
+        for _ in range(_LEASE_ATTEMPTS):
+            if live.status != "open":
+                raise Conflict(f"session {live.id!r} is {live.status}; open a new session")
+            history = await history_loader(live)
+            try:
+                return await attempt(history)
+            except LeaseLost:
+                self.metrics.lease_lost.inc()
+                await forget_history(self.store, live, history)
+        raise BackendUnavailable(f"session {live.id!r} kept moving between gateway processes "
+                                 "sharing this pool; retry (a proxy in front should hash the "
+                                 "session key to one process)")
 
     async def chat(self, live: LiveSession, history_loader: HistoryLoader,
                    call: ChatCall) -> ChatAnswer:
@@ -321,7 +316,7 @@ class ChatService:
             if p.requested_model is not None:
                 ops.append(turn_info(live.id, seq, requested_model=p.requested_model))
         try:
-            await self.store.write(*ops, alone=self.active == 1)
+            await self.store.write(*ops)
         except Exception:
             history.release(p.extends, p.declared)
             raise

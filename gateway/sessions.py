@@ -104,7 +104,7 @@ class Sessions:
         live = self._by_key.get(kh)
         if live is not None:
             return live
-        row = await asyncio.to_thread(self.store.session_by_key, kh)
+        row = await self.store.read(self.store.session_by_key, kh)
         return self._live_from_row(row) if row is not None else None
 
     async def authenticate(self, token: str | None) -> LiveSession:
@@ -140,7 +140,7 @@ class Sessions:
         live = self._by_id.get(session_id)
         if live is not None:
             return live
-        row = await asyncio.to_thread(self.store.session_row, session_id)
+        row = await self.store.read(self.store.session_row, session_id)
         if row is None:
             raise NotFound(f"no session {session_id!r}")
         return self._live_from_row(row)
@@ -154,11 +154,11 @@ class Sessions:
             if live.history is None:
                 lease = new_token()
                 await self.store.write(op_claim(live.id, lease, self.holder))
-                rows = await asyncio.to_thread(self.store.turn_rows, live.id)
-                actions = await asyncio.to_thread(self.store.events, "cm_actions", live.id)
+                rows = await self.store.read(self.store.turn_rows, live.id)
+                actions = await self.store.read(self.store.events, "cm_actions", live.id)
                 history = history_from_rows(rows, actions)
                 # an action the agent declared through another process (pool/declared.py)
-                declared = await asyncio.to_thread(pending, self.store, live.id, actions)
+                declared = await self.store.read(pending, self.store, live.id, actions)
                 if declared is not None:
                     history.declared = CMAction(**declared)
                 history.lease = lease

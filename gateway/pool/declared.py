@@ -63,7 +63,7 @@ class Declaration:
 def pending(store: Store, session_id: str, recorded: list[dict[str, Any]]
             ) -> dict[str, Any] | None:
     """The session's declared action (a CMAction body) unless one of its `recorded`
-    cm_actions events used it up; blocking: call through asyncio.to_thread."""
+    cm_actions events used it up; blocking: call through Store.read."""
     q = select(t.cm_declared.c.id, t.cm_declared.c.body).where(
         t.cm_declared.c.session_id == session_id)
     with store.engine.connect() as c:
