@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from envhub.envs.cache import cache_dir
 from envhub.envs.images.recipe import BaseRecipe, default_recipe
 from envhub.envs.sandbox.engine import docker_client, import_docker
 from envhub.envs.sandbox.errors import ImageBuildError
@@ -44,13 +45,6 @@ class ImageBuild:
     cached: bool
     seconds: float
     size_bytes: int
-
-
-def cache_dir() -> Path:
-    """Where build locks and the debootstrap .deb cache live (ENVHUB_CACHE overrides)."""
-    root = Path(os.environ.get("ENVHUB_CACHE", Path.home() / ".cache" / "envhub"))
-    root.mkdir(parents=True, exist_ok=True)
-    return root
 
 
 @contextmanager

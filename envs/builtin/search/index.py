@@ -25,6 +25,7 @@ from envhub.envs.builtin.search.corpus import (
     generate_world,
     render_pages,
 )
+from envhub.envs.cache import cache_dir
 
 MAX_QUERY_CHARS = 300
 MAX_QUERY_WORDS = 16
@@ -48,7 +49,7 @@ class Hit:
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("ENVHUB_CACHE", Path.home() / ".cache" / "envhub")) / "search"
+    return cache_dir() / "search"
 
 
 def build_index(pages: list[Page], root: Path | None = None) -> Path:

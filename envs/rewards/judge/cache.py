@@ -5,19 +5,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sqlite3
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from envhub.envs.cache import cache_dir
+
 OFF = "off"
 
 
 def default_path() -> Path:
-    root = Path(os.environ.get("ENVHUB_CACHE", Path.home() / ".cache" / "envhub"))
-    return root / "judge.sqlite"
+    return cache_dir() / "judge.sqlite"
 
 
 def cache_key(parts: dict[str, Any]) -> str:
