@@ -51,6 +51,11 @@ class LiveSession:
     trainable: bool = True  # False: metadata {"trainable": false}, every turn not trainable
 
 
+def _trainable(metadata: dict | None) -> bool:
+    """A session's turns are trainable unless its metadata says `"trainable": false`."""
+    return (metadata or {}).get("trainable") is not False
+
+
 class Sessions:
     def __init__(self, store: Store, admin_key: str | None, holder: str = ""):
         self.store = store
@@ -75,7 +80,7 @@ class Sessions:
         key = api_key or f"sk-envhub-{secrets.token_urlsafe(24)}"
         lease = new_token()
         live = LiveSession(sid, key_hash(key), history=History(lease=lease),
-                           trainable=(metadata or {}).get("trainable") is not False)
+                           trainable=_trainable(metadata))
         row = session_insert(sid, live.key_hash, group_id=group_id, task_id=task_id, env=env,
                              sample_index=sample_index, metadata=metadata)
         try:
@@ -92,9 +97,8 @@ class Sessions:
     def _live_from_row(self, row: dict) -> LiveSession:
         live = self._by_id.get(row["id"])
         if live is None:
-            meta = orjson.loads(row.get("metadata") or "{}")
             live = LiveSession(row["id"], row["key_hash"], row["status"],
-                               trainable=meta.get("trainable") is not False)
+                               trainable=_trainable(orjson.loads(row.get("metadata") or "{}")))
             self._remember(live)
         return live
 

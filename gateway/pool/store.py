@@ -132,19 +132,24 @@ class Store:
         batches (a pool checkout and its reset per batch cost about as much as a turn's insert).
         A connection the database dropped (a restarted server) is replaced once."""
         for attempt in (1, 2):
-            if self._conn is None:
-                self._conn = self.engine.connect()
+            conn = self._connection()
             try:
-                with self._conn.begin():
-                    _run(self._conn, ops)
+                with conn.begin():
+                    _run(conn, ops)
                 return
             except Exception as e:
                 lost = isinstance(e, DBAPIError) and e.connection_invalidated
-                if lost or self._conn.invalidated:
-                    self._conn.close()
+                if lost or conn.invalidated:
+                    conn.close()
                     self._conn = None
                 if attempt == 2 or not lost:
                     raise
+
+    def _connection(self) -> Connection:
+        """The writer's connection (whoever holds `_conn_lock`), opened when first needed."""
+        if self._conn is None:
+            self._conn = self.engine.connect()
+        return self._conn
 
     def _flush_here(self, loop: asyncio.AbstractEventLoop) -> None:
         """Commit the writes `loop` gathered, on its thread (SQLite): one transaction that
@@ -172,9 +177,7 @@ class Store:
 
     def _busy_timeout(self, ms: int) -> None:
         """How long the writer's SQLite connection waits for another process's write lock."""
-        if self._conn is None:
-            self._conn = self.engine.connect()
-        sqlite = self._conn.connection.driver_connection
+        sqlite = self._connection().connection.driver_connection
         assert sqlite is not None
         sqlite.execute(f"PRAGMA busy_timeout={ms}")
 
