@@ -10,11 +10,20 @@ How the continuation is found without re-rendering history: the template is rend
 `[anchor user, assistant(SENTINEL)] + new messages`; the text after SENTINEL is the assistant
 turn's closing (e.g. `<|im_end|>\\n`) followed by the new messages and the generation prompt. The
 part of the closing the model already sampled (its stop token) is dropped.
+
+Control tokens come from the template only. Text a client passes as data (user, system, tool and
+developer contents, tool schemas) may spell a control token (`<|im_start|>`, `<tool_call>`): a
+web page or a command's output read by an agent easily does. Encoded as it stands, that text
+would become the real token and forge a role or a tool call in the prompt the model sees. Such
+spellings are swapped for markers before the template runs and encoded afterwards as the
+plain characters they are (the tokenizer's pipeline without its added-token matching).
+Assistant messages are the policy's own output and render as they are.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -25,6 +34,10 @@ from envhub.gateway.render.toolcalls import PARSERS, ParsedCompletion, detect_fo
 
 SENTINEL = "\x00ENVHUB-SENTINEL\x00"
 _ANCHOR_USER = {"role": "user", "content": "."}
+_OWN_OUTPUT_ROLE = "assistant"  # the model's own messages: rendered as they are
+_MARK, _MARK_END = "\ue000", "\ue001"  # private-use characters around a quoted spelling
+_MARKER_RE = re.compile(_MARK + r"(\d+)" + _MARK_END)
+_MARK_RE = re.compile(_MARK)  # all that is quoted in the model's own messages
 TEMPLATES = Path(__file__).parent / "templates"
 
 
@@ -59,6 +72,11 @@ class ChatRenderer:
         self.stop_token_ids = stop_token_ids if stop_token_ids is not None else \
             _default_stops(tokenizer)
         self._special_ids = set(tokenizer.all_special_ids) | set(self.stop_token_ids)
+        # every added token's spelling, and the markers' first character (so data cannot
+        # spell a marker either: its own is quoted like a control token)
+        added = sorted({t.content for t in self._fast.get_added_tokens_decoder().values()
+                        if t.content} | {_MARK}, key=len, reverse=True)
+        self._added_re = re.compile("|".join(map(re.escape, added)))
 
     @classmethod
     def from_pretrained(cls, path: str | Path, chat_template: str | Path | None = None,
@@ -87,12 +105,71 @@ class ChatRenderer:
     def encode(self, text: str) -> list[int]:
         return self._fast.encode(text, add_special_tokens=False).ids
 
+    def encode_plain(self, text: str) -> list[int]:
+        """`text` as characters: the tokenizer's normalizer, pre-tokenizer and model without
+        its added-token matching, so `<|im_start|>` here is the six tokens of its spelling."""
+        fast = self._fast
+        if fast.normalizer is not None:
+            text = fast.normalizer.normalize_str(text)
+        pieces = fast.pre_tokenizer.pre_tokenize_str(text) if fast.pre_tokenizer is not None \
+            else [(text, (0, len(text)))]
+        return [tok.id for piece, _ in pieces for tok in fast.model.tokenize(piece)]
+
+    def _quote(self, value: Any, quoted: list[str], pattern: re.Pattern[str]) -> Any:
+        """`value` with every match of `pattern` in its strings replaced by a marker (the
+        match appended to `quoted`); the same object when there is none."""
+        if isinstance(value, str):
+            if pattern.search(value) is None:
+                return value
+
+            def mark(m: re.Match[str]) -> str:
+                quoted.append(m.group(0))
+                return f"{_MARK}{len(quoted) - 1}{_MARK_END}"
+
+            return pattern.sub(mark, value)
+        if isinstance(value, dict):
+            out: dict[Any, Any] | None = None
+            for k, v in value.items():
+                q = self._quote(v, quoted, pattern)
+                if q is not v:
+                    out = out if out is not None else dict(value)
+                    out[k] = q
+            return value if out is None else out
+        if isinstance(value, list):
+            items = [self._quote(v, quoted, pattern) for v in value]
+            return value if all(a is b for a, b in zip(items, value, strict=True)) else items
+        return value
+
+    def _render(self, messages: list[dict], tools: list[dict] | None
+                ) -> tuple[str, list[str]]:
+        """The template's text with data's control-token spellings as markers, and those
+        spellings in marker order."""
+        quoted: list[str] = []
+        data = self._added_re
+        messages = [self._quote(m, quoted, _MARK_RE if m.get("role") == _OWN_OUTPUT_ROLE
+                                else data) for m in messages]
+        return self._template(messages, self._quote(tools, quoted, data), gen=True), quoted
+
+    def _encode_rendered(self, text: str, quoted: list[str]) -> RenderedPrompt:
+        if not quoted:
+            return RenderedPrompt(self.encode(text), text)
+        ids: list[int] = []
+        parts: list[str] = []
+        pos = 0
+        for m in _MARKER_RE.finditer(text):
+            literal = quoted[int(m.group(1))]
+            ids += self.encode(text[pos:m.start()]) + self.encode_plain(literal)
+            parts += [text[pos:m.start()], literal]
+            pos = m.end()
+        ids += self.encode(text[pos:])
+        parts.append(text[pos:])
+        return RenderedPrompt(ids, "".join(parts))
+
     def decode(self, ids: list[int], skip_special: bool = False) -> str:
         return self._fast.decode(ids, skip_special_tokens=skip_special)
 
     def render_prompt(self, messages: list[dict], tools: list[dict] | None) -> RenderedPrompt:
-        text = self._template(messages, tools, gen=True)
-        return RenderedPrompt(self.encode(text), text)
+        return self._encode_rendered(*self._render(messages, tools))
 
     def render_continuation(self, completion_ids: list[int], new_messages: list[dict],
                             tools: list[dict] | None) -> RenderedPrompt:
@@ -101,7 +178,7 @@ class ChatRenderer:
         `tools` is passed so templates that branch on it render the tail as they would in full.
         """
         anchor = [_ANCHOR_USER, {"role": "assistant", "content": SENTINEL}]
-        text = self._template(anchor + new_messages, tools, gen=True)
+        text, quoted = self._render(anchor + new_messages, tools)
         cut = text.find(SENTINEL)
         if cut < 0:
             raise BadRequest("the chat template dropped the assistant message's content; "
@@ -113,7 +190,7 @@ class ChatRenderer:
             sampled_end = self.decode(completion_ids[-1:])
             if tail.startswith(sampled_end):
                 tail = tail[len(sampled_end):]
-        return RenderedPrompt(self.encode(tail), tail)
+        return self._encode_rendered(tail, quoted)
 
     # -- parsing -------------------------------------------------------------------------------
 
