@@ -121,3 +121,35 @@ def test_two_event_loops_write_to_one_store(tmp_path):
         assert len(_ids(store)) == loops * 150
     finally:
         store.close()
+
+
+def test_checkpoints_run_off_the_loop(tmp_path, monkeypatch):
+    """SQLite's own checkpoint (inside the commit crossing 1,000 WAL pages) is off; the
+    checkpointer thread copies the WAL into the database, and truncates a WAL grown past
+    WAL_RESTART_PAGES."""
+    import envhub.gateway.pool.store as store_module
+
+    monkeypatch.setattr(store_module, "CHECKPOINT_EVERY_S", 0.05)
+    monkeypatch.setattr(store_module, "WAL_RESTART_PAGES", 8)
+    db = tmp_path / "pool.db"
+    store = Store(f"sqlite:///{db}")
+    try:
+        with store.engine.connect() as c:
+            assert c.exec_driver_sql("PRAGMA wal_autocheckpoint").scalar() == 0
+        before = db.stat().st_size
+
+        async def scenario() -> None:
+            for i in range(40):
+                await asyncio.gather(*(store.write(_session(i * 10 + j)) for j in range(10)))
+
+        asyncio.run(scenario())
+        deadline = time.monotonic() + 10
+        wal = tmp_path / "pool.db-wal"
+        while (db.stat().st_size == before or wal.stat().st_size > 0) and \
+                time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert db.stat().st_size > before  # the rows reached the database file
+        assert wal.stat().st_size == 0  # truncated: it had grown past 8 pages
+        assert len(_ids(store)) == 400
+    finally:
+        store.close()
