@@ -166,6 +166,8 @@ class Store:
         """The writer's connection (whoever holds `_conn_lock`), opened when first needed."""
         if self._conn is None:
             self._conn = self.engine.connect()
+            if self._on_loop:  # the loop's commits never wait; the writer's set it around theirs
+                self._busy_timeout(0)
         return self._conn
 
     def _flush_here(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -176,11 +178,7 @@ class Store:
         if not self._queue.empty() or not self._conn_lock.acquire(blocking=False):
             return self._hand_over(batch)
         try:
-            self._busy_timeout(0)
-            try:
-                self._transaction([op for ops, _, _ in batch for op in ops])
-            finally:
-                self._busy_timeout(_BUSY_TIMEOUT_MS)
+            self._transaction([op for ops, _, _ in batch for op in ops])
         except Exception:  # rolled back: the writer retries it, one write at a time if need be
             return self._hand_over(batch)
         finally:
@@ -194,14 +192,22 @@ class Store:
 
     def _busy_timeout(self, ms: int) -> None:
         """How long the writer's SQLite connection waits for another process's write lock."""
-        sqlite = self._connection().connection.driver_connection
+        assert self._conn is not None
+        sqlite = self._conn.connection.driver_connection
         assert sqlite is not None
         sqlite.execute(f"PRAGMA busy_timeout={ms}")
 
     def _commit(self, batch: list) -> None:
         try:
             with self._conn_lock:
-                self._transaction([op for ops, _, _ in batch for op in ops])
+                if self._on_loop:
+                    self._connection()
+                    self._busy_timeout(_BUSY_TIMEOUT_MS)
+                try:
+                    self._transaction([op for ops, _, _ in batch for op in ops])
+                finally:
+                    if self._on_loop and self._conn is not None:
+                        self._busy_timeout(0)
             for _, loop, fut in batch:
                 loop.call_soon_threadsafe(_resolve, fut, None, None)
         except Exception as e:  # one bad write must not fail its neighbours: retry one by one
