@@ -121,7 +121,8 @@ async def list_sessions(request: Request, group_id: str | None = None,
 @router.get("/sessions/{session_id}")
 async def get_session(request: Request, session_id: str) -> Response:
     live = await _session_for(request, session_id)
-    row = await asyncio.to_thread(request.app.state.gw.store.session_row, live.id)
+    store = request.app.state.gw.store
+    row = await store.read(store.session_row, live.id)
     return json_response(session_info(row).model_dump(mode="json"))
 
 

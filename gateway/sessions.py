@@ -176,6 +176,6 @@ async def forget_history(store: Store, live: LiveSession, stale: History) -> Non
     async with live.loading:
         if live.history is stale:
             live.history = None
-        row = await asyncio.to_thread(store.session_row, live.id)
+        row = await store.read(store.session_row, live.id)
         if row is not None:
             live.status = row["status"]
