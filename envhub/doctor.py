@@ -3,6 +3,7 @@ provides it. Every check is read-only and answers in a few seconds."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import importlib.util
 import os
@@ -156,6 +157,36 @@ def check_vllm_venv() -> Check:
     return Check("vllm venv", "ok", f"{venv} (bash scripts/vllm_venv.sh brings it to its lock)")
 
 
+def venv_stamp(script: str, lock: str, checkout: Path = CHECKOUT) -> str | None:
+    """The stamp name `scripts/SCRIPT` leaves in a venv it brought to `locks/LOCK`: its key is
+    the sha256 of the script, scripts/pip_locked.sh and the lock, as the script computes it;
+    None without those files (an installed wheel)."""
+    parts = [checkout / "scripts" / script, checkout / "scripts" / "pip_locked.sh"]
+    if not all(p.is_file() for p in parts):
+        return None
+    lock_file = checkout / "locks" / lock
+    data = b"".join(p.read_bytes() for p in parts)
+    data += lock_file.read_bytes() if lock_file.is_file() else b""
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def check_verifiers_venv() -> Check:
+    from envhub.envs.verifiers.process import python
+
+    exe = python()
+    venv, fix = exe.parent.parent, "bash scripts/verifiers_venv.sh"
+    stamps = sorted(p.name for p in venv.glob(".envhub-verifiers-*"))
+    if not exe.exists() or not stamps:
+        return Check("verifiers venv", "missing", f"no verifiers venv at {venv} "
+                     "(`envhub run vf:...` and its tests need it)", f"{fix} (~1 min, 570 MB)")
+    key = venv_stamp("verifiers_venv.sh", "verifiers.txt")
+    if key is not None and f".envhub-verifiers-{key}" not in stamps:
+        return Check("verifiers venv", "warn", f"{venv} was built from another "
+                     "locks/verifiers.txt or script than this checkout's", fix)
+    return Check("verifiers venv", "ok", f"{venv}" + (" (as locked)" if key else
+                                                      f" (not checked: no lock here; {fix})"))
+
+
 def check_gpus() -> Check:
     try:
         import torch
@@ -204,7 +235,7 @@ def checks(concurrency: int, runs: Path) -> Iterator[Check]:
     yield from check_packages()
     steps: list[Callable[[], Check]] = [check_docker, check_debootstrap, check_bubblewrap,
                                         check_chromium, check_postgres, check_vllm_venv,
-                                        check_gpus]
+                                        check_verifiers_venv, check_gpus]
     for step in steps:
         yield step()
     yield check_fds(concurrency)

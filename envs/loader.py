@@ -3,7 +3,9 @@ entrypoint, read its tasks through `datasets`.
 
 A reference is, in this order: a folder path (`./my-env`), a built-in name (`arith`), a
 registry reference (`owner/name@version`, through `envhub.registry` when installed), or the
-name of an installed registry package.
+name of an installed registry package. Datasets run as they are come first: `hf:ID` and
+`.jsonl`/`.parquet` files (SWE-bench rows), `rg:NAME[...]` (a reasoning-gym dataset, envs/rg),
+`vf:PATH|ID` (a verifiers environment, envs/verifiers).
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from envhub.envs.rewards import RewardComponent, make_components
 
 REGISTRY_REF_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*/[a-z0-9][a-z0-9._-]*(@\S+)?$")
 DATASET_PREFIX = "hf:"
+RG_PREFIX = "rg:"
+VF_PREFIX = "vf:"
 ROW_FILE_SUFFIXES = (".jsonl", ".parquet")
 ID_FIELDS = ("id", "task_id", "instance_id")
 INSTRUCTION_FIELDS = ("instruction", "problem_statement", "prompt", "question")
@@ -111,6 +115,10 @@ def load_env(ref: str, catalog: Catalog = BUILTINS) -> LoadedEnv:
     """Resolve, validate and instantiate. Raises ManifestError / EnvNotFound / EnvLoadError."""
     if ref.startswith(DATASET_PREFIX) or Path(ref).suffix in ROW_FILE_SUFFIXES:
         return load_swe_rows(ref)
+    if ref.startswith(RG_PREFIX):
+        return load_reasoning_gym(ref)
+    if ref.startswith(VF_PREFIX):
+        return load_verifiers(ref)
     folder = resolve_folder(ref, catalog)
     if not (folder / "envhub.toml").is_file() and task_folder_kind(folder) is not None:
         return load_task_folders(folder, ref)
@@ -200,6 +208,32 @@ def load_swe_rows(ref: str) -> LoadedEnv:
         "name": name, "tasks": source, "sandbox": sandbox, "metadata": {},
         "description": f"SWE-bench rows from {ref} (run as they are)"})
     env = SWETaskEnv(folder, manifest)
+    return LoadedEnv(folder=folder, manifest=manifest, env=env, ref=ref,
+                     rewards=reward_components(folder, manifest))
+
+
+def load_reasoning_gym(ref: str) -> LoadedEnv:
+    """`rg:NAME[key=value,...]`: a reasoning-gym dataset with its scorer (envs/rg), from the
+    same manifest `envhub init DIR --from rg:NAME` writes; needs the reasoning-gym extra."""
+    from envhub.envs import rg
+    from envhub.envs.rg.env import ReasoningGymEnv
+    from envhub.envs.rg.package import manifest_for
+
+    manifest = manifest_for(rg.parse_reference(ref))
+    folder = Path(rg.__file__).resolve().parent  # its code; not a package (no envhub.toml)
+    env = ReasoningGymEnv(folder, manifest)
+    return LoadedEnv(folder=folder, manifest=manifest, env=env, ref=ref,
+                     rewards=reward_components(folder, manifest))
+
+
+def load_verifiers(ref: str) -> LoadedEnv:
+    """`vf:PATH|ID`: a verifiers 0.4 taskset run as it is (envs/verifiers: its harness, its
+    rewards), through verifiers' own interpreter (`bash scripts/verifiers_venv.sh`)."""
+    from envhub.envs.verifiers import VerifiersEnv, manifest_for
+
+    folder, manifest = manifest_for(ref)
+    env = VerifiersEnv(folder, manifest)
+    env.load_tasks()  # a missing venv or an unsupported environment stops here (exit 2)
     return LoadedEnv(folder=folder, manifest=manifest, env=env, ref=ref,
                      rewards=reward_components(folder, manifest))
 

@@ -89,6 +89,73 @@ class SandboxSpec(BaseModel):
         return v if v is None else [k if k == PLAIN else check_kind(k) for k in v]
 
 
+MCP_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")  # no '_': '__' separates it from tools
+
+
+class McpServerSpec(BaseModel):
+    """`[mcp.NAME]`: an MCP server the environment ships, started over stdio INSIDE the
+    rollout's sandbox (docker or local; the agent's own, so its tools act on the agent's
+    workspace, never on the host). Its tools are offered to the built-in agent as
+    `NAME__tool` (envs/mcp/client.py)."""
+
+    model_config = STRICT
+    command: list[str] = Field(..., description="argv run inside the sandbox, e.g. "
+                               '["python3", "/run/envhub-mcp/NAME/server.py"]')
+    files: list[str] = Field(
+        [], description="files or folders of the package the server needs (its code), seen "
+        "read-only at /run/envhub-mcp/NAME/<path> (local: by the server only; docker: copied)")
+    env: dict[str, str] = Field({}, description="environment variables of the server")
+    cwd: str | None = Field(None, description="working folder inside the sandbox (default: "
+                            "the sandbox's workdir)")
+    tools: list[str] | None = Field(
+        None, description="the server's tools to offer (its own names); default: all it lists")
+    prefix: str | None = Field(
+        None, description="prefix of the offered names; default 'NAME__' ('' offers the "
+        "server's own names)")
+    startup_timeout_s: float = Field(30.0, gt=0, le=600,
+                                     description="start, handshake and tool listing")
+    call_timeout_s: float = Field(60.0, gt=0, le=3600, description="one tool call")
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, v: list[str]) -> list[str]:
+        if not v or not v[0] or any("\0" in a for a in v):
+            raise ValueError('give the server\'s argv, e.g. ["python3", "server.py"]')
+        return v
+
+    @field_validator("files")
+    @classmethod
+    def _files(cls, v: list[str]) -> list[str]:
+        for path in v:
+            norm = os.path.normpath(path)
+            if os.path.isabs(path) or norm == "." or norm.startswith(".."):
+                raise ValueError(f"{path!r}: give a path inside the package, e.g. \"server.py\"")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        for key in v:
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+                raise ValueError(f"{key!r} is not an environment variable name")
+        return v
+
+    @field_validator("tools")
+    @classmethod
+    def _allowed(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and (not v or len(set(v)) != len(v)):
+            raise ValueError("list each of the server's tools once (leave the field out to "
+                             "offer all of them)")
+        return v
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix(cls, v: str | None) -> str | None:
+        if v is not None and v and not TOOL_NAME_RE.match(v):
+            raise ValueError("use letters, digits, '_' or '-'")
+        return v
+
+
 class RewardEntry(BaseModel):
     """A reward component of the package's own: `name = { weight = 0.2, component = "m:C" }`."""
 
@@ -213,6 +280,9 @@ class Manifest(BaseModel):
         default_factory=lambda: dict[str, float | RewardEntry | JudgeSpec](outcome=1.0),
         description="reward components and their weights (envs/rewards/__init__.py)")
     agent: AgentLimits = Field(default_factory=AgentLimits)
+    mcp: dict[str, McpServerSpec] = Field(
+        default_factory=dict, description="[mcp.NAME]: MCP servers run over stdio inside the "
+        "rollout's sandbox; their tools are offered to the built-in agent as NAME__tool")
     dependencies: list[str] = Field(default_factory=list, description="pip requirement strings")
     metadata: dict[str, Any] = Field(default_factory=dict)
 
@@ -234,6 +304,33 @@ class Manifest(BaseModel):
         if twice:
             raise ValueError(f"tool {twice[0]!r} is listed twice; list each tool once")
         return v
+
+    @field_validator("mcp")
+    @classmethod
+    def _mcp(cls, v: dict[str, McpServerSpec]) -> dict[str, McpServerSpec]:
+        for name, spec in v.items():
+            if not MCP_NAME_RE.match(name):
+                raise ValueError(f"[mcp.{name}]: name a server with lowercase letters, digits "
+                                 "or '-' (at most 32; its tools are offered as NAME__tool)")
+            prefix = f"{name}__" if spec.prefix is None else spec.prefix
+            for tool in spec.tools or []:
+                if not TOOL_NAME_RE.match(prefix + tool):
+                    raise ValueError(f"[mcp.{name}] tools: {prefix + tool!r} is not a valid "
+                                     "tool name (letters, digits, '_' or '-', at most 64 with "
+                                     "the prefix); shorten the prefix or leave the tool out")
+        return v
+
+    @model_validator(mode="after")
+    def _mcp_needs_a_sandbox(self) -> Manifest:
+        if self.mcp and self.sandbox.kind == "none":
+            raise ValueError("[mcp] servers run inside the rollout's sandbox: set [sandbox] "
+                             "kind to auto, local or docker (not 'none')")
+        return self
+
+    def mcp_tool_name(self, server: str, tool: str) -> str:
+        """The name the agent sees for `tool` of `[mcp.server]`."""
+        prefix = self.mcp[server].prefix
+        return (f"{server}__" if prefix is None else prefix) + tool
 
     @field_validator("version")
     @classmethod
@@ -373,4 +470,10 @@ def load_manifest(folder: str | Path) -> Manifest:
                             "folder (task.toml, instruction.md, environment/Dockerfile, "
                             "tests/test.sh), a terminal-bench task (task.yaml) or a folder "
                             "of such tasks")
-    return parse_manifest(path.read_text(encoding="utf-8"), str(path))
+    manifest = parse_manifest(path.read_text(encoding="utf-8"), str(path))
+    for name, spec in manifest.mcp.items():
+        missing = [rel for rel in spec.files if not (Path(folder) / rel).exists()]
+        if missing:
+            raise ManifestError(f"{path}: field 'mcp.{name}.files': {missing[0]!r} is not in the "
+                                "package; add it or fix the path")
+    return manifest

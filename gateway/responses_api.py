@@ -17,6 +17,10 @@ Decisions where the API and this gateway meet:
   (gateway/structured.py); a backend that cannot constrain answers 400.
 - `include: ["message.output_text.logprobs"]` returns the rollout logprobs on `output_text`.
 - Cancel answers as the API does for a response that was not created in the background: 400.
+- `namespace` tools (Codex groups each MCP server's tools so): each function is offered to the
+  model as `NAMESPACE__NAME` (`mcp__envhub__submit`, Claude Code's naming), and its calls come
+  back as `function_call` items with `namespace` and the tool's own `name`, as Codex expects;
+  echoed back, they render as the model wrote them.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from fastapi.responses import Response, StreamingResponse
 from envhub.gateway.backends.base import SamplingParams
 from envhub.gateway.errors import BadRequest, NotFound
 from envhub.gateway.models.base import OPENAI_ERRORS, STREAMS, ignored_header
-from envhub.gateway.models.responses import MessageItem, ResponsesRequest
+from envhub.gateway.models.responses import MessageItem, ResponsesRequest, qualified_name
 from envhub.gateway.openai_api import (
     _logprobs,
     _tool_choice,
@@ -43,6 +47,8 @@ from envhub.gateway.openai_api import (
 from envhub.gateway.render.messages import normalize_message
 from envhub.gateway.responses_items import (
     chat_tool_choice,
+    flat_tools,
+    namespaced,
     output_items,
     to_messages,
     to_tools,
@@ -150,7 +156,8 @@ def _strict(body: ResponsesRequest, tools: list[dict[str, Any]] | None
             ) -> list[dict[str, Any]] | None:
     """The tools as the constraint sees them: `strict` is on unless a tool says false (the
     Responses API's default); the rendered tools are left as they were."""
-    loose = {t.name for t in body.tools or [] if t.strict is False}
+    loose = {t.name if ns is None else qualified_name(ns, t.name)
+             for ns, t in flat_tools(body.tools) if t.strict is False}
     return [t if t["function"]["name"] in loose else
             {**t, "function": {**t["function"], "strict": True}} for t in tools or []] or None
 
@@ -162,7 +169,7 @@ def response_body(gw: Any, answer: ChatAnswer, body: ResponsesRequest, want_lp: 
     incomplete = choice.finish_reason == "length"
     status = "incomplete" if incomplete else "completed"
     logprobs = _logprobs(gw, choice)["content"] if want_lp else None
-    output = output_items(choice, status, logprobs)
+    output = output_items(choice, status, logprobs, namespaced(body.tools))
     completion = len(res.completion_ids)
     return {
         "id": "resp_" + answer.id.removeprefix("chatcmpl-"), "object": "response",

@@ -23,8 +23,10 @@ from envhub.gateway.models.responses import (
     FunctionCallOutputItem,
     FunctionTool,
     MessageItem,
+    NamespaceTool,
     ReasoningItem,
     ToolChoiceFunction,
+    qualified_name,
 )
 from envhub.gateway.service import Choice, response_id
 
@@ -69,9 +71,11 @@ def to_messages(instructions: str | None, items: list[Any]) -> list[Message]:
             if open_turn is None:
                 open_turn = {"role": "assistant", "content": ""}
                 out.append(open_turn)
+            name = item.name if item.namespace is None else qualified_name(item.namespace,
+                                                                            item.name)
             open_turn.setdefault("tool_calls", []).append({
                 "id": item.call_id, "type": "function",
-                "function": {"name": item.name, "arguments": _arguments(item, where)}})
+                "function": {"name": name, "arguments": _arguments(item, where)}})
         elif isinstance(item, ReasoningItem):
             text = "\n\n".join(p.text for p in (item.content or item.summary))
             open_turn = {"role": "assistant", "content": ""}
@@ -91,18 +95,44 @@ def to_messages(instructions: str | None, items: list[Any]) -> list[Message]:
             or m.get("reasoning_content")]
 
 
-def to_tools(tools: list[FunctionTool] | None) -> list[dict[str, Any]] | None:
-    """Flat Responses function tools → chat-completions tools (what templates render)."""
+def flat_tools(tools: list[FunctionTool | NamespaceTool] | None
+               ) -> list[tuple[str | None, FunctionTool]]:
+    """(namespace, tool) of every function tool, those of namespace tools included."""
+    out: list[tuple[str | None, FunctionTool]] = []
+    for tool in tools or []:
+        if isinstance(tool, NamespaceTool):
+            out += [(tool.name, t) for t in tool.tools]
+        else:
+            out.append((None, tool))
+    return out
+
+
+def namespaced(tools: list[FunctionTool | NamespaceTool] | None) -> dict[str, tuple[str, str]]:
+    """The model's name of each namespaced tool -> (namespace, the tool's own name)."""
+    return {qualified_name(ns, t.name): (ns, t.name) for ns, t in flat_tools(tools)
+            if ns is not None}
+
+
+def to_tools(tools: list[FunctionTool | NamespaceTool] | None) -> list[dict[str, Any]] | None:
+    """Responses function tools → chat-completions tools (what templates render); a namespace
+    tool's functions are offered one by one under their qualified names."""
     if not tools:
         return None
     out = []
-    for tool in tools:
-        fn: dict[str, Any] = {"name": tool.name}
+    seen: set[str] = set()
+    for namespace, tool in flat_tools(tools):
+        name = tool.name if namespace is None else qualified_name(namespace, tool.name)
+        if name in seen:  # the model could not tell the two apart, nor could their calls
+            raise BadRequest(f"two tools are offered to the model as {name!r} (a function "
+                             "tool and a namespace tool's function qualify to the same name); "
+                             "rename or leave one out", param="tools")
+        seen.add(name)
+        fn: dict[str, Any] = {"name": name}
         if tool.description is not None:
             fn["description"] = tool.description
         fn["parameters"] = tool.parameters or {"type": "object", "properties": {}}
         if fn["parameters"].get("type", "object") != "object":
-            raise BadRequest(f"tool {tool.name!r}: parameters must be a JSON Schema object "
+            raise BadRequest(f"tool {name!r}: parameters must be a JSON Schema object "
                              "({'type': 'object', 'properties': {...}})", param="tools")
         out.append({"type": "function", "function": fn})
     return out
@@ -111,16 +141,19 @@ def to_tools(tools: list[FunctionTool] | None) -> list[dict[str, Any]] | None:
 def chat_tool_choice(choice: str | ToolChoiceFunction | None) -> Any:
     """Responses `tool_choice` → the chat route's form (validated there)."""
     if isinstance(choice, ToolChoiceFunction):
-        return {"type": "function", "function": {"name": choice.name}}
+        name = choice.name if choice.namespace is None else qualified_name(choice.namespace,
+                                                                            choice.name)
+        return {"type": "function", "function": {"name": name}}
     return choice
 
 
 # -- output ------------------------------------------------------------------------------------
 
-def output_items(choice: Choice, status: str, logprobs: list[dict[str, Any]] | None
-                 ) -> list[dict[str, Any]]:
+def output_items(choice: Choice, status: str, logprobs: list[dict[str, Any]] | None,
+                 namespaces: dict[str, tuple[str, str]] | None = None) -> list[dict[str, Any]]:
     """A sampled answer as output items: one message (its text, possibly empty, so that the
-    echo keeps the assistant turn), then one function_call per parsed tool call."""
+    echo keeps the assistant turn), then one function_call per parsed tool call (a namespaced
+    tool's with its `namespace` and own name, `namespaces` from `namespaced`)."""
     items: list[dict[str, Any]] = []
     text = choice.parsed.content or ""
     if text or not choice.tool_calls:
@@ -129,9 +162,12 @@ def output_items(choice: Choice, status: str, logprobs: list[dict[str, Any]] | N
                           "type": "output_text", "text": text, "annotations": [],
                           "logprobs": logprobs or []}]})
     for call in choice.tool_calls:
-        items.append({"id": f"fc_{response_id()}", "type": "function_call", "status": status,
-                      "call_id": call["id"], "name": call["function"]["name"],
-                      "arguments": call["function"]["arguments"]})
+        name = call["function"]["name"]
+        item = {"id": f"fc_{response_id()}", "type": "function_call", "status": status,
+                "call_id": call["id"], "name": name, "arguments": call["function"]["arguments"]}
+        if namespaces and name in namespaces:
+            item["namespace"], item["name"] = namespaces[name]
+        items.append(item)
     return items
 
 

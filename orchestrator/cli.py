@@ -168,8 +168,10 @@ def serve_command(
     token: str = typer.Option(..., "--token", envvar="ENVHUB_SERVICES_TOKEN", help="The run's "
                               "services token (envhub run --services-token)."),
     capacity: int = typer.Option(64, "--capacity", min=1, max=4096, help="Rollouts at once."),
-    agent: str = typer.Option("tool", "--agent", "-a", help="The service's agent: tool | "
-                              "tool:summarize | oracle | a command line (as envhub run)."),
+    agent: str | None = typer.Option(None, "--agent", "-a", help="The service's agent "
+                                     "(default: the environment's own, vf for verifiers "
+                                     "environments, else tool): tool | tool:summarize | oracle "
+                                     "| vf | a command line (as envhub run)."),
     agent_install: Annotated[list[str] | None, typer.Option(
         "--agent-install", help="As envhub run's (repeatable).")] = None,
     sandbox: str | None = typer.Option(None, "--sandbox", "-s", help="Sandbox kind (default: "
@@ -197,19 +199,31 @@ def serve_command(
 def init_command(
     name: str = typer.Argument(..., help="Folder to create (its name is the env name)."),
     env_name: str | None = typer.Option(None, "--name", help="Env name if not the folder's."),
+    source: str | None = typer.Option(
+        None, "--from", help="Generate the package from a dataset: rg:NAME[key=value,...] (a "
+        "reasoning-gym dataset with its size, seed and config; envs/rg)."),
 ) -> None:
     """Scaffold a new environment package that `envhub run ./NAME --agent oracle` solves."""
-    from envhub.envs.errors import RunConfigError
     from envhub.envs.scaffold import scaffold
 
     target = Path(name)
+    files = "envhub.toml, env.py, tasks.jsonl, README.md"
     try:
-        folder = scaffold(target, env_name)
-    except RunConfigError as e:
-        fail(str(e))
+        if source is None:
+            folder = scaffold(target, env_name)
+        elif source.startswith("rg:"):
+            from envhub.envs.rg import parse_reference
+            from envhub.envs.rg.package import write_package
+
+            folder = write_package(target, parse_reference(source), source, env_name)
+            files = "envhub.toml, env.py, README.md"
+        else:
+            fail(f"--from {source}: give rg:NAME[key=value,...] (a reasoning-gym dataset)")
+    except user_errors() as e:  # RunConfigError (the folder, the name), EnvLoadError (--from)
+        fail(describe(e))
     # pathlib drops a leading "./"; keep it so the hint reads as a path, not a name
     rel = str(folder) if folder.is_absolute() else f"{os.curdir}{os.sep}{folder}"
-    typer.echo(f"created {folder}/ (envhub.toml, env.py, tasks.jsonl, README.md)\n"
+    typer.echo(f"created {folder}/ ({files})\n"
                f"try: envhub run {rel} --agent oracle")
 
 

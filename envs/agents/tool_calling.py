@@ -63,7 +63,16 @@ class ToolCallingAgent:
             return await self._run(ctx, client)
 
     async def _run(self, ctx: AgentContext, client: Any) -> AgentResult:
-        toolbox = Toolbox(ctx.env, ctx.task, ctx.sandbox)
+        toolbox = Toolbox(ctx.env, ctx.task, ctx.sandbox, ctx.package_root)
+        try:
+            # the environment's MCP servers start before the agent's first step: one that
+            # cannot start failed on its own (EnvFailure), nothing the agent did
+            await toolbox.start()
+            return await self._loop(ctx, client, toolbox)
+        finally:
+            await toolbox.aclose()  # its servers stop with the agent phase
+
+    async def _loop(self, ctx: AgentContext, client: Any, toolbox: Toolbox) -> AgentResult:
         messages: list[dict[str, Any]] = [
             {"role": "system", "content": SYSTEM_PROMPT},
             {"role": "user", "content": ctx.task.instruction},

@@ -3,7 +3,8 @@ and reaps them). Every backend (docker, local bubblewrap, e2b) implements both."
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -62,6 +63,33 @@ class Sandbox(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+@dataclass
+class StdioCommand:
+    """A host command line whose stdin and stdout are those of a process inside a sandbox
+    (`HostsStdio`): run it with pipes and talk to the process. `started` is awaited once the
+    process answered (docker: it is spared from the sweeps that follow every exec, until
+    `end_processes`)."""
+
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)  # the host command's environment
+    started: Callable[[], Awaitable[None]] | None = None
+
+
+@runtime_checkable
+class HostsStdio(Protocol):
+    """Optional capability of a sandbox: a long-lived process inside it, spoken to over its
+    stdin/stdout (an environment's stdio MCP servers, envs/mcp/client.py). docker and local
+    (bubblewrap) have it; e2b does not."""
+
+    async def stdio_command(self, argv: list[str], *, cwd: str | None = None,
+                            env: dict[str, str] | None = None,
+                            files: dict[str, str] | None = None) -> StdioCommand:
+        """How to start `argv` in `cwd` (default the workdir) with `env`; `files`: host path ->
+        sandbox path, made visible to that process read-only. The process must die with the
+        host command, and at the latest with `end_processes`."""
+        ...
 
 
 class SandboxKind(Protocol):

@@ -20,18 +20,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import logging
+import os
 import posixpath
+import shutil
 import struct
 import tarfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from envhub.envs.manifest import SandboxSpec
 from envhub.envs.sandbox.archive import extract_as, tar_path
-from envhub.envs.sandbox.base import MAX_READ_BYTES, ExecResult
+from envhub.envs.sandbox.base import MAX_READ_BYTES, ExecResult, StdioCommand
 from envhub.envs.sandbox.cgroup import Freezer, carrying, find_freezer, kill_frozen, outside
 from envhub.envs.sandbox.engine import docker_client, docker_reachable, import_docker, in_thread
 from envhub.envs.sandbox.errors import (
@@ -65,11 +68,62 @@ from envhub.envs.sandbox.shell import (
 RUNTIME_EXEC_FAILED = (b"OCI runtime exec failed", b"cannot exec in a stopped state",
                        b"error executing setns process")
 
+log = logging.getLogger(__name__)
 WORKDIR = "/workspace"
 PIDS_LIMIT = 1024  # stops fork bombs from taking the host down
 BACKSTOP_S = 30.0  # extra wait beyond the in-container timeout before we sweep from outside
 TAR_OVERHEAD = 64 << 10  # a one-file tar: header blocks and padding around the bytes
 STREAM_CAP = 2 * MAX_STREAM_BYTES + (64 << 10)  # what the wrapper lets through, both streams
+
+
+# How a stdio server starts (`sh -c STDIO_START pidfile argv...`): it writes "PID SID" to the
+# pidfile, then becomes argv. `docker exec` makes every exec's process a session leader (runc
+# calls setsid; `setsid` here would fork and end the exec), so SID == PID, and every process
+# the server forks (npx -> node, uvx -> python) is in that session: spared by the sweeps after
+# each exec. Builtins only, as the sweeps.
+STDIO_START = r"""sid_of() { set -- ${1##*) }; sid=$4; }
+read -r st < /proc/$$/stat; sid_of "$st"
+echo "$$ $sid" > "$0" && exec "$@"
+"""
+# SWEEP_ALL (shell.py), sparing also every process of the sessions in $1 (space-separated);
+# `$2...`: pids to spare. Fork-free for the same reason.
+SWEEP_SPARING = r"""
+sessions=" $1 "; shift
+keep=" 1 $$ $* "
+sid_of() { set -- ${1##*) }; sid=$4; }
+n=0
+while [ $n -lt 50 ]; do
+  n=$((n+1)); found=
+  for p in /proc/[0-9]*; do
+    pid=${p#/proc/}
+    case "$keep" in *" $pid "*) continue;; esac
+    read -r st < "$p/stat" 2>/dev/null || continue
+    sid_of "$st"
+    case "$sessions" in *" $sid "*) continue;; esac
+    kill -9 "$pid" 2>/dev/null && found=1
+  done
+  if [ -z "$found" ]; then echo CLEAN; exit 0; fi
+done
+exit 1
+"""
+
+
+def _outside(select: Callable[[int], bool], sessions: set[int]) -> Callable[[int], bool]:
+    """`select`, less the processes (host pids) of `sessions` (container pids)."""
+    if not sessions:
+        return select
+    return lambda pid: select(pid) and _ns_sid(pid) not in sessions
+
+
+def _ns_sid(pid: int) -> int | None:
+    """The session id of host pid `pid`, as its own pid namespace numbers it."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("NSsid:"):
+                return int(line.split()[-1])
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 def _remove(container_id: str) -> None:
@@ -94,6 +148,9 @@ class DockerSandbox:
         self._running = 0  # execs in flight; the sweep runs when the last one returns
         self._sweep_lock = asyncio.Lock()  # no exec starts while a sweep kills everything
         self._keep: list[str] = []  # the container's main process (PID 1's child)
+        # stdio servers (stdio_command): spared by the sweeps after each exec, not by
+        # end_processes
+        self._servers: list[str] = []
 
     @classmethod
     async def open(cls, spec: SandboxSpec, *, run_id: str, labels: dict[str, str],
@@ -162,23 +219,28 @@ class DockerSandbox:
             raise SandboxError(f"cannot list the processes of container {self.id[:12]}")
         return out.decode().split()
 
-    def _kill_all_blocking(self) -> str:
-        """Kill every process but init and the main one: "swept" (through the container's
-        cgroup from the host, else by a sweep from inside), or "restarted" (neither could
-        finish: the container is killed and started again)."""
+    def _kill_all_blocking(self, spare_servers: bool = False) -> str:
+        """Kill every process but init and the main one (and, with `spare_servers`, the
+        stdio servers' sessions: each server and every child it forked): "swept" (through the
+        container's cgroup from the host, else by a sweep from inside), or "restarted"
+        (neither could finish: the container is killed and started again)."""
         docker = import_docker()
         api = docker_client().api
+        sessions = {int(s) for s in self._servers} if spare_servers else set()
         # From the host first: it needs no process inside, which a fork bomb holding every pid
         # of the limit forbids, and is not starved by the bomb sharing the container's CPU quota
         # (an in-container sweep was seen to hang for minutes then).
         freezer = self._freezer()
-        if freezer is not None and kill_frozen(freezer, outside({1, *map(int, self._keep)})):
+        if freezer is not None and kill_frozen(freezer, _outside(
+                outside({1, *map(int, self._keep)}), sessions)):
             return "swept"
         try:  # no access to the cgroup (not root, a remote engine): from inside
             # Not revived by _run: the pids it spares are the old main process's, and a sweep
             # in a container started again would kill the new one (seen in CI).
-            code, out, _ = self._run(["sh", "-c", SWEEP_ALL, "envhub-sweep-all", *self._keep],
-                                     None, "/", revive=False)
+            sweep = (["sh", "-c", SWEEP_SPARING, "envhub-sweep-all",
+                      " ".join(map(str, sorted(sessions)))] if sessions
+                     else ["sh", "-c", SWEEP_ALL, "envhub-sweep-all"])
+            code, out, _ = self._run([*sweep, *self._keep], None, "/", revive=False)
             if code == 0 and SWEEP_CLEAN in out.decode(errors="replace"):
                 return "swept"
         except SandboxClosed:
@@ -204,7 +266,7 @@ class DockerSandbox:
         except docker.errors.APIError as e:
             raise SandboxError(f"cannot restart container {self.id[:12]} to end its "
                                f"processes: {e.explanation or e}") from None
-        self._keep = self._main_pids()
+        self._keep, self._servers = self._main_pids(), []
         return "restarted"
 
     def _freezer(self) -> Freezer | None:
@@ -238,7 +300,43 @@ class DockerSandbox:
         """Kill every process started in the sandbox (running or detached); files are kept."""
         self._check()
         async with self._sweep_lock:
+            self._servers = []
             return await in_thread(self._kill_all_blocking)
+
+    async def stdio_command(self, argv: list[str], *, cwd: str | None = None,
+                            env: dict[str, str] | None = None,
+                            files: dict[str, str] | None = None) -> StdioCommand:
+        """`docker exec -i` of `argv` (the docker CLI: docker-py has no plain duplex pipe).
+        `files` are copied in (root-owned; the agent, root in the container too, can read
+        them). Once it answers (`started`), its session (it and every process it forks) is
+        spared by the sweeps after each exec; `end_processes` ends it. The agent shares the
+        container and can kill it: envs/mcp/client.py treats a server that dies mid-rollout
+        as the agent's doing."""
+        self._check()
+        cli = shutil.which("docker")
+        if cli is None:
+            raise SandboxError("a process inside a docker sandbox is started with the docker "
+                               "CLI, which is not on PATH: install docker's client")
+        for host, inside in (files or {}).items():
+            await self.upload(host, inside)
+        pidfile = f"/run/envhub-stdio-{uuid.uuid4().hex[:12]}.pid"
+        line = [cli, "exec", "-i", "-w", self._abs(cwd or self.workdir)]
+        for key, value in (env or {}).items():
+            line += ["-e", f"{key}={value}"]
+        line += [self.id, "sh", "-c", STDIO_START, pidfile, *argv]
+
+        async def started() -> None:
+            code, out, _ = await in_thread(self._run, ["cat", pidfile], None, "/")
+            pid, _, sid = out.decode(errors="replace").strip().partition(" ")
+            if code == 0 and pid.isdigit() and pid == sid:
+                self._servers.append(pid)
+            else:  # not a session leader: its children could not be told from the agent's
+                log.warning("stdio server in %s is not a session leader (%r): it will not "
+                            "survive the sweep after the next exec", self.id[:12], out[:100])
+
+        host_env = {k: v for k, v in os.environ.items()
+                    if k.startswith("DOCKER_") or k in ("PATH", "HOME")}
+        return StdioCommand(line, env=host_env, started=started)
 
     # -- exec ---------------------------------------------------------------------------
     def _check(self) -> None:
@@ -322,7 +420,7 @@ class DockerSandbox:
     async def _sweep_if_idle(self) -> None:
         async with self._sweep_lock:
             if self._running == 0 and not self._closed:
-                await in_thread(self._kill_all_blocking)
+                await in_thread(self._kill_all_blocking, True)
 
     async def _exec(self, cmd: str, timeout: float | None, cwd: str | None,
                     env: dict[str, str] | None) -> ExecResult:

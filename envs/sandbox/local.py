@@ -31,8 +31,13 @@ import uuid
 from pathlib import Path
 
 from envhub.envs.manifest import SandboxSpec
-from envhub.envs.sandbox.base import MAX_READ_BYTES, ExecResult
-from envhub.envs.sandbox.errors import FileTooLarge, SandboxClosed, SandboxFileError
+from envhub.envs.sandbox.base import MAX_READ_BYTES, ExecResult, StdioCommand
+from envhub.envs.sandbox.errors import (
+    FileTooLarge,
+    SandboxClosed,
+    SandboxError,
+    SandboxFileError,
+)
 from envhub.envs.sandbox.host_view import host_view_args
 from envhub.envs.sandbox.reaper import install, owner_alive, track, untrack
 from envhub.envs.sandbox.shell import MAX_STREAM_BYTES
@@ -167,8 +172,11 @@ class LocalSandbox:
         track(sandbox.id, lambda: shutil.rmtree(host_dir, ignore_errors=True))
         return sandbox
 
-    def _argv(self, cmd: str, cwd: str, env: dict[str, str]) -> list[str]:
-        shell = ["bash", "-c", cmd] if shutil.which("bash") else ["sh", "-c", cmd]
+    def _argv(self, cmd: str, cwd: str, env: dict[str, str], program: list[str] | None = None,
+              files: dict[str, str] | None = None) -> list[str]:
+        """bwrap's command line for `cmd` (or `program`, an argv run as is); `files`: host ->
+        sandbox, bound read-only into this call only."""
+        shell = program or (["bash", "-c", cmd] if shutil.which("bash") else ["sh", "-c", cmd])
         limits = []
         if shutil.which("prlimit"):
             limits = ["prlimit", f"--data={self.spec.memory_mb << 20}",
@@ -181,6 +189,8 @@ class LocalSandbox:
         # removed when the agent phase ends, and grading still runs commands here.
         for host, inside in self.binds.items():
             argv += ["--ro-bind-try", host, inside]
+        for host, inside in (files or {}).items():
+            argv += ["--ro-bind", host, inside]
         for path in PROC_READ_ONLY:
             argv += ["--ro-bind-try", path, path]
         argv += ["--bind", str(self.host_dir), self.mount, "--remount-ro", "/", "--chdir", cwd,
@@ -239,6 +249,22 @@ class LocalSandbox:
             err += f"\nenvhub: killed after {time.monotonic() - start:.1f}s (timeout)".encode()
         return ExecResult(code if code is not None else -1, out.decode(errors="replace"),
                           err.decode(errors="replace"), timed_out)
+
+    async def stdio_command(self, argv: list[str], *, cwd: str | None = None,
+                            env: dict[str, str] | None = None,
+                            files: dict[str, str] | None = None) -> StdioCommand:
+        """bwrap running `argv` with the isolation of `exec` (its own pid namespace, so the
+        agent's commands cannot see or signal it; `--die-with-parent`: it ends with the host
+        command). `files` are bound into this process only: the agent never sees them."""
+        if self._closed:
+            raise SandboxClosed(f"sandbox {self.id} is closed")
+        if self.bwrap is None:
+            raise SandboxError("a process inside a local sandbox needs bubblewrap (apt-get "
+                               "install bubblewrap) or sandbox kind 'docker'")
+        full_env = {**BASE_ENV, "HOME": self.workdir, **(env or {})}
+        where = os.path.join(self.workdir, cwd or ".")
+        return StdioCommand(self._argv("", where, full_env, program=list(argv), files=files),
+                            env=dict(BASE_ENV))
 
     # -- files: only inside the workdir --------------------------------------------------
     def _host_path(self, path: str, for_write: bool) -> Path:

@@ -51,13 +51,15 @@ class MessageItem(_Part):
 
 
 class FunctionCallItem(_Part):
-    """A tool call the model made (echoed back by the client)."""
+    """A tool call the model made (echoed back by the client); `namespace` when the tool is one
+    of a namespace tool's (Codex's MCP tools: namespace `mcp__SERVER`, name the tool's)."""
 
     type: Literal["function_call"]
     call_id: str = Field(min_length=1)
     name: str = Field(min_length=1)
     arguments: str  # JSON text of an object
     id: str | None = None
+    namespace: str | None = None
 
 
 class FunctionCallOutputItem(_Part):
@@ -118,9 +120,37 @@ class FunctionTool(_Part):
     strict: bool | None = None
 
 
+class NamespaceTool(_Part):
+    """Function tools grouped under a name (Codex offers each MCP server's tools so). The model
+    sees each as one function named `qualified_name(namespace, name)`; its calls come back as
+    `function_call` items with `namespace` and the tool's own `name`."""
+
+    type: Literal["namespace"]
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = None
+    tools: list[FunctionTool]
+
+
+def _tool_tag(v: Any) -> str:
+    """Capitalised tags: error paths name the field (`tools[0].name`), not the alternative."""
+    kind = v.get("type") if isinstance(v, dict) else getattr(v, "type", None)
+    return "NamespaceTool" if kind == "namespace" else "FunctionTool"
+
+
+Tool = Annotated[Annotated[FunctionTool, Tag("FunctionTool")]
+                 | Annotated[NamespaceTool, Tag("NamespaceTool")], Discriminator(_tool_tag)]
+
+
+def qualified_name(namespace: str, name: str) -> str:
+    """The one function name a namespaced tool is offered to the model as:
+    `mcp__envhub` + `submit` -> `mcp__envhub__submit` (as Claude Code names MCP tools)."""
+    return namespace + name if namespace.endswith("__") else f"{namespace}__{name}"
+
+
 class ToolChoiceFunction(_Part):
     type: Literal["function"]
     name: str
+    namespace: str | None = None
 
 
 class TextFormat(_Part):
@@ -160,7 +190,7 @@ class ResponsesRequest(BaseModel):
     input: str | list[InputItem] | None = None
     instructions: str | None = None
     previous_response_id: str | None = None
-    tools: list[FunctionTool] | None = None
+    tools: list[Tool] | None = None
     tool_choice: Literal["auto", "none", "required"] | ToolChoiceFunction | None = None
     parallel_tool_calls: bool | None = None
     max_output_tokens: int | None = Field(None, ge=1, le=_MAX_TOKENS)

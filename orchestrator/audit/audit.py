@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
+from envhub.envs.agents import OwnAgent
 from envhub.envs.agents.toolbox import Toolbox
 from envhub.envs.errors import RunConfigError
 from envhub.envs.loader import LoadedEnv
@@ -67,7 +68,8 @@ def load_target(ref: str) -> tuple[LoadedEnv, Cheat, list[Cheat]]:
     # the schemas the tool-calling agent offers the model (the env's own, then shared tools);
     # the toolbox only keeps the sandbox for later calls, and none is made here
     schemas = Toolbox(loaded.env, tasks[0], cast(Sandbox, None)).schemas
-    cheats = battery(loaded.manifest.sandbox.kind != NONE, schemas)
+    own = loaded.env.default_agent if isinstance(loaded.env, OwnAgent) else None
+    cheats = battery(loaded.manifest.sandbox.kind != NONE, schemas, own)
     return loaded, cheats[0], cheats
 
 

@@ -7,6 +7,8 @@ Two forms, one per way an agent reaches an environment:
 - scripted cheats (tool-only envs): completion texts replayed by the gateway's scripted backend
   (`--model scripted:FILE`) and acted on by the built-in tool-calling agent; each calls every
   tool of the environment with a hostile value in every argument.
+Environments whose own harness is the agent (verifiers) get the controls and the hostile values
+as plain replies through that harness instead (`reply_battery`).
 An environment with both (a sandbox and tools: swe-task, slides, webtask) gets both. Every
 battery also holds the two controls: `no-op` (the baseline) and `oracle` (gold solution).
 """
@@ -101,6 +103,12 @@ HOSTILE: list[tuple[str, str, list[str]]] = [
      [json.dumps("(" * 250 + "1" + ")" * 250), "[" * _D + "]" * _D]),
     ("invalid-utf8", "lone surrogates (no UTF-8 form); NUL, escape and bidi characters",
      ['"\\udcff\\ud800\\udc80"', '"\\u0000\\u001b[2J\\ufffd\\u202e"']),
+    # scorers that eval() or sympy-parse the answer (reasoning-gym's spiral_matrix,
+    # polynomial_multiplication, ...) would run these: a forged score reply on stdout, and a
+    # string answer that runs a command when eval()ed
+    ("python-code", "Python a scorer would eval: a forged score line on stdout; a command",
+     [json.dumps("__import__('os').write(1, b'{\"score\": 1.0}\\n')"),
+      json.dumps("''.join(__import__('os').popen('echo 1').read())")]),
 ]
 
 
@@ -138,10 +146,31 @@ def scripted_battery(schemas: list[dict[str, Any]]) -> list[Cheat]:
     return cheats
 
 
-def battery(shell: bool, schemas: list[dict[str, Any]]) -> list[Cheat]:
+def reply_battery(agent: str) -> list[Cheat]:
+    """For environments whose own harness is the agent (verifiers: `vf`, `agent`): the controls
+    and the hostile values as the model's plain replies through that harness, the text their
+    reward functions read. envhub's tool-calling agent cannot act on those environments."""
+    cheats = [Cheat(NOOP, "gives up in a plain reply (the baseline)", agent, [GIVE_UP]),
+              Cheat(ORACLE, "the environment's gold solution", "oracle")]
+    cheats += [Cheat(f"{name}-reply", f"{what}, as the model's reply", agent,
+                     [_as_text(v) for v in values]) for name, what, values in HOSTILE]
+    return [*cheats, Cheat("empty-reply", "an empty reply", agent, [""])]
+
+
+def _as_text(value: str) -> str:
+    decoded = json.loads(value) if value.startswith('"') else value
+    return decoded if isinstance(decoded, str) else value
+
+
+def battery(shell: bool, schemas: list[dict[str, Any]], own_agent: str | None = None
+            ) -> list[Cheat]:
     """The whole battery for an environment: the controls (its no-op in the form the
     environment takes: a command when it has a shell), then the shell cheats when its sandbox
-    gives a shell, then the hostile tool calls when it offers tools."""
+    gives a shell, then the hostile tool calls when it offers tools. An environment whose own
+    harness is the agent (`own_agent`, e.g. vf) gets its controls and hostile replies through
+    that harness instead (`reply_battery`)."""
+    if own_agent is not None:
+        return reply_battery(own_agent)
     commands, scripted = command_battery(), scripted_battery(schemas)
     cheats = (commands if shell else scripted)[:2]
     if shell:

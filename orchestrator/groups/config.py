@@ -101,12 +101,13 @@ class RunConfig(ServicesOptions):
     model_config = ConfigDict(extra="forbid")
     envs: list[EnvChoice] = Field(..., min_length=1, description="environments: name, ./folder "
                                   "or owner/name@version; NAME=WEIGHT sets sampling ratios")
-    agent: str = Field("tool", description="tool | tool:summarize | tool:required (every reply "
-                       "a tool call) | oracle | a command line, "
-                       "run inside the rollout's sandbox ('agent.py {task_file}' with "
-                       "--agent-install script:agent.py; placeholders {instruction} {task_file} "
-                       "{task_id} {model}; OPENAI_BASE_URL/OPENAI_API_KEY and ANTHROPIC_* point "
-                       "at its session)")
+    agent: str | None = Field(
+        None, description="default: each environment's own agent (vf for verifiers "
+        "environments, else tool); tool | tool:summarize | tool:required (every reply a tool "
+        "call) | oracle | vf | a command line, run inside the rollout's sandbox ('agent.py "
+        "{task_file}' with --agent-install script:agent.py; placeholders {instruction} "
+        "{task_file} {task_id} {model}; OPENAI_BASE_URL/OPENAI_API_KEY and ANTHROPIC_* point at "
+        "its session)")
     agent_install: list[str] = Field(
         default_factory=list, description="how a command agent is made present inside the "
         "sandbox: pip:REQUIREMENT | npm:PACKAGE[@VERSION] | script:PATH (repeatable); its "

@@ -181,10 +181,14 @@ def run_on_node(job: RemoteRollout) -> RemoteResult:
 async def _run_on_node(job: RemoteRollout) -> RemoteResult:
     import ray
 
-    from envhub.envs.agents import make_agent
+    from envhub.envs.agents import agent_for, make_agent
 
-    agent = make_agent(job.agent, job.agent_install, job.agent_on_host)
-    p = await attached_rollout(job, _load(job.env_ref), agent)
+    loaded = _load(job.env_ref)
+    # the driver resolved the environment's agent already; resolved again, the same way, for
+    # a job that names none
+    agent = make_agent(agent_for(job.agent, loaded.env, loaded.name), job.agent_install,
+                       job.agent_on_host)
+    p = await attached_rollout(job, loaded, agent)
     ctx = ray.get_runtime_context()
     node = {"node_id": ctx.get_node_id(), "ip": ray.util.get_node_ip_address(),
             "resources": ",".join(sorted(_custom_resources(ctx)))}

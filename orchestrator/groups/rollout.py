@@ -192,15 +192,23 @@ async def _run_phases(p: PendingRollout, loaded: LoadedEnv, task: Task, rs: Roll
     limits = loaded.manifest.agent.model_copy(update=rs.limits_override)
     actx = AgentContext(task=task, env=env, sandbox=sandbox, run=ctx, limits=limits,
                         session=p.session, gateway_url=rs.link.url, model=rs.model,
-                        sample=p.key.sample)
+                        sample=p.key.sample, package_root=loaded.folder)
     if tracker.agent_box is not None:
         if not await _agent_sandbox(p, actx, tracker, rs):
             return
         actx.state["channel"] = tracker.agent_box.channel
+        if not await _serve_tools(p, loaded, task, sandbox, actx, tracker.agent_box.channel):
+            return
     agent_ok = await _run_agent(p, rs.agent, actx, limits)
     tracker.agent_box = None  # sandboxes opened from now on (grading) get no agent channel
-    if actx.state.get("channel") is not None:
-        await actx.state["channel"].close()  # the agent's way out is gone before grading
+    channel = actx.state.get("channel")
+    if channel is not None:
+        await channel.close()  # the agent's way out is gone before grading
+        # an agent denied its tools may have failed for that alone: not its grade either way
+        if channel.mcp_unavailable_hits and p.status != "env_failure":
+            p.fail("env_failure", "the agent asked for the environment's tools over MCP, which "
+                   f"could not be served: {channel.mcp_unavailable}")
+            return
     if not agent_ok:
         return
     if not await _end_agent_processes(p, tracker.opened):
@@ -238,6 +246,52 @@ async def _agent_sandbox(p: PendingRollout, actx: AgentContext, tracker: Sandbox
         return False
     tracker.opened.append(box)
     actx.sandbox = box
+    return True
+
+
+async def _serve_tools(p: PendingRollout, loaded: LoadedEnv, task: Task, sandbox: Sandbox,
+                       actx: AgentContext, channel: Any) -> bool:
+    """The environment's tools served over MCP on the in-sandbox agent's channel
+    (envs/mcp/server.py), dispatched as the built-in agent does: against the sandbox `setup`
+    returned (not the agent's own when the environment has none), with the agent context's
+    state (what the agent submits there is what `verify` reads), the environment's own `[mcp]`
+    servers started as for the built-in agent (one that cannot start: env_failure). Without
+    tools `/mcp` answers 404. Tools that cannot be served here (the MCP SDK missing or too
+    old, the environment's tool schemas crashing): `/mcp` answers 503 with the reason, and an
+    agent that asked for them ends as env_failure (`_run_phases`), never as a silent 0.
+    False when the rollout failed."""
+    from envhub.envs.agents.toolbox import Toolbox
+    from envhub.envs.mcp.client import McpMissing
+    from envhub.envs.mcp.server import ToolServer
+
+    try:
+        toolbox = Toolbox(loaded.env, task, sandbox, actx.package_root)
+    except Exception as e:  # noqa: BLE001 - the agent may not need them: said at /mcp (503)
+        return _no_tools(loaded, channel, f"{type(e).__name__}: {e}")
+    # the agent shares the tools' sandbox: what fails there may be its doing (server.py)
+    server = ToolServer(toolbox, actx.state, actx.session, shared=sandbox is actx.sandbox)
+    try:
+        await server.start()
+    except McpMissing as e:
+        await server.close()
+        return _no_tools(loaded, channel, str(e))
+    except (EnvFailure, SandboxError) as e:
+        await server.close()
+        p.fail("env_failure", f"the environment's tools: {type(e).__name__}: {e}")
+        return False
+    except Exception as e:  # noqa: BLE001 - the SDK failed to start: said at /mcp (503)
+        await server.close()
+        return _no_tools(loaded, channel, f"{type(e).__name__}: {e}")
+    if server.toolbox.schemas:
+        channel.serve_mcp(server)
+    else:
+        await server.close()
+    return True
+
+
+def _no_tools(loaded: LoadedEnv, channel: Any, reason: str) -> bool:
+    log.warning("%s: not serving its tools over MCP: %s", loaded.manifest.name, reason)
+    channel.refuse_mcp(reason)
     return True
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
-from envhub.envs.agents import make_agent
+from envhub.envs.agents import Agent, agents_for, make_agents
 from envhub.envs.errors import RunConfigError
 from envhub.envs.loader import LoadedEnv, check_tools
 from envhub.orchestrator.catalog import load_env
@@ -90,7 +90,6 @@ async def run(config: RunConfig, console: Any = None, progress: bool = True,
     """Execute a run; raises RunConfigError/EnvLoadError/ManifestError/AgentSpecError before
     anything starts when the options or packages are bad. `on_start(run_id, results folder)` is
     called once the folder exists, before the first rollout."""
-    agent = make_agent(config.agent, config.agent_install, config.agent_on_host)
     raise_open_files_limit()
     make_policy(config.schedule)  # a dotted path that does not load stops the run here
     async with contextlib.AsyncExitStack() as stack:
@@ -102,21 +101,30 @@ async def run(config: RunConfig, console: Any = None, progress: bool = True,
         # In a thread: loading reads task files and may install a registry package, and a
         # registry install runs its own event loop.
         groups = await asyncio.to_thread(plan_groups, config, served)
+        # Each environment's agent: --agent, else its own (vf: a verifiers environment's
+        # harness), else `tool`; one that cannot act on an environment stops the run here.
+        envs = {g.loaded.name: g.loaded.env for g in groups}
+        specs = agents_for(config.agent, envs)
+        agents = make_agents(specs, config.agent_install, config.agent_on_host)
         kinds = await asyncio.to_thread(
             lambda: {g.loaded.name: sandbox_kind(config.sandbox, g.loaded) for g in groups})
-        agent_kinds = await prepare_agent(agent, config.sandbox, kinds)
+        agent_kinds: dict[str, str] = {}
+        for agent in {id(a): a for a in agents.values()}.values():
+            agent_kinds.update(await prepare_agent(
+                agent, config.sandbox, {n: k for n, k in kinds.items() if agents[n] is agent}))
         routes: dict[str, RolloutExecutor] = {PREFIX: hub} if hub is not None else {}
         executor = RoutedExecutor(make_executor(config.executor), routes)
         stack.push_async_callback(executor.close)
         await executor.start()
         for g in {g.loaded.name: g for g in groups}.values():
             await executor.check(g.loaded, kinds[g.loaded.name])
-        return await _run_started(config, agent, groups, kinds, agent_kinds, executor, console,
-                                  progress, on_start, metrics)
+        return await _run_started(config, (specs, agents), groups, kinds, agent_kinds, executor,
+                                  console, progress, on_start, metrics)
     raise AssertionError("unreachable")  # the stack re-raises or the body returned
 
 
-async def _run_started(config: RunConfig, agent: Any, groups: list[GroupPlan],
+async def _run_started(config: RunConfig, agents: tuple[dict[str, str], dict[str, Agent]],
+                       groups: list[GroupPlan],
                        kinds: dict[str, str], agent_kinds: dict[str, str],
                        executor: RolloutExecutor, console: Any, progress: bool,
                        on_start: Callable[[str, Path], None] | None,
@@ -138,9 +146,13 @@ async def _run_started(config: RunConfig, agent: Any, groups: list[GroupPlan],
         else:
             link = await GatewayLink.start(config.model, out / "pool.db",
                                            executor.gateway_host())
-        setups = rollout_setups(run_id, agent, config.agent, link, kinds, agent_kinds, scratch,
-                                config.max_turns, config.time_limit_s, config.agent_install,
-                                config.agent_on_host, metrics)
+        specs, made = agents
+        setups = {}  # per environment: its own agent
+        for name, kind in kinds.items():
+            setups.update(rollout_setups(run_id, made[name], specs[name], link, {name: kind},
+                                         agent_kinds, scratch, config.max_turns,
+                                         config.time_limit_s, config.agent_install,
+                                         config.agent_on_host, metrics))
         runner = GroupRunner(run_id, {g.loaded.name: g.loaded for g in groups}, setups,
                              results, scratch, executor)
         total = sum(g.k for g in groups)
@@ -152,7 +164,9 @@ async def _run_started(config: RunConfig, agent: Any, groups: list[GroupPlan],
         if link is not None:
             await link.close()
         await take_down(run_id, {*kinds.values(), *agent_kinds.values()}, scratch)
-    summary = {"run_id": run_id, "agent": config.agent, "started_at": started,
+    used = set(agents[0].values())
+    summary = {"run_id": run_id, "agent": used.pop() if len(used) == 1 else agents[0],
+               "started_at": started,
                "finished_at": time.time(), **summarize(records)}
     results.write_summary(summary)
     return RunOutcome(run_id, records, summary, out)

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -104,7 +105,8 @@ class GroupRunner:
         self.results, self.scratch, self.executor = results, scratch, executor
 
     @classmethod
-    async def open(cls, refs: list[str], *, gateway: str, admin_key: str, agent: Agent,
+    async def open(cls, refs: list[str], *, gateway: str, admin_key: str,
+                   agent: Agent | Mapping[str, Agent],
                    run_id: str, out: Path | None = None, max_turns: int | None = None,
                    time_limit_s: float | None = None, sandbox: str | None = None,
                    agent_install: list[str] | None = None, agent_on_host: bool = False,
@@ -114,18 +116,27 @@ class GroupRunner:
         """Load `refs` (environment names, paths or registry refs) and connect to `gateway`.
         Raises the loader's errors (with their fix) for a bad environment.
         `agent_install`/`agent_on_host` are the agent's (make_agent's), for an executor that
-        rebuilds it on another machine. `served`: task services' environments by reference."""
+        rebuilds it on another machine; `agent` maps references to agents where environments
+        run different ones (`envs.agents.agents_for`). `served`: task services' environments
+        by reference."""
         raise_open_files_limit()
         envs, kinds = await asyncio.to_thread(load_envs, refs, sandbox, served)
-        agent_kinds = await prepare_agent(agent, sandbox, kinds)  # in-sandbox command agents
+        agents = agent if isinstance(agent, Mapping) else dict.fromkeys(refs, agent)
+        agent_kinds: dict[str, str] = {}
+        for one in {id(a): a for a in agents.values()}.values():  # in-sandbox command agents
+            agent_kinds.update(await prepare_agent(
+                one, sandbox, {r: k for r, k in kinds.items() if agents[r] is one}))
         results = None
         if out is not None:
             results = ResultsFolder(out)
             (out / "rollouts").mkdir(parents=True, exist_ok=True)
         scratch = open_scratch(run_id, sweep=True)
         link = GatewayLink.connect(gateway, admin_key)
-        setups = rollout_setups(run_id, agent, agent.name, link, kinds, agent_kinds, scratch,
-                                max_turns, time_limit_s, agent_install, agent_on_host, metrics)
+        setups = {}  # per environment: its agent (`agent`, or its own from the mapping)
+        for ref, kind in kinds.items():
+            setups.update(rollout_setups(run_id, agents[ref], agents[ref].name, link,
+                                         {ref: kind}, agent_kinds, scratch, max_turns,
+                                         time_limit_s, agent_install, agent_on_host, metrics))
         return cls(run_id, envs, setups, results, scratch, executor)
 
     def tasks(self, ref: str) -> list[Task]:

@@ -42,7 +42,9 @@ class TrainLoopConfig(ServicesOptions):
                                    "serving --model) instead of starting one")
     engine_start_timeout: float = Field(900.0, gt=0, description="seconds the started vLLM "
                                         "server may take to answer /health")
-    agent: str = Field("tool", description="the agent: tool (built-in) or a command line")
+    agent: str | None = Field(None, description="the agent: default each environment's own "
+                              "(vf for verifiers environments, else tool); tool (built-in) or a "
+                              "command line")
     agent_install: list[str] = Field(default_factory=list, description="how a command agent's "
                                      "programs get into the sandbox: pip:REQ | script:PATH")
     agent_on_host: bool = Field(False, description="run a command agent as a host process (no "

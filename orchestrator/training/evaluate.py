@@ -22,6 +22,7 @@ The completion-time component is relative within a task's samples (0 with one sa
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from typing import Any
 
 from envhub.envs.agents.tool_calling import ToolCallingAgent
@@ -36,11 +37,12 @@ async def evaluate(runner: GroupRunner, envs: list[EnvTasks], version: int,
                    greedy: bool = False, seed: int | None = None) -> dict[str, Any]:
     """Run every held-out task `samples` times (a task's samples together, at most
     `concurrency` rollouts at a time); `eval/` metrics overall and, with several environments,
-    per environment. `agent` defaults to the built-in agent (at temperature 0 with `greedy`,
-    then one sample per task; sampled with `seed`'s random numbers when given); a command-line
-    agent samples however it asks."""
-    if agent is None:
-        agent = ToolCallingAgent(temperature=0.0) if greedy else ToolCallingAgent(seed=seed)
+    per environment. `agent`: one, or a mapping by environment reference; where none is given,
+    the built-in agent (at temperature 0 with `greedy`, then one sample per task; sampled with
+    `seed`'s random numbers when given); a command-line agent samples however it asks."""
+    builtin = ToolCallingAgent(temperature=0.0) if greedy else ToolCallingAgent(seed=seed)
+    # one agent, or one per environment reference (an environment's own agent, e.g. vf)
+    chosen = agent if isinstance(agent, Mapping) else {e.ref: agent for e in envs}
     n = 1 if greedy else samples
     sem = asyncio.Semaphore(max(1, concurrency // n))
 
@@ -48,7 +50,8 @@ async def evaluate(runner: GroupRunner, envs: list[EnvTasks], version: int,
         task = env.heldout[i]
         async with sem:
             gid = f"{runner.run_id}:eval:v{version:06d}:{env.name}:{task.id}"
-            return env.name, await runner.run_group(env.ref, task, n, gid, agent=agent)
+            return env.name, await runner.run_group(env.ref, task, n, gid,
+                                                    agent=chosen.get(env.ref) or builtin)
 
     results = await asyncio.gather(*(one(e, i) for e in envs for i in range(len(e.heldout))))
     by_env: dict[str, list[RolloutRecord]] = {}

@@ -33,6 +33,7 @@ class EnvTasks:
     stratify: str | None = None  # a key of Task.data whose values each pass interleaves
     # its manifest's [rewards] table: the trainer's composite weights for its sessions
     reward_weights: dict[str, float] = field(default_factory=dict)
+    agent: str = "tool"  # the --agent value its rollouts run (envs.agents.agent_for)
 
 
 def split_tasks(tasks: list[Task], limit: int | None, heldout: int,

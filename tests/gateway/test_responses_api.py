@@ -364,3 +364,68 @@ def test_resent_conversation_is_linked_after_a_restart(tmp_path: Path, renderer)
     assert len(listed) == len(items) - 1  # all but the last output
     backends[0].received += backends[1].received
     assert_token_exact(traj, backends[0], renderer, FIRST)
+
+
+def test_namespace_tools_are_offered_flat_and_answered_with_their_namespace(tmp_path: Path,
+                                                                            renderer):
+    """Codex offers each MCP server's tools as a `namespace` tool: the model sees
+    `mcp__calc__calc`, the client gets `function_call` items with `namespace` and the tool's
+    own name (what Codex routes by), and their echo extends the same token history."""
+    from tests.gateway.conftest import scripted
+    from tests.support import tool_call
+
+    backend = scripted(renderer, [tool_call("mcp__calc__calc", {"expr": "1+1"}),
+                                  "The answer is 2."])
+    gw = start(tmp_path, backend)
+    try:
+        tools = [{"type": "namespace", "name": "mcp__calc", "description": "a calculator",
+                  "tools": [CALC]}]
+        items: list[Any] = [{"role": "user", "content": "Compute 1+1."}]
+        http = httpx.Client(base_url=f"{gw.url}/v1", timeout=60,
+                            headers={"authorization": "Bearer resp-ns"})
+        first = http.post("/responses", json={"model": "gpt-5", "input": items,
+                                              "tools": tools})
+        assert first.status_code == 200, first.text
+        call = first.json()["output"][0]
+        assert (call["type"], call["namespace"], call["name"]) == (
+            "function_call", "mcp__calc", "calc")
+        items += [call, {"type": "function_call_output", "call_id": call["call_id"],
+                         "output": "2"}]
+        second = http.post("/responses", json={"model": "gpt-5", "input": items,
+                                               "tools": tools})
+        assert second.status_code == 200, second.text
+        assert second.json()["output"][0]["content"][0]["text"] == "The answer is 2."
+        traj = trajectory(gw, "resp-ns")
+    finally:
+        gw.close()
+    assert [[c["name"] for c in t["tool_calls"]] for t in traj["turns"]] == [
+        ["mcp__calc__calc"], []]
+    first_prompt = [{"role": "user", "content": "Compute 1+1."}]
+    flat = {"type": "function", "function": {**CALC_TOOL["function"],
+                                             "name": "mcp__calc__calc"}}
+    assert traj["turns"][0]["prompt_ids"] == renderer.render_prompt(first_prompt, [flat]).ids
+    assert len(traj["segments"]) == 1 and traj["cm_actions"] == []
+    a, b = traj["turns"]
+    assert b["prompt_ids"] == a["prompt_ids"] + a["completion_ids"] + b["prompt_delta_ids"]
+
+
+def test_a_function_tool_and_a_namespace_tool_of_the_same_qualified_name_are_refused(
+        tmp_path: Path, renderer):
+    """`mcp__calc__calc` offered flat next to namespace `mcp__calc`'s `calc`: the model would
+    see two identical tools and its call could not be routed, so the request is a 400."""
+    from tests.gateway.conftest import scripted
+
+    gw = start(tmp_path, scripted(renderer, ["unused"]))
+    try:
+        http = httpx.Client(base_url=f"{gw.url}/v1", timeout=60,
+                            headers={"authorization": "Bearer resp-dup"})
+        flat = {**CALC, "name": "mcp__calc__calc"}
+        answer = http.post("/responses", json={"model": "gpt-5", "input": "Compute 1+1.",
+                                               "tools": [flat, {"type": "namespace",
+                                                                "name": "mcp__calc",
+                                                                "tools": [CALC]}]})
+    finally:
+        gw.close()
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert "'mcp__calc__calc'" in error["message"] and error["param"] == "tools", error

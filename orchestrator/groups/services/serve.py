@@ -17,7 +17,7 @@ import httpx
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from envhub.envs.agents import make_agent
+from envhub.envs.agents import agent_for, make_agent
 from envhub.envs.loader import LoadedEnv
 from envhub.orchestrator.groups.attached import RemoteRollout, attached_rollout
 from envhub.orchestrator.groups.plan import RolloutKey
@@ -48,7 +48,7 @@ class ServeOptions:
     port: int = 0
     advertise: str | None = None  # the URL the orchestrator reaches this at
     capacity: int = 64
-    agent: str = "tool"
+    agent: str | None = None  # default: the environment's own (envs.agents.agent_for)
     agent_install: tuple[str, ...] = ()
     sandbox: str | None = None
 
@@ -58,7 +58,8 @@ class TaskService:
         self.opts, self.loaded, self.kind = opts, loaded, kind
         self.name = opts.name or loaded.name
         self.tasks = {t.id: t for t in loaded.env.load_tasks()}
-        self.agent = make_agent(opts.agent, list(opts.agent_install), False)
+        self.agent_spec = agent_for(opts.agent, loaded.env, self.name)  # RunConfigError
+        self.agent = make_agent(self.agent_spec, list(opts.agent_install), False)
         self.in_flight = 0
 
     def describe(self) -> EnvDescription:
@@ -75,7 +76,7 @@ class TaskService:
             return JSONResponse({"error": f"no task {req.task_id!r} in {self.name}"}, 404)
         job = RemoteRollout(
             key=RolloutKey(self.name, task.id, req.sample), group_id=req.group_id,
-            env_ref=self.opts.env, task=task, run_id=f"svc-{self.name}", agent=self.opts.agent,
+            env_ref=self.opts.env, task=task, run_id=f"svc-{self.name}", agent=self.agent_spec,
             agent_install=list(self.opts.agent_install), agent_on_host=False,
             sandbox_kind=self.kind, agent_kind=None, model="default",
             limits_override=req.limits.model_dump(exclude_none=True),
