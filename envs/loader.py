@@ -33,6 +33,7 @@ from envhub.envs.manifest import (
     RewardEntry,
     TasksSource,
     load_manifest,
+    name_from,
 )
 from envhub.envs.rewards import RewardComponent, make_components
 
@@ -169,7 +170,7 @@ def load_task_folders(folder: Path, ref: str) -> LoadedEnv:
         if task_folder_kind(folder) == "terminal-bench":
             root = _stage_tbench(folder)
         base = load_manifest(builtin_folders()["terminal-task"])
-        name = re.sub(r"[^a-z0-9._-]+", "-", folder.name.lower()).strip("-._")[:64] or "tasks"
+        name = name_from(folder.name, "tasks")
         manifest = base.model_copy(update={
             "name": name, "metadata": {"tasks_dir": "."},
             "description": f"Harbor tasks in {folder} (run as they are)"})
@@ -201,7 +202,7 @@ def load_swe_rows(ref: str) -> LoadedEnv:
             raise EnvNotFound(f"{ref}: no such file; give a JSONL or Parquet file of "
                               "SWE-bench rows")
         folder, source, stem = path.parent, TasksSource(path=path.name), path.stem
-    name = re.sub(r"[^a-z0-9._-]+", "-", stem.lower()).strip("-._")[:64] or "swe-rows"
+    name = name_from(stem, "swe-rows")
     # SWE-bench's images run only in docker (the repository lives at /testbed in the image).
     sandbox = base.sandbox.model_copy(update={"kind": "docker", "supported_kinds": ["docker"]})
     manifest = base.model_copy(update={

@@ -20,6 +20,12 @@ from pydantic import (
 )
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+
+
+def name_from(text: str, fallback: str) -> str:
+    """A package name (NAME_RE) made from a file or folder name: lower case, runs of other
+    characters as '-', at most 64; `fallback` when nothing is left."""
+    return re.sub(r"[^a-z0-9._-]+", "-", text.lower()).strip("-._")[:64] or fallback
 SEMVER_RE = re.compile(r"^\d+\.\d+\.\d+(?:-[0-9A-Za-z.-]+)?(?:\+[0-9A-Za-z.-]+)?$")
 
 

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import shutil
 import tomllib
 from pathlib import Path
 from typing import Any
 
 from envhub.envs.errors import EnvLoadError, RunConfigError
-from envhub.envs.manifest import NAME_RE, Manifest, ManifestError, load_manifest
+from envhub.envs.manifest import NAME_RE, Manifest, ManifestError, load_manifest, name_from
 from envhub.envs.rg.spec import OWN_KEYS, REQUIREMENT, RGSpec, config_fields, tag
 
 ENTRYPOINT = '''"""reasoning-gym `{dataset}` as an envhub environment: its settings are
@@ -129,8 +128,7 @@ def manifest_for(spec: RGSpec) -> Manifest:
     from importlib.metadata import version
 
     suffix = f"-{tag(spec)}" if tag(spec) else ""
-    # the same clean-up as envs/verifiers' names (written there too)
-    name = re.sub(r"[^a-z0-9._-]+", "-", f"rg-{spec.dataset}".lower())[:64 - len(suffix)] + suffix
+    name = name_from(f"rg-{spec.dataset}", "rg")[:64 - len(suffix)] + suffix
     text = manifest_text(spec, name, version("reasoning-gym"))
     try:
         return Manifest.model_validate(tomllib.loads(text))

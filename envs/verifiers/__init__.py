@@ -24,10 +24,9 @@ Their agent is `vf` (the default) or `oracle`; any other --agent is refused at p
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
-from envhub.envs.manifest import Manifest, SandboxSpec
+from envhub.envs.manifest import Manifest, SandboxSpec, name_from
 from envhub.envs.verifiers.env import VerifiersEnv
 from envhub.envs.verifiers.process import (
     VerifiersUnavailable,
@@ -47,9 +46,8 @@ def manifest_for(ref: str) -> tuple[Path, Manifest]:
         stem = path.stem
     else:
         folder, module, stem = Path.cwd(), target, target.rsplit("/", 1)[-1].split("@")[0]
-    name = re.sub(r"[^a-z0-9._-]+", "-", stem.lower()).strip("-._")[:64] or "verifiers"
     manifest = Manifest(
-        name=name, version="0.0.0", entrypoint="env:VerifiersEnv", tools=[],
+        name=name_from(stem, "verifiers"), version="0.0.0", entrypoint="env:VerifiersEnv", tools=[],
         description=f"verifiers environment {target} (run as it is)",
         sandbox=SandboxSpec(kind="none"), metadata={"verifiers": module})
     return folder, manifest
