@@ -12,6 +12,7 @@ from envhub.sdk.errors import MissingExtra as MissingExtra
 class GatewayError(Exception):
     status_code = 400
     type = "invalid_request_error"
+    error_id: str | None = None  # set where the cause is logged under an id (x-envhub-error-id)
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
         super().__init__(message)
@@ -87,4 +88,19 @@ def internal_error(exc: BaseException, where: str,
     err = InternalError("err_" + uuid.uuid4().hex[:16])
     (logger or logging.getLogger("envhub.gateway")).error(
         "internal error %s on %s", err.error_id, where, exc_info=exc)
+    return err
+
+
+def engine_unavailable(exc: GatewayError, logger: logging.Logger | None = None
+                       ) -> BackendUnavailable:
+    """An engine's failure as the client sees it: still a 503 to retry, but the instance's
+    name (often its URL), the upstream's own message and the fleet's state stay in the log
+    (one line, no traceback: an engine going away is an operational event, not a bug) under
+    a fresh error id that the answer carries."""
+    error_id = "err_" + uuid.uuid4().hex[:16]
+    (logger or logging.getLogger("envhub.gateway")).warning(
+        "engine unavailable %s: %s", error_id, exc.message)
+    err = BackendUnavailable(f"the inference engine is unavailable (error id {error_id}; the "
+                             "operator finds the cause in the gateway's log); retry")
+    err.error_id = error_id
     return err

@@ -29,7 +29,6 @@ from envhub.gateway.config import GatewayConfig
 from envhub.gateway.errors import (
     BodyTooLarge,
     GatewayError,
-    InternalError,
     Overloaded,
     internal_error,
 )
@@ -242,7 +241,7 @@ def create_app(config: GatewayConfig, backend: Backend | None = None) -> FastAPI
         headers = {}
         if isinstance(exc, Overloaded):
             headers["retry-after"] = str(max(1, round(exc.retry_after)))
-        if isinstance(exc, InternalError):
+        if exc.error_id is not None:  # a 500, or an engine failure (cause in the log)
             headers["x-envhub-error-id"] = exc.error_id
         metrics.requests.labels(request.url.path, str(exc.status_code)).inc()
         return Response(_error_body(exc.message, exc.type, exc.param, exc.code),

@@ -23,6 +23,7 @@ from envhub.gateway.errors import (
     BadRequest,
     Conflict,
     GatewayError,
+    engine_unavailable,
     internal_error,
 )
 from envhub.gateway.history import History, Plan, TurnState
@@ -261,6 +262,10 @@ class ChatService:
             for i, seq in enumerate(p.seqs)]
         try:
             results = [await calls[0]] if len(calls) == 1 else await asyncio.gather(*calls)
+        except BackendUnavailable as e:  # instance names and upstream text stay in the log
+            history.release(p.extends, p.declared)
+            self.metrics.backend_errors.inc()
+            raise engine_unavailable(e) from e
         except (GatewayError, asyncio.CancelledError):  # cancelled: the agent hung up
             history.release(p.extends, p.declared)
             raise

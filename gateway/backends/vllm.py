@@ -192,7 +192,7 @@ def _error(status: int, data: Any, instance: str) -> GatewayError:
     message = (err.get("message") if isinstance(err, dict) else None) or \
         (data.get("message") if isinstance(data, dict) else None) or str(data)[:500]
     if status in (400, 413, 422):  # the request itself is wrong: retrying cannot help
-        return BadRequest(f"engine {instance} rejected the request: {message}",
+        return BadRequest(f"the engine rejected the request: {message}",
                           param=err.get("param") if isinstance(err, dict) else None)
     # 404/405: not a vLLM-shaped endpoint; 401/403: engine credentials; 5xx: engine failure.
     return BackendUnavailable(f"engine {instance} failed with HTTP {status}: {message}")

@@ -58,3 +58,32 @@ def test_anthropic_route_500_hides_the_cause(broken_pool, caplog):
     body = info.value.response.json()
     assert body["type"] == "error" and body["error"]["type"] == "api_error"
     error_id_logged(body["error"]["message"], caplog)
+
+
+def test_an_engine_failure_is_a_503_that_names_no_instance(tmp_path, caplog):
+    """An engine that cannot be reached: the client gets a 503 to retry with an error id; the
+    engine's URL (its instance name) and the transport's message are in the log only."""
+    import socket
+
+    from envhub.gateway.backends.vllm import VLLMBackend
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    caplog.set_level(logging.WARNING, logger="envhub.gateway")
+    gw = start(tmp_path, VLLMBackend(dead, timeout=5.0))
+    try:
+        oa = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="s503", max_retries=0)
+        with pytest.raises(openai.APIStatusError) as info:
+            oa.chat.completions.create(model="default",
+                                       messages=[{"role": "user", "content": "hi"}])
+    finally:
+        gw.close()
+    response = info.value.response
+    message = response.json()["error"]["message"]
+    assert response.status_code == 503 and "retry" in message
+    assert "127.0.0.1" not in message and "unreachable" not in message, message
+    error_id = response.headers["x-envhub-error-id"]
+    assert error_id in message
+    logged = [r.getMessage() for r in caplog.records if error_id in r.getMessage()]
+    assert logged and dead in logged[0], "the cause, with the instance, is in the log"
