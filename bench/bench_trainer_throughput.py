@@ -6,7 +6,9 @@ Each row runs in its own subprocess, so its peak memory is its own: `peak MB` is
 max RSS (`resource.getrusage(RUSAGE_SELF).ru_maxrss`) at the end, `step MB` how far the steps
 pushed it above the max RSS after loading the model and the groups (the activations,
 gradients and optimizer state of the step). tokens/s counts sequence tokens (what an unmerged
-batch processes) and packed tokens (what the model actually ran). `precision` bf16 is
+batch processes) and packed tokens (what the model actually ran); `bound` is their ratio (the
+token bound) and `ran` the tree-attention mode the step ran and whether it merged (the
+trainer's step metrics attention/<mode> and tree/merged). `precision` bf16 is
 bfloat16 autocast with fp32 master weights (TrainerConfig.precision); on a CUDA machine the
 Trainer places the model on the GPU and `gpu MB` is torch's peak allocated GPU memory.
 
@@ -47,21 +49,33 @@ class Row:
     name: str
     config: dict[str, Any] = field(default_factory=dict)
     dtype: str = "float32"
+    cuda_only: bool = False  # FlexAttention has no backward on the CPU
 
 
+# "tree" rows pin a tree-attention mode; "auto" is the default config (the selector picks the
+# mode and whether to merge); "unmerged packed" is the fair baseline: every sequence its own
+# chain in one packed row (no padding), through the same attention.
+BLOCKS = {"prefix_merge": True, "tree_attention": "blocks"}
+UNMERGED = {"prefix_merge": False, "tree_attention": "blocks"}
 ROWS = [
-    Row("tree", {"prefix_merge": True}),
-    Row("tree + ckpt", {"prefix_merge": True, "gradient_checkpointing": True}),
-    Row("unmerged", {"prefix_merge": False}),
-    Row("unmerged + ckpt", {"prefix_merge": False, "gradient_checkpointing": True}),
-    Row("tree, dense mask", {"prefix_merge": True, "sparse_attention": False}),
+    Row("auto", {}),
+    Row("tree", BLOCKS),
+    Row("tree + ckpt", {**BLOCKS, "gradient_checkpointing": True}),
+    Row("unmerged packed", UNMERGED),
+    Row("unmerged + ckpt", {**UNMERGED, "gradient_checkpointing": True}),
+    Row("tree, dense mask", {"prefix_merge": True, "tree_attention": "dense"}),
+    Row("tree, flex", {"prefix_merge": True, "tree_attention": "flex"}, cuda_only=True),
+    Row("unmerged, flex", {"prefix_merge": False, "tree_attention": "flex"}, cuda_only=True),
     # bf16 autocast (fp32 master weights) beside the fp32 rows above
-    Row("tree", {"prefix_merge": True, "precision": "bf16"}),
-    Row("tree + ckpt", {"prefix_merge": True, "gradient_checkpointing": True,
-                        "precision": "bf16"}),
-    Row("unmerged", {"prefix_merge": False, "precision": "bf16"}),
-    Row("unmerged + ckpt", {"prefix_merge": False, "gradient_checkpointing": True,
-                            "precision": "bf16"}),
+    Row("auto", {"precision": "bf16"}),
+    Row("tree", {**BLOCKS, "precision": "bf16"}),
+    Row("tree + ckpt", {**BLOCKS, "gradient_checkpointing": True, "precision": "bf16"}),
+    Row("unmerged packed", {**UNMERGED, "precision": "bf16"}),
+    Row("unmerged + ckpt", {**UNMERGED, "gradient_checkpointing": True, "precision": "bf16"}),
+    Row("tree, flex", {"prefix_merge": True, "tree_attention": "flex", "precision": "bf16"},
+        cuda_only=True),
+    Row("unmerged, flex", {"prefix_merge": False, "tree_attention": "flex",
+                           "precision": "bf16"}, cuda_only=True),
 ]
 
 
@@ -109,8 +123,10 @@ def run_row(row: Row, kind: str, groups_file: str, steps: int) -> dict[str, floa
         best = min(best, time.perf_counter() - t)
     peak = max_rss_mb()
     gpu = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else 0.0
+    modes = [k.split("/")[1] for k, v in metrics.items() if k.startswith("attention/") and v]
+    ran = "+".join(modes) + ("" if metrics["tree/merged"] else ", unmerged")
     return {"seq": metrics["tokens/naive"], "packed": metrics["tokens/packed"], "step_s": best,
-            "peak_mb": peak, "step_mb": peak - base_mb, "gpu_mb": gpu}
+            "peak_mb": peak, "step_mb": peak - base_mb, "gpu_mb": gpu, "ran": ran}
 
 
 def sample_groups(model: Any, n: int, turns: int) -> list[Group]:
@@ -143,10 +159,14 @@ def main() -> None:
     with tempfile.NamedTemporaryFile(suffix=".pkl") as f:
         pickle.dump(groups, f)
         f.flush()
-        print(f"{'configuration':<18} {'precision':>9} {'seq tok':>8} {'packed':>8} {'step s':>7} "
-              f"{'seq tok/s':>10} {'packed tok/s':>12} {'peak MB':>8} {'step MB':>8} {'gpu MB':>7}")
+        print(f"{'configuration':<18} {'ran':<17} {'precision':>9} {'seq tok':>8} {'packed':>8} "
+              f"{'bound':>6} {'step s':>7} {'seq tok/s':>10} {'packed tok/s':>12} {'peak MB':>8} "
+              f"{'step MB':>8} {'gpu MB':>7}")
         for row in ROWS:
             if args.only and args.only not in row.name:
+                continue
+            if row.cuda_only and not torch.cuda.is_available():
+                print(f"{row.name:<18} n/a here: FlexAttention has no backward on the CPU")
                 continue
             out = subprocess.run([sys.executable, __file__, "--row", json.dumps(asdict(row)),
                                   "--groups-file", f.name, "--steps", str(args.steps),
@@ -154,7 +174,8 @@ def main() -> None:
                                  capture_output=True, text=True, check=True)
             r = json.loads(out.stdout.strip().splitlines()[-1])
             precision = row.config.get("precision", "fp32")
-            print(f"{row.name:<18} {precision:>9} {r['seq']:>8.0f} {r['packed']:>8.0f} "
+            print(f"{row.name:<18} {r['ran']:<17} {precision:>9} {r['seq']:>8.0f} "
+                  f"{r['packed']:>8.0f} {r['seq'] / r['packed']:>5.2f}x "
                   f"{r['step_s']:>7.2f} {r['seq'] / r['step_s']:>10.0f} "
                   f"{r['packed'] / r['step_s']:>12.0f} {r['peak_mb']:>8.0f} "
                   f"{r['step_mb']:>8.0f} {r['gpu_mb']:>7.0f}")

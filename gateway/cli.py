@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from importlib.util import find_spec
+
 import typer
 
 from envhub.gateway.config import GatewayConfig
@@ -21,6 +23,11 @@ def serve_gateway(config: GatewayConfig) -> None:
 
     try:
         check_backend(config)
+        if config.backend == "local" and find_spec("torch"):
+            # A GPU it lacks, said before the engine loads (no torch: the engine names the extra)
+            from envhub.sdk.device import resolve_device
+
+            resolve_device(config.device)
     except (GatewayError, ValueError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from e

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
+from typing import Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from envhub.gateway.model_names import ModelNames
+from envhub.sdk.device import DEVICES, DTYPES, check_device, check_dtype
 
 BUNDLED_MODEL = Path(__file__).parent / "engine" / "tiny"
 
@@ -52,8 +54,14 @@ class GatewayConfig(BaseModel):
     default_max_tokens: int = Field(256, ge=1, description="completion budget when a request "
                                                           "sets none")
     max_model_len: int = Field(32768, ge=16, description="prompt + completion token limit")
-    device: str | None = Field(None, description="torch device for the local engine")
+    device: str | None = Field(None, description=f"local engine: where the model runs, {DEVICES} "
+                               "(default auto: cuda when present, else cpu)")
+    dtype: str = Field("auto", description=f"local engine: the weights' and the compute's dtype, "
+                       f"{', '.join(DTYPES)} (auto: bfloat16 on cuda, float32 elsewhere)")
     engine_max_batch: int = Field(32, ge=1, description="local engine: rows per decode batch")
+    engine_speculative: Literal["off", "group"] = Field(
+        "off", description="local engine: 'group' drafts tokens from the other samples of a "
+        "session's group and verifies them exactly (Seer's grouped speculative decoding)")
     # Fleet (vllm / sglang / openai upstreams): gateway/router.py.
     fleet_config: str | None = Field(None, description="TOML or YAML file listing upstreams "
                                                        "([[upstream]] kind, url, name, model)")
@@ -71,6 +79,16 @@ class GatewayConfig(BaseModel):
     sticky_load_factor: float = Field(1.5, ge=1.0, description="a session leaves its instance "
                                                                "when that one carries more than "
                                                                "this x the mean load")
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str | None) -> str | None:
+        return None if v is None else check_device(v)
+
+    @field_validator("dtype")
+    @classmethod
+    def _dtype(cls, v: str) -> str:
+        return check_dtype(v)
 
     @model_validator(mode="after")
     def _exposed_needs_admin_key(self) -> GatewayConfig:

@@ -26,6 +26,11 @@ class Metrics:
         self.latency_ms = Histogram("envhub_call_ms", "model call latency (ms)",
                                     buckets=(1, 5, 10, 25, 50, 100, 250, 500, 1000, 5000, 30000),
                                     registry=r)
+        self.forwards = Counter("envhub_engine_forwards", "engine forward passes that produced "
+                                "completions, from engines that report them", registry=r)
+        self.forward_tokens = Counter(
+            "envhub_engine_forward_tokens", "completion tokens of those completions: / forwards "
+            "= tokens per forward (> 1 with speculative decoding)", registry=r)
         self.in_flight = Gauge("envhub_in_flight", "model calls in flight", registry=r)
 
     def render(self) -> bytes:

@@ -229,7 +229,10 @@ def _chat_body(gw: Any, answer: ChatAnswer, model: str, want_lp: bool,
     out = {"id": answer.id, "object": "chat.completion", "created": answer.created,
            "model": model, "choices": choices, "usage": _usage(answer),
            "envhub": {"seqs": [c.seq for c in answer.choices],
-                      "weight_versions": [c.result.weight_version for c in answer.choices]}}
+                      "weight_versions": [c.result.weight_version for c in answer.choices],
+                      # engine forward passes per choice (None: the engine does not say);
+                      # tokens / forwards > 1 when speculative decoding accepted drafts
+                      "forwards": [c.result.forwards for c in answer.choices]}}
     return out
 
 

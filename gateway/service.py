@@ -257,7 +257,8 @@ class ChatService:
             prompt_ids=p.prompt,
             params=p.params if p.params.seed is None or i == 0 else replace(
                 p.params, seed=p.params.seed + i),
-            request_id=f"{live.id}-{seq}", session_id=live.id, messages=p.messages,
+            request_id=f"{live.id}-{seq}", session_id=live.id, group_id=live.group_id,
+            messages=p.messages,
             tools=p.tools if p.messages is not None else None))
             for i, seq in enumerate(p.seqs)]
         try:
@@ -330,6 +331,9 @@ class ChatService:
                 history.add(state, p.request_key, p.n_messages, action)
         self.metrics.turns.inc(len(states))
         self.metrics.completion_tokens.inc(sum(len(r.completion_ids) for r in results))
+        counted = [r for r in results if r.forwards]
+        self.metrics.forwards.inc(sum(r.forwards or 0 for r in counted))
+        self.metrics.forward_tokens.inc(sum(len(r.completion_ids) for r in counted))
         self.metrics.prompt_tokens.inc(len(p.prompt) * len(results))
         return ChatAnswer(choices=choices, prompt_tokens=len(p.prompt), backend_ms=backend_ms)
 

@@ -49,6 +49,7 @@ class LiveSession:
     loading: asyncio.Lock = field(default_factory=asyncio.Lock)  # one history load at a time
     memo: MessageMemo = field(default_factory=MessageMemo)
     trainable: bool = True  # False: metadata {"trainable": false}, every turn not trainable
+    group_id: str = ""  # the RL group it samples for: the engine drafts from the group's text
 
 
 def _trainable(metadata: dict | None) -> bool:
@@ -80,7 +81,7 @@ class Sessions:
         key = api_key or f"sk-envhub-{secrets.token_urlsafe(24)}"
         lease = new_token()
         live = LiveSession(sid, key_hash(key), history=History(lease=lease),
-                           trainable=_trainable(metadata))
+                           trainable=_trainable(metadata), group_id=group_id or "")
         row = session_insert(sid, live.key_hash, group_id=group_id, task_id=task_id, env=env,
                              sample_index=sample_index, metadata=metadata)
         try:
@@ -98,7 +99,8 @@ class Sessions:
         live = self._by_id.get(row["id"])
         if live is None:
             live = LiveSession(row["id"], row["key_hash"], row["status"],
-                               trainable=_trainable(orjson.loads(row.get("metadata") or "{}")))
+                               trainable=_trainable(orjson.loads(row.get("metadata") or "{}")),
+                               group_id=row.get("group_id") or "")
             self._remember(live)
         return live
 

@@ -79,7 +79,7 @@ def train(cfg: TrainLoopConfig, log: Callable[[str], Any] = print,
     from envhub.orchestrator.training.engines import serving
     from envhub.orchestrator.training.ledger import GroupLedger
     from envhub.orchestrator.training.loop import Loop
-    from envhub.orchestrator.training.model import build_trainer
+    from envhub.orchestrator.training.model import build_trainer, placement
     from envhub.orchestrator.training.producer import Producer
     from envhub.orchestrator.training.ranks import RankLeader, follow
     from envhub.orchestrator.training.source import LaunchOrderSource
@@ -88,7 +88,8 @@ def train(cfg: TrainLoopConfig, log: Callable[[str], Any] = print,
     from envhub.trainer.source import HttpSource
     from envhub.trainer.window import GroupWindow
 
-    dp = DataParallel.init() if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
+    dp = (DataParallel.init(device=cfg.device) if int(os.environ.get("WORLD_SIZE", "1")) > 1
+          else None)
     if cfg.services and dp is not None:  # under a torchrun of the user's own
         raise RunConfigError("--services runs rollouts on one trainer rank: drop "
                              "--nproc-per-node, or run the environments in this process")
@@ -105,15 +106,19 @@ def train(cfg: TrainLoopConfig, log: Callable[[str], Any] = print,
                              cfg.agent_on_host)
         admin = "envhub-admin-" + secrets.token_urlsafe(16)
         gw_config = GatewayConfig(port=0, db=f"sqlite:///{cfg.out / 'pool.db'}",
-                                  admin_key=admin, model=cfg.model)
+                                  admin_key=admin, model=cfg.model, device=cfg.rollout_device,
+                                  dtype=cfg.rollout_dtype)
         trainer: Any = build_trainer(cfg, gw_config, envs, dp)
         if dp is not None and dp.rank != 0:  # follow rank 0's steps and pushes until it stops
             follow(trainer, cfg.out / "weights")
             return []
+        where = placement(cfg, trainer.device)
         if dp is not None:  # the other ranks stop following at the end, also on failure
             trainer = RankLeader(trainer, dp)
             stack.callback(trainer.stop)
         # Rank 0 (or the only process): the engine, the rollouts, the gateway and the loop.
+        log("trainer on {train_device} in {train_dtype}, rollouts on {rollout_device} in "
+            "{rollout_dtype} (--device, --dtype, --engine-dtype)".format(**where))
         engine = stack.enter_context(serving(cfg, gw_config, log))  # a vLLM stops at the end
         metrics = run_metrics(cfg.metrics, hub, log, stack)
         ledger = GroupLedger(new_run_id(), [e.name for e in envs], cfg.k)  # every group's state
@@ -137,7 +142,7 @@ def train(cfg: TrainLoopConfig, log: Callable[[str], Any] = print,
         source = LaunchOrderSource(http, ledger)
         loop = Loop(cfg, trainer, producer, source, GroupWindow(source, cfg.window_size), envs,
                     push_url=f"{gw.url}/admin/weights", admin_key=admin, log=log,
-                    on_wait=on_wait, metrics=metrics,
+                    on_wait=on_wait, metrics=metrics, dtypes=where,
                     # the built-in agent evaluates greedily (evaluate's own); others as they run
                     eval_agent={e.ref: agents[e.ref] for e in envs if e.agent != "tool"})
         return loop.run()

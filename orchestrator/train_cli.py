@@ -10,7 +10,9 @@ from envhub.orchestrator.training.config import TrainLoopConfig
 from envhub.sdk.config_cli import config_command
 
 # Flag names that differ from the field names (kept from earlier releases).
-FLAGS = {"service_wait_s": "--service-wait"}
+# --dtype: the trainer's precision under the name `envhub gateway`/`engine` use (train.py).
+FLAGS: dict[str, str | tuple[str, ...]] = {"service_wait_s": "--service-wait",
+                                           "precision": ("--precision", "--dtype")}
 ENVVARS = {"services_token": "ENVHUB_SERVICES_TOKEN"}
 
 
@@ -28,7 +30,7 @@ def train_main(cfg: TrainLoopConfig) -> None:
     from envhub.orchestrator.groups.executor import make_executor
     from envhub.orchestrator.groups.scheduling import make_policy
     from envhub.orchestrator.train import load_training_envs, torchrun_argv, train
-    from envhub.orchestrator.training.engines import EngineError, check_engine
+    from envhub.orchestrator.training.engines import EngineError, check_devices, check_engine
     from envhub.trainer.errors import TrainerError
 
     if cfg.model is not None and not Path(cfg.model).is_dir():
@@ -39,6 +41,7 @@ def train_main(cfg: TrainLoopConfig) -> None:
         make_policy(cfg.schedule)
         load_training_envs(cfg, served=None)  # task services' environments: once they register
         check_engine(cfg)
+        check_devices(cfg)  # a GPU the machine lacks: said now, not deep inside torch
     except Exception as e:  # unknown env, agent, executor or engine, bad manifest, bad split:
         fail(str(e))  # the fix is in it
     if cfg.nproc_per_node > 1 and "WORLD_SIZE" not in os.environ:

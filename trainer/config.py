@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
+
+from envhub.sdk.device import DEVICES, check_device
+
+# `--dtype` spellings of a precision (the engine's names), so one value fits both flags.
+PRECISION_NAMES = {"float32": "fp32", "bfloat16": "bf16"}
 
 
 class FilterConfig(BaseModel):
@@ -95,23 +100,54 @@ class TrainerConfig(BaseModel):
         default=8192, ge=1,
         description="Budget of packed (unique) tokens per forward pass; a step is split into "
         "several packed trees beyond it (gradients accumulate, the math is unchanged).")
-    sparse_attention: bool = Field(
-        default=True, description="Block-sparse tree attention (cost ~ ancestors per query "
-        "block instead of N^2); used where the model supports transformers' "
-        "AttentionInterface, dense masked attention otherwise.")
+    tree_attention: Literal["auto", "flex", "blocks", "dense"] = Field(
+        default="auto", description="How packed trees attend (trainer/tree_attention.py). "
+        "flex: one FlexAttention kernel per layer on a block mask of the tree (CUDA; no "
+        "attention dropout). blocks: block-sparse SDPA per 128-query block (cost ~ ancestors "
+        "per block; the CPU path). dense: each layer's [N, N] mask through the model's own "
+        "eager/SDPA kernel. auto: blocks off CUDA; on CUDA flex (head dim >= 16, no attention "
+        "dropout), else dense up to 8192 nodes, else blocks; and on CUDA with prefix_merge it "
+        "packs a step unmerged (plain packed sequences) when merging saves under 10% of the "
+        "tokens (sequence tokens / tree nodes < 1.1). The step metrics attention/<mode> and "
+        "tree/merged say what ran.")
+    sparse_attention: bool | None = Field(
+        default=None, description="Deprecated spelling of tree_attention (True: 'blocks', "
+        "False: 'dense'); when set it wins over tree_attention.")
+
+    @property
+    def attention_mode(self) -> str:
+        """tree_attention, or what the deprecated sparse_attention asks for."""
+        if self.sparse_attention is None:
+            return self.tree_attention
+        return "blocks" if self.sparse_attention else "dense"
     gradient_checkpointing: bool = Field(
         default=False, description="Recompute each decoder layer's activations in the backward "
         "instead of keeping them (transformers' activation checkpointing, non-reentrant): "
-        "less memory for about one more forward of compute. Works with both tree-attention "
-        "modes.")
+        "less memory for about one more forward of compute. Works with every tree-attention "
+        "mode.")
     precision: Literal["fp32", "bf16"] = Field(
         default="fp32", description="bf16: mixed precision with fp32 master weights (FSDP2's "
         "MixedPrecisionPolicy under torchrun, torch.autocast in one process; gradients are "
         "reduced and the optimizer steps in fp32). fp32: compute in the parameters' dtype.")
     device: str | None = Field(
-        default=None, description="Where the model trains; None: this rank's CUDA device when "
-        "CUDA is present, else the CPU.")
+        default=None, description=f"Where the model trains: {DEVICES}. None or auto: this "
+        "rank's CUDA device (cuda:LOCAL_RANK) when CUDA is present, else the CPU.")
     lora: LoraSettings | None = Field(
         default=None, description="Train LoRA adapters (PEFT) instead of all weights.")
     prefix_merge: bool = Field(default=True, description="Pack shared prefixes as one tree "
                                "(off: one branch per sequence, for comparison).")
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str | None) -> str | None:
+        return None if v is None else check_device(v)
+
+    @field_validator("precision", mode="before")
+    @classmethod
+    def _precision(cls, v: object) -> object:
+        return precision_name(v)
+
+
+def precision_name(value: object) -> object:
+    """fp32/bf16 as given, float32/bfloat16 (the engine's dtype names) as fp32/bf16."""
+    return PRECISION_NAMES.get(value.strip().lower(), value) if isinstance(value, str) else value

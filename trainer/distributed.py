@@ -44,6 +44,17 @@ def default_device(local_rank: int | None = None) -> torch.device:
     return torch.device("cpu")
 
 
+def choose_device(name: str | None, dp: DataParallel | None = None) -> torch.device:
+    """The device `TrainerConfig.device` names, checked against this machine (a ValueError
+    with the fix when it lacks it). None or `auto`: this rank's device (`dp`), else
+    `default_device()`. `cpu` never asks about CUDA, so no CUDA context is created."""
+    from envhub.sdk.device import check_device, resolve_device
+
+    if name is None or check_device(name) == "auto":
+        return dp.device if dp is not None else default_device()
+    return resolve_device(name)
+
+
 class DataParallel:
     """Rank/world info, the device of this rank and the metric collectives."""
 
@@ -58,14 +69,19 @@ class DataParallel:
         self.device = default_device() if dist.get_backend() == "nccl" else _cpu()
 
     @staticmethod
-    def init(backend: str | None = None, **kwargs: Any) -> DataParallel:
+    def init(backend: str | None = None, device: str | None = None,
+             **kwargs: Any) -> DataParallel:
         """Join the default process group from torchrun's environment (or `kwargs`): NCCL
-        with this rank's GPU when CUDA is present, gloo on CPU."""
+        with this rank's GPU when CUDA is present, gloo on CPU or when `device` (the
+        trainer's, `TrainerConfig.device`) names one that is not CUDA."""
         import torch
         import torch.distributed as dist
 
+        from envhub.sdk.device import check_device
+
         if not dist.is_initialized():
-            backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+            gpu = check_device(device or "auto").startswith(("auto", "cuda"))
+            backend = backend or ("nccl" if gpu and torch.cuda.is_available() else "gloo")
             if backend == "nccl":
                 torch.cuda.set_device(default_device())
             dist.init_process_group(backend=backend, **kwargs)

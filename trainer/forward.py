@@ -34,6 +34,7 @@ class TokenLogprobs:
     entropy: torch.Tensor  # [M] fp32, detached: entropy of the predicting distribution
     seq_index: torch.Tensor  # [M] int64: which sequence of the tree each token belongs to
     token_index: torch.Tensor  # [M] int64: position of the token in its sequence
+    attention: str = "blocks"  # the tree-attention mode that ran (tree_attention.MODES)
 
 
 def select_targets(tree: PackedTree, loss_masks: list[list[int]] | None) -> tuple[
@@ -64,32 +65,38 @@ HEAD_CHUNK_ELEMENTS = 1 << 27
 
 def tree_logprobs(model: Any, tree: PackedTree, loss_masks: list[list[int]] | None = None,
                   *, with_entropy: bool = True, chunked_head: bool | None = None,
-                  sparse_attention: bool | None = None,
+                  attention: str = "auto", sparse_attention: bool | None = None,
                   compute_dtype: torch.dtype | None = None) -> TokenLogprobs:
     """Run `model` once on the tree; return log-probabilities of the target tokens.
 
     `chunked_head` (default: when the model allows it) applies the LM head in checkpointed
     chunks; otherwise the model's own forward computes logits for the predicting nodes.
-    `sparse_attention` (default on) runs block-sparse tree attention instead of handing each
-    layer's dense [N, N] tree mask to the model's own eager/SDPA kernel. Either way the
-    model's attention is routed through `tree_attention` for good (`use_tree_attention`:
-    refuses models whose attention the tree cannot keep exact), so a backward with gradient
-    checkpointing recomputes the same attention. `compute_dtype` is the dtype the layers
-    compute in when it differs from the parameters' (FSDP2 mixed precision): the tree
-    placeholder is made in it, so FSDP2's input cast leaves it alone.
+    `attention` is the tree-attention mode ("auto", "flex", "blocks", "dense"; "auto" picks by
+    device, head dim, dropout and size: `tree_attention.choose_attention`); the mode that ran
+    is returned in `attention`. `sparse_attention` is its deprecated spelling (True: blocks,
+    False: dense) and wins when given. Every mode routes the model's attention through
+    `tree_attention` for good (`use_tree_attention`: refuses models whose attention the tree
+    cannot keep exact), so a backward with gradient checkpointing recomputes the same
+    attention, on the same masks (built once per call, cached per window). `compute_dtype`
+    is the dtype the layers compute in when it differs from the parameters' (FSDP2 mixed
+    precision): the tree placeholder is made in it, so FSDP2's input cast leaves it alone.
     """
     import torch
 
     from envhub.trainer.distributed import TREE_FORWARD, causal_lm
-    from envhub.trainer.tree_attention import tree_mask, use_tree_attention
+    from envhub.trainer.tree_attention import choose_attention, tree_mask, use_tree_attention
 
     model = causal_lm(model)
     use_tree_attention(model)
     param = next(model.parameters())
     device, dtype = param.device, compute_dtype or param.dtype
     seq_index, token_index, pred_nodes, targets = select_targets(tree, loss_masks)
+    if sparse_attention is not None:
+        attention = "blocks" if sparse_attention else "dense"
+    attention = choose_attention(attention, device.type, _head_dim(model), _dropout(model),
+                                 tree.n_nodes)
     mask = tree_mask(tree.subtree_end.to(device), tree.position_ids.to(device), dtype,
-                     sparse=sparse_attention is not False)
+                     attention)
     inputs = {"input_ids": tree.input_ids[None].to(device),
               "position_ids": tree.position_ids[None].to(device),
               "attention_mask": mask, "use_cache": False}
@@ -99,7 +106,7 @@ def tree_logprobs(model: Any, tree: PackedTree, loss_masks: list[list[int]] | No
     if chunked_head:
         run = getattr(model, TREE_FORWARD, None) or partial(_decoder_and_head, model)
         logprobs, entropy = run(inputs, pred_nodes, targets, with_entropy)
-        return TokenLogprobs(logprobs, entropy, seq_index, token_index)
+        return TokenLogprobs(logprobs, entropy, seq_index, token_index, attention)
     # Any other causal LM: let it apply its own head (softcapping, scaling) on the kept rows.
     keep, inverse = torch.unique(pred_nodes, return_inverse=True)  # sorted unique nodes
     logits = model(**inputs, logits_to_keep=keep).logits[0]  # [K, V]
@@ -111,7 +118,24 @@ def tree_logprobs(model: Any, tree: PackedTree, loss_masks: list[list[int]] | No
     if with_entropy:
         with torch.no_grad():
             entropy = (-(logsm.exp() * logsm).sum(-1))[inverse]
-    return TokenLogprobs(logprobs, entropy, seq_index, token_index)
+    return TokenLogprobs(logprobs, entropy, seq_index, token_index, attention)
+
+
+def _text_config(model: Any) -> Any:
+    cfg = model.config
+    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+
+def _head_dim(model: Any) -> int:
+    cfg = _text_config(model)
+    head_dim = getattr(cfg, "head_dim", None)
+    return int(head_dim or cfg.hidden_size // cfg.num_attention_heads)
+
+
+def _dropout(model: Any) -> float:
+    """Attention dropout the layers apply now (only in training mode)."""
+    p = getattr(_text_config(model), "attention_dropout", 0.0) or 0.0
+    return float(p) if getattr(model, "training", False) else 0.0
 
 
 def bind_tree_forward(model: Any) -> None:

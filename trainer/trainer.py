@@ -9,7 +9,8 @@ exports the weights, calls `push(path)` and bumps the weight version; checkpoint
 model, the optimizer, the RNG, the version and the consumed groups of a `GroupWindow`.
 
 Placement: the model moves to `config.device` (default: this rank's GPU when CUDA is present,
-else the CPU). With `data_parallel` (torchrun) it is sharded with FSDP2 (distributed.py);
+else the CPU; `cpu` keeps it, the optimizer and every tensor of a step off CUDA). With
+`data_parallel` (torchrun) it is sharded with FSDP2 (distributed.py);
 `config.lora` wraps it in PEFT adapters first; `config.precision = "bf16"` keeps fp32 master
 weights and computes in bfloat16 (FSDP2 MixedPrecisionPolicy, or torch.autocast in one
 process).
@@ -25,12 +26,12 @@ from typing import TYPE_CHECKING, Any
 from envhub.trainer.batch import GroupFate, TrainSequence, build_batch
 from envhub.trainer.checkpoint import read_checkpoint, write_checkpoint
 from envhub.trainer.config import TrainerConfig
-from envhub.trainer.distributed import DataParallel, default_device, shard_model
+from envhub.trainer.distributed import DataParallel, choose_device, shard_model
 from envhub.trainer.errors import PeerFailed, require_torch
 from envhub.trainer.forward import tree_logprobs
 from envhub.trainer.lora import MergeShell, apply_lora
 from envhub.trainer.loss import ADDITIVE, LossSums, is_masked_loss
-from envhub.trainer.prefix_tree import pack, plan_trees
+from envhub.trainer.prefix_tree import PackedTree, pack, plan_trees
 from envhub.trainer.source import Group
 from envhub.trainer.weights import export_weights
 
@@ -55,8 +56,7 @@ class Trainer:
                              "or set kl_coef to 0")
         self.dp = data_parallel
         cfg = self.config
-        self.device = torch.device(cfg.device) if cfg.device else (
-            self.dp.device if self.dp else default_device())
+        self.device = choose_device(cfg.device, self.dp)
         if cfg.precision == "bf16":
             model = model.float()  # fp32 master weights; bf16 only in the compute
         if cfg.lora is not None:
@@ -84,7 +84,7 @@ class Trainer:
 
         for m in (self.model, self.reference):
             if m is not None:
-                check_tree_forward(causal_lm(m), self.config.sparse_attention)
+                check_tree_forward(causal_lm(m), self.config.attention_mode)
         if self.config.gradient_checkpointing:
             set_activation_checkpointing(self.model, True)
 
@@ -133,12 +133,14 @@ class Trainer:
         n_total = self.dp.sum_floats([float(n_local)])[0] if self.dp else float(n_local)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        sums, packed, naive = self._accumulate(local, n_total)
+        sums, packed, naive, paths = self._accumulate(local, n_total)
+        counts = list(paths.values())
         if self.dp:
-            packed, naive = self.dp.sum_floats([packed, naive])
+            packed, naive, *counts = self.dp.sum_floats([packed, naive, *counts])
         metrics = self._reduce_metrics(sums)
         metrics.update({"tokens/packed": packed, "tokens/naive": naive,
                         "step/skipped": float(n_total == 0)})
+        metrics.update(zip(paths, counts, strict=True))
         return metrics
 
     def _local_shard(self, sequences: list[TrainSequence]) -> list[TrainSequence]:
@@ -152,17 +154,41 @@ class Trainer:
         mine = self.dp.shard([sum(len(s.token_ids) for s in g) for g in groups])
         return [s for i in mine for s in groups[i]]
 
+    def _pack(self, local: list[TrainSequence]) -> tuple[list[list[int]], list[PackedTree],
+                                                         bool]:
+        """(sequence indices, packed tree) per forward, and whether they are merged trees:
+        with tree_attention "auto" on CUDA, merging only when the token bound is >= 1.1
+        (`worth_merging`), else plain packed sequences through the same kernel."""
+        from envhub.trainer.tree_attention import worth_merging
+
+        cfg = self.config
+        ids = [s.token_ids for s in local]
+        merge = cfg.prefix_merge
+        for _ in range(2):
+            bins = plan_trees(ids, cfg.max_tokens_per_forward, merge)
+            trees = [pack([ids[i] for i in b], merge=merge) for b in bins]
+            if not merge or cfg.attention_mode != "auto" or worth_merging(
+                    sum(t.n_sequence_tokens for t in trees), sum(t.n_nodes for t in trees),
+                    self.device.type):
+                break
+            merge = False
+        return bins, trees, merge
+
     def _accumulate(self, local: list[TrainSequence], n_total: float
-                    ) -> tuple[LossSums, float, float]:
-        """Backward over every packed tree of this rank; gradients accumulate in .grad."""
+                    ) -> tuple[LossSums, float, float, dict[str, float]]:
+        """Backward over every packed tree of this rank; gradients accumulate in .grad.
+        Also returns how many forwards ran in each attention mode and merged/unmerged."""
         import torch
+
+        from envhub.trainer.tree_attention import MODES
 
         cfg = self.config
         sums = LossSums()
         packed = naive = 0.0
         scale = self.dp.loss_scale() if self.dp else 1.0
-        bins = plan_trees([s.token_ids for s in local], cfg.max_tokens_per_forward,
-                          cfg.prefix_merge)
+        bins, trees, merged = self._pack(local)
+        paths = {f"attention/{m}": 0.0 for m in MODES}
+        paths.update({"tree/merged": 0.0, "tree/unmerged": 0.0})
         # FSDP2's collectives run in every forward/backward, so every rank must run as many
         # passes as the rank with the most trees: agree on that count *before* the first pass
         # (a rank that asked after its own passes met its peer's all-gathers with its
@@ -172,13 +198,14 @@ class Trainer:
         if self.dp is not None:
             _, most = self.dp.min_max(0.0, float(len(bins)))
             empty_passes = int(most) - len(bins)
-        for indices in bins:
+        for indices, tree in zip(bins, trees, strict=True):
             seqs = [local[i] for i in indices]
-            tree = pack([s.token_ids for s in seqs], merge=cfg.prefix_merge)
             masks = [s.loss_mask for s in seqs]
             packed += tree.n_nodes
             naive += tree.n_sequence_tokens
             out = self._logprobs(self.model, tree, masks)
+            paths[f"attention/{out.attention}"] += 1
+            paths["tree/merged" if merged else "tree/unmerged"] += 1
             device = out.logprobs.device
             flat = _flat_index(seqs, out.seq_index, out.token_index)
             rollout = torch.tensor([x for s in seqs for x in s.rollout_logprobs],
@@ -197,7 +224,7 @@ class Trainer:
         for _ in range(empty_passes):  # a 2-token tree, loss x 0: the collectives only
             out = self._logprobs(self.model, pack([[0, 0]]), [[0, 1]])
             (out.logprobs.sum() * 0.0).backward()
-        return sums, packed, naive
+        return sums, packed, naive, paths
 
     def _logprobs(self, model: Any, tree: Any, masks: list[list[int]],
                   with_entropy: bool = True) -> Any:
@@ -211,7 +238,7 @@ class Trainer:
             nullcontext())
         with ctx:
             return tree_logprobs(model, tree, masks, with_entropy=with_entropy,
-                                 sparse_attention=self.config.sparse_attention,
+                                 attention=self.config.attention_mode,
                                  compute_dtype=torch.bfloat16 if self._bf16 and sharded
                                  else None)
 

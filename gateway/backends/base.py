@@ -44,6 +44,7 @@ class GenerateRequest:
     params: SamplingParams
     request_id: str = ""
     session_id: str = ""  # routing key: a session sticks to one instance
+    group_id: str = ""  # the session's RL group: the engine drafts from its other samples
     # the conversation, for text-only backends (hosted models); token engines ignore them
     messages: list[dict[str, Any]] | None = None
     tools: list[dict[str, Any]] | None = None
@@ -61,6 +62,9 @@ class GenerateResult:
     prompt_ids_seen: list[int] | None = None  # what the engine reports it received, if it does
     text: str | None = None  # text-only backends (hosted models) fill this instead of ids
     trainable: bool = True
+    # forward passes that produced the completion, when the engine says (envhub's engines):
+    # with speculative decoding fewer than the tokens; tokens / forwards per turn
+    forwards: int | None = None
 
     def __post_init__(self) -> None:
         assert len(self.completion_ids) == len(self.logprobs), (

@@ -32,11 +32,14 @@ class LocalBackend(InProcessBackend):
     @classmethod
     def from_config(cls, config: GatewayConfig, upstream: UpstreamSpec | None = None
                     ) -> LocalBackend:
-        """Build the engine the gateway config describes (model folder, device, limits)."""
+        """Build the engine the gateway config describes (model folder, device, dtype,
+        limits)."""
         return cls(config=EngineConfig(
             model=str(config.model_path()), tokenizer=config.tokenizer,
-            device=config.device or "auto", max_batch_size=config.engine_max_batch,
-            max_model_len=config.max_model_len, name=config.served_name()))
+            device=config.device or "auto", dtype=config.dtype,
+            max_batch_size=config.engine_max_batch,
+            max_model_len=config.max_model_len, name=config.served_name(),
+            speculative=config.engine_speculative))
 
     async def aclose(self) -> None:
         await asyncio.to_thread(self.engine.close)

@@ -7,6 +7,16 @@ No retries here: the router owns retry policy, and a retrying client under it wo
 attempts. Failures map onto gateway errors the router can act on: connection problems and 5xx
 -> BackendUnavailable (retry elsewhere), 429 -> Overloaded, 400/413/422 -> BadRequest (the
 request itself is wrong; do not retry).
+
+Grouped speculative decoding: `envhub engine --speculative group` drafts from a request's RL
+group, so requests carry `group_id` — but only once the engine has shown it is envhub's (its
+choices carry `forwards`), as vLLM logs a warning for each unknown field. vLLM has no notion
+of groups: its model-free speculation is a server launch option, `vllm serve MODEL
+--speculative-config '{"method": "ngram", "num_speculative_tokens": 4,
+"prompt_lookup_max": 4}'` (drafts from the request's own prompt and output) or
+'{"method": "suffix", ...}' (Arctic Inference's suffix trees: the request's own tokens plus a
+global tree over all finished requests, groups unknown). The gateway does not launch vLLM, so
+that flag goes on the user's `vllm serve` command line; both keep the target distribution.
 """
 
 from __future__ import annotations
@@ -44,6 +54,7 @@ class VLLMBackend:
         self.weight_version = weight_version
         self.instance = instance or self.base_url
         self._weight_info = True  # the engine may serve GET /weight_info (vLLM dev mode)
+        self._envhub_engine = False  # learnt from responses: send envhub's fields (group_id)
         headers = {"content-type": "application/json"}
         if api_key:
             headers["authorization"] = f"Bearer {api_key}"
@@ -80,6 +91,8 @@ class VLLMBackend:
             body["structured_outputs"] = p.constraint.vllm()
         if request.request_id:
             body["request_id"] = request.request_id
+        if request.group_id and self._envhub_engine:
+            body["group_id"] = request.group_id
         return body
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
@@ -101,11 +114,14 @@ class VLLMBackend:
                 raise BackendUnavailable(f"{self.instance} returned no logprobs per token; "
                                          "it must honour logprobs=0")
             tops = logprobs.get("top_logprobs")
+            forwards = choice.get("forwards")
+            self._envhub_engine = self._envhub_engine or "forwards" in choice
             return GenerateResult(
                 completion_ids=list(ids), logprobs=[float(x) for x in lps],
                 finish_reason=choice.get("finish_reason") or "stop",
                 weight_version=int(data.get("weight_version", self.weight_version)),
                 instance=self.instance, prompt_ids_seen=choice.get("prompt_token_ids"),
+                forwards=forwards if isinstance(forwards, int) else None,
                 top_logprobs=None if not tops else [
                     sorted(((_label_id(k), float(v)) for k, v in (row or {}).items()),
                            key=lambda kv: -kv[1]) for row in tops])

@@ -42,6 +42,8 @@ class CompletionRequest(BaseModel):
     return_tokens_as_token_ids: bool | None = None
     request_id: str | None = None
     session_id: str | None = None
+    # envhub's: the RL group of the request (grouped speculative decoding drafts from it)
+    group_id: str | None = None
     # vLLM's structured outputs: {"json": schema | "schema text"}, {"json_object": true} or
     # {"grammar": "<Lark, llguidance dialect>"}
     structured_outputs: dict[str, Any] | None = None

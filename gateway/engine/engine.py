@@ -19,6 +19,7 @@ from envhub.gateway.engine.admission import check_request
 from envhub.gateway.engine.config import EngineConfig
 from envhub.gateway.engine.guide import Guides
 from envhub.gateway.errors import MissingExtra
+from envhub.sdk.device import auto_dtype, resolve_device
 
 try:
     import torch
@@ -27,21 +28,18 @@ except ImportError as exc:  # torch is the [engine] extra
 
 from envhub.gateway.engine.result import EngineResult
 from envhub.gateway.engine.scheduler import Job, Scheduler, WeightSwap
+from envhub.gateway.engine.speculative import DraftIndex
 from envhub.gateway.engine.weights import check_weights, read_weights
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def _device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    return resolve_device(name)  # DeviceUnavailable (a ValueError) names the fix
 
 
 def _dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        # fp32 on CPU: bf16 matmuls there are slow and their logprobs noisy.
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    name = auto_dtype(name, device.type)
     if name not in DTYPES:
         raise ValueError(f"dtype {name!r}: use one of auto, {', '.join(DTYPES)}")
     return DTYPES[name]
@@ -78,7 +76,8 @@ class Engine:
         self._scheduler = Scheduler(
             self.model, self.device, self.eos_ids, copy.deepcopy(self.tokenizer),
             config.max_batch_size,
-            config.max_prefill_tokens, config.weight_version, config.seed)
+            config.max_prefill_tokens, config.weight_version, config.seed,
+            drafts=_draft_index(config), max_draft=config.spec_max_draft)
 
     @property
     def weight_version(self) -> int:
@@ -110,16 +109,30 @@ class Engine:
         running keep the version they were admitted with."""
         self._scheduler.version = version
 
+    def remember(self, group_id: str, ids: list[int]) -> None:
+        """Seed group `group_id`'s draft index with a sequence (a reference solution, a
+        finished sample from elsewhere); a no-op with speculative decoding off."""
+        if self._scheduler.drafts is not None:
+            self._scheduler.drafts.open(group_id, list(ids), live=False)
+
     def stats(self) -> dict[str, Any]:
         s = self._scheduler.stats
         return {"decode_steps": s.decode_steps, "prefills": s.prefills,
                 "max_batch_size": s.max_batch_size,
                 "batch_sizes": {str(k): v for k, v in sorted(s.batch_sizes.items())},
                 "finished": s.finished, "generated_tokens": s.generated_tokens,
+                "forwards": s.prefills + s.decode_steps, "spec_steps": s.spec_steps,
+                "drafted_tokens": s.drafted_tokens, "accepted_tokens": s.accepted_tokens,
                 "weight_version": self.weight_version, **self._scheduler.load()}
 
     def close(self) -> None:
         self._scheduler.close()
+
+
+def _draft_index(config: EngineConfig) -> DraftIndex | None:
+    if config.speculative == "off":
+        return None
+    return DraftIndex(min_n=config.spec_min_match, max_n=max(config.spec_min_match, 5))
 
 
 def _eos_ids(folder: Path, tokenizer: Any, generation_config_cls: Any) -> set[int]:

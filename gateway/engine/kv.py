@@ -70,3 +70,15 @@ def select(cache: Any, mask: torch.Tensor, keep: list[int]) -> tuple[Any, torch.
     layers = [(k.index_select(0, index)[:, :, start:], v.index_select(0, index)[:, :, start:])
               for k, v in read_layers(cache)]
     return build_cache(layers), mask[:, start:]
+
+
+def drop_dead(cache: Any, mask: torch.Tensor, start: int) -> tuple[Any, torch.Tensor]:
+    """Drop the columns from `start` on that no row attends to (mask 0 in every row: the
+    rejected and dummy slots of a speculative step)."""
+    live = mask[:, start:].any(dim=0)  # [T - start]
+    if bool(live.all()):
+        return cache, mask
+    cols = torch.cat([torch.arange(start, device=mask.device),
+                      start + live.nonzero().flatten()])
+    layers = [(k.index_select(2, cols), v.index_select(2, cols)) for k, v in read_layers(cache)]
+    return build_cache(layers), mask.index_select(1, cols)

@@ -2,9 +2,11 @@
 
 Each loop iteration (1) admits waiting requests: prefills them together (left-padded) and
 samples their first token, then merges their KV cache into the running batch; (2) runs one
-decode step for every running row. Rows that finish (or whose caller went away) leave the
-batch at once. A pending weight update stops admission, lets running rows finish (drain), swaps
-the weights, then admission resumes: a sequence is never produced by two weight versions.
+decode step for every running row: one token per row, or, for rows with a draft (grouped
+speculative decoding, speculative.py), the draft verified in the same forward. Rows that finish
+(or whose caller went away) leave the batch at once. A pending weight update stops admission,
+lets running rows finish (drain), swaps the weights, then admission resumes: a sequence is
+never produced by two weight versions.
 """
 
 from __future__ import annotations
@@ -21,7 +23,14 @@ from envhub.gateway.backends.base import GenerateRequest
 from envhub.gateway.engine import kv
 from envhub.gateway.engine.guide import Matcher
 from envhub.gateway.engine.result import EngineResult
-from envhub.gateway.engine.sampling import draw
+from envhub.gateway.engine.sampling import Draw, draw
+from envhub.gateway.engine.speculative import (
+    START_DRAFT,
+    DraftIndex,
+    accept,
+    logits_at,
+    next_draft_len,
+)
 from envhub.gateway.engine.stops import Decoder, StopRule
 from envhub.gateway.engine.weights import apply_weights
 from envhub.gateway.errors import Conflict
@@ -56,6 +65,9 @@ class Row:
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     tops: list[list[tuple[int, float]]] | None = None
+    forwards: int = 0  # forward passes that produced this row's tokens
+    draft_key: int | None = None  # its sequence in the group's DraftIndex, when it drafts
+    draft_len: int = START_DRAFT  # adapted to how its drafts fare
 
 
 @dataclass
@@ -66,11 +78,15 @@ class BatchStats:
     batch_sizes: Counter = field(default_factory=Counter)  # rows per decode step -> steps
     finished: int = 0
     generated_tokens: int = 0
+    spec_steps: int = 0  # decode steps that verified at least one draft
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
 
 
 class Scheduler:
     def __init__(self, model: Any, device: torch.device, eos_ids: set[int], decoder: Decoder,
-                 max_batch_size: int, max_prefill_tokens: int, version: int, seed: int):
+                 max_batch_size: int, max_prefill_tokens: int, version: int, seed: int,
+                 drafts: DraftIndex | None = None, max_draft: int = 8):
         self.model = model
         self._kv_name = kv.cache_name(model)  # forward's cache argument, the output's field
         self.device = device
@@ -80,6 +96,8 @@ class Scheduler:
         self.max_prefill_tokens = max_prefill_tokens
         self.version = version
         self.stats = BatchStats()
+        self.drafts = drafts  # None: speculative decoding off
+        self.max_draft = max_draft
         self._shared_generator = torch.Generator(device=device).manual_seed(seed)
         self._waiting: deque[Job] = deque()
         self._swap: WeightSwap | None = None
@@ -176,10 +194,14 @@ class Scheduler:
         rule = StopRule(p.max_tokens, self.eos_ids, p.stop_token_ids, p.stop, self.decoder,
                         ignore_eos=job.ignore_eos)
         return Row(job, rule, generator, self.version, len(job.request.prompt_ids),
-                   tops=[] if p.top_logprobs > 0 else None)
+                   tops=[] if p.top_logprobs > 0 else None,
+                   draft_len=min(START_DRAFT, self.max_draft))
 
     def _prefill(self, jobs: list[Job]) -> None:
         rows = [self._new_row(job) for job in jobs]
+        for r in rows:  # a grouped row's sequence is a draft source for its group (and itself)
+            if self.drafts is not None and r.job.request.group_id:
+                r.draft_key = self.drafts.open(r.job.request.group_id, r.job.request.prompt_ids)
         length = max(r.prompt_len for r in rows)
         ids = torch.zeros(len(rows), length, dtype=torch.long)  # [B, L], left-padded
         mask = torch.zeros(len(rows), length, dtype=torch.long)
@@ -210,6 +232,10 @@ class Scheduler:
         self.stats.decode_steps += 1
         self.stats.batch_sizes[len(rows)] += 1
         self.stats.max_batch_size = max(self.stats.max_batch_size, len(rows))
+        drafts = [self._draft(r) for r in rows] if self.drafts is not None else []
+        if any(drafts):
+            self._verify(rows, drafts)
+            return
         ids = torch.tensor([[r.ids[-1]] for r in rows], device=self.device)  # [B, 1]
         # The token fed now is the last sampled one: position = tokens before it.
         positions = torch.tensor([[r.prompt_len + len(r.ids) - 1] for r in rows],
@@ -219,6 +245,10 @@ class Scheduler:
                          use_cache=True, logits_to_keep=1, **{self._kv_name: self._cache})
         cache = getattr(out, self._kv_name)
         keep = self._sample(rows, out.logits[:, -1, :].float())
+        self._keep(rows, keep, cache, mask)
+
+    def _keep(self, rows: list[Row], keep: list[int], cache: Any, mask: torch.Tensor) -> None:
+        """The running batch after a step: rows `keep` of `rows` with their cache and mask."""
         if len(keep) == len(rows):
             self._cache, self._mask = cache, mask
         elif keep:
@@ -227,35 +257,122 @@ class Scheduler:
         else:
             self._cache, self._mask, self._rows = None, None, []
 
+    def _draft(self, row: Row) -> list[int]:
+        """The row's draft this step ([] for none): rows under a grammar do not speculate."""
+        if self.drafts is None or row.draft_key is None or row.job.matcher is not None:
+            return []
+        k = min(row.draft_len, row.rule.max_tokens - len(row.ids) - 1)  # room for one more
+        return self.drafts.propose(row.job.request.group_id, row.draft_key, k) if k > 0 else []
+
+    def _verify(self, rows: list[Row], drafts: list[list[int]]) -> None:
+        """One forward over [last, d_1 .. d_k] per row (k = 0 without a draft), padded to the
+        longest draft with dummy slots masked out; each row emits its accepted drafts plus one
+        token (speculative.accept). Rejected and dummy slots stay in the cache with mask 0, so
+        no later query sees them (positions are explicit, so the holes are harmless), and
+        columns no row uses are dropped."""
+        assert self._mask is not None
+        width = 1 + max(len(d) for d in drafts)
+        ids = torch.zeros(len(rows), width, dtype=torch.long)  # [B, 1 + K]
+        block = torch.zeros(len(rows), width, dtype=torch.long)  # 1: a real slot
+        for i, (r, d) in enumerate(zip(rows, drafts, strict=True)):
+            ids[i, :1 + len(d)] = torch.tensor([r.ids[-1], *d], dtype=torch.long)
+            block[i, :1 + len(d)] = 1
+        start = torch.tensor([[r.prompt_len + len(r.ids) - 1] for r in rows])  # [B, 1]
+        positions = (start + torch.arange(width)).to(self.device)  # [B, 1 + K]
+        past = self._mask.shape[1]
+        mask = torch.cat([self._mask, block.to(self.device)], dim=1)  # [B, T + 1 + K]
+        slots = block.flatten().nonzero().flatten().to(self.device)  # [N] real slots of B x W
+        with logits_at(self.model, slots) as gathered:  # the LM head skips dummy slots
+            out = self.model(input_ids=ids.to(self.device), attention_mask=mask,
+                             position_ids=positions, use_cache=True, logits_to_keep=width,
+                             **{self._kv_name: self._cache})
+        # [N, V] (row i's 1 + k_i slots in order) or, without the hook, [B * W, V]
+        logits = out.logits.float().flatten(0, 1)
+        at = [0]
+        for d in drafts:
+            at.append(at[-1] + (1 + len(d) if gathered else width))
+        self.stats.spec_steps += 1
+        keep = []
+        for i, (row, d) in enumerate(zip(rows, drafts, strict=True)):
+            if row.job.future.cancelled():
+                self._forget(row)
+                continue
+            p = row.job.request.params
+            emitted = accept(logits[at[i]:at[i] + 1 + len(d)], d, p.temperature, p.top_p,
+                             p.top_logprobs, row.generator) if d \
+                else [self._draw(row, logits[at[i]])]  # a grammar's rows take this path
+            accepted = len(emitted) - 1
+            mask[i, past + 1 + accepted:] = 0  # rejected drafts and dummies
+            row.forwards += 1
+            if d:
+                self.stats.drafted_tokens += len(d)
+                self.stats.accepted_tokens += accepted
+                row.draft_len = next_draft_len(row.draft_len, len(d), accepted, self.max_draft)
+            if self._emit(row, emitted):
+                keep.append(i)
+        kept = set(keep)
+        done = [i for i in range(len(rows)) if i not in kept]
+        mask[done, past:] = 0  # finished rows keep no column alive
+        cache, mask = kv.drop_dead(getattr(out, self._kv_name), mask, past)
+        self._keep(rows, keep, cache, mask)
+
     def _sample(self, rows: list[Row], logits: torch.Tensor) -> list[int]:
         """Draw one token per row; finish rows that are done; return the indices still running."""
         keep = []
         for i, row in enumerate(rows):
             if row.job.future.cancelled():
+                self._forget(row)
                 continue
-            p = row.job.request.params
-            matcher = row.job.matcher
-            row_logits = logits[i] if matcher is None else matcher.restrict(logits[i])
-            d = draw(row_logits, p.temperature, p.top_p, p.top_logprobs, row.generator)
-            if matcher is not None:
-                matcher.advance(d.token)
+            row.forwards += 1
+            if self._emit(row, [self._draw(row, logits[i])]):
+                keep.append(i)
+        return keep
+
+    def _draw(self, row: Row, logits_V: torch.Tensor) -> Draw:
+        """One token for `row` from its next-token logits [V], under its grammar if any."""
+        p = row.job.request.params
+        matcher = row.job.matcher
+        d = draw(logits_V if matcher is None else matcher.restrict(logits_V), p.temperature,
+                 p.top_p, p.top_logprobs, row.generator)
+        if matcher is not None:
+            matcher.advance(d.token)
+        return d
+
+    def _emit(self, row: Row, draws: list[Draw]) -> bool:
+        """Append sampled tokens in order, checking the stop rule after each (the rest of a
+        verified draft is dropped at a stop); False when the row finished."""
+        finish = None
+        before = len(row.ids)
+        for d in draws:
             row.ids.append(d.token)
             row.logprobs.append(d.logprob)
             if row.tops is not None and d.top is not None:
                 row.tops.append(d.top)
             self.stats.generated_tokens += 1
             finish = row.rule.check(row.ids)
-            if finish is None:
-                keep.append(i)
-                continue
-            self.stats.finished += 1
-            _settle(row.job.future, EngineResult(
-                completion_ids=row.ids, logprobs=row.logprobs, finish_reason=finish.reason,
-                weight_version=row.version, top_logprobs=row.tops,
-                prompt_ids_seen=list(row.job.request.prompt_ids), stop_reason=finish.stop_reason))
-        return keep
+            if finish is not None:
+                break
+        if self.drafts is not None and row.draft_key is not None:
+            self.drafts.extend(row.job.request.group_id, row.draft_key, row.ids[before:])
+        if finish is None:
+            return True
+        self._forget(row)
+        self.stats.finished += 1
+        _settle(row.job.future, EngineResult(
+            completion_ids=row.ids, logprobs=row.logprobs, finish_reason=finish.reason,
+            weight_version=row.version, top_logprobs=row.tops,
+            prompt_ids_seen=list(row.job.request.prompt_ids), stop_reason=finish.stop_reason,
+            forwards=row.forwards))
+        return False
+
+    def _forget(self, row: Row) -> None:
+        """The row left the batch: its sequence stays a draft source, no longer extended."""
+        if self.drafts is not None and row.draft_key is not None:
+            self.drafts.close(row.job.request.group_id, row.draft_key)
 
     def _fail_all(self, admitted: list[Job], exc: Exception) -> None:
+        for row in self._rows:
+            self._forget(row)
         for job in [r.job for r in self._rows] + admitted:
             _settle(job.future, exc)
         self._rows, self._cache, self._mask = [], None, None

@@ -3,11 +3,15 @@
 Routes: `POST /v1/completions` (prompt = token ids or lists of them; `return_token_ids` puts
 `token_ids` and `prompt_token_ids` on each choice, as vLLM does), `GET /v1/models`,
 `GET /health`, `POST /update_weights_from_disk` and `GET /get_weight_version` /
-`GET /model_info` (SGLang's names and shapes), `GET /stats` (batching counters) and
+`GET /model_info` (SGLang's names and shapes), `GET /stats` (batching counters, also as
+Prometheus text on `GET /metrics`) and
 `GET /debug/requests?limit=N` (the prompt ids received, newest last), and vLLM's RL routes
 (`/pause`, `/resume`, `/collective_rpc` reload_weights, `/update_weight_version`,
 `/weight_info`: gateway/engine/rl_routes.py). Every completion carries
-the top-level extra field `weight_version`. Errors use OpenAI's shape; bad input is a 4xx.
+the top-level extra field `weight_version`, and each choice `forwards` (the forward passes
+that produced it: fewer than its tokens when speculative decoding accepted drafts). Requests
+may name their RL group (`group_id`, envhub's field). Errors use OpenAI's shape; bad input is
+a 4xx.
 """
 
 from __future__ import annotations
@@ -115,7 +119,7 @@ def create_app(engine: ServedEngine, *, log_size: int = 1000,
             for k in range(body.n):
                 seed = None if body.seed is None else body.seed + k  # sample k of n: seed + k
                 jobs.append(GenerateRequest(ids, body.sampling(seed), f"{request_id}-{i}-{k}",
-                                            body.session_id or ""))
+                                            body.session_id or "", group_id=body.group_id or ""))
         for job in jobs:  # all or nothing: reject before any work starts
             check_request(job, engine.vocab_size, engine.max_model_len)
         async with gate.admit():  # held here while paused (vLLM's /pause)
@@ -167,11 +171,23 @@ def create_app(engine: ServedEngine, *, log_size: int = 1000,
     async def stats() -> Response:
         return _json(engine.stats())
 
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(prometheus_text(engine.stats()), media_type="text/plain; version=0.0.4")
+
     @app.get("/debug/requests")
     async def debug_requests(limit: int = 50, request_id: str | None = None) -> Response:
         return _json({"requests": received.recent(limit, request_id)})
 
     return app
+
+
+def prometheus_text(stats: dict[str, Any]) -> bytes:
+    """The engine's numeric counters as Prometheus text (`envhub_engine_<name>`); tokens per
+    forward = generated_tokens / forwards, draft acceptance = accepted / drafted tokens."""
+    lines = [f"envhub_engine_{k} {float(v)}" for k, v in stats.items()
+             if isinstance(v, int | float) and not isinstance(v, bool)]
+    return ("\n".join(lines) + "\n").encode()
 
 
 def _prompt_ids(engine: ServedEngine, prompt: list[int] | str, add_special: bool) -> list[int]:
@@ -197,7 +213,7 @@ def _completion_body(engine: ServedEngine, body: CompletionRequest, request_id: 
             text = tok.decode(job.prompt_ids, skip_special_tokens=body.skip_special_tokens) + text
         choice: dict[str, Any] = {
             "index": index, "text": text, "finish_reason": r.finish_reason,
-            "stop_reason": r.stop_reason,
+            "stop_reason": r.stop_reason, "forwards": r.forwards,
             "logprobs": _logprobs(tok, r, bool(body.return_tokens_as_token_ids))
             if body.logprobs is not None else None}
         if body.return_token_ids:

@@ -9,6 +9,12 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from envhub.orchestrator.groups.config import EnvChoice, ServicesOptions, check_schedule
+from envhub.sdk.device import DEVICES, DTYPES, check_device, check_dtype
+from envhub.trainer.config import precision_name
+
+# The engine's dtype that computes as the trainer's precision does (fp32 master weights and
+# bf16 autocast compute in bf16).
+PRECISION_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 
 
 class TrainLoopConfig(ServicesOptions):
@@ -79,8 +85,23 @@ class TrainLoopConfig(ServicesOptions):
                            "few ms between samples run together (trainer/README.md)")
     gradient_checkpointing: bool = Field(False, description="recompute activations in the "
                                          "backward pass (less memory, more compute)")
-    precision: Literal["fp32", "bf16"] = Field("fp32", description="bf16: bfloat16 "
-                           "compute with fp32 master weights")
+    precision: Literal["fp32", "bf16"] = Field("fp32", description="the trainer's compute "
+                                               "dtype (--dtype is the same flag; float32 and "
+                                               "bfloat16 are accepted too). bf16: bfloat16 "
+                                               "compute with fp32 master weights. The embedded "
+                                               "engine samples in the same precision unless "
+                                               "--engine-dtype says otherwise")
+    device: str | None = Field(None, description=f"where the trainer and the embedded engine "
+                               f"run: {DEVICES} (None or auto: this rank's GPU, cuda:LOCAL_RANK, "
+                               "when CUDA is present, else cpu). cpu keeps everything off the "
+                               "GPU")
+    engine_device: str | None = Field(None, description="the embedded engine's device when it "
+                                      "differs from --device (e.g. cuda:1 beside a trainer on "
+                                      "cuda:0)")
+    engine_dtype: str | None = Field(None, description=f"the embedded engine's dtype: "
+                                     f"{', '.join(DTYPES)} (None: the trainer's precision, "
+                                     "float32 or bfloat16, so rollouts and training compute "
+                                     "alike; auto: bfloat16 on cuda, float32 elsewhere)")
     lora_rank: int | None = Field(None, ge=1, description="train LoRA adapters of this rank "
                                   "(PEFT) instead of all weights; pushes merged weights")
     lora_alpha: int | None = Field(None, ge=1, description="LoRA alpha (default 2 x rank)")
@@ -123,6 +144,21 @@ class TrainLoopConfig(ServicesOptions):
     def _schedule(cls, v: str) -> str:
         return check_schedule(v)
 
+    @field_validator("precision", mode="before")
+    @classmethod
+    def _precision(cls, v: Any) -> Any:
+        return precision_name(v)
+
+    @field_validator("device", "engine_device")
+    @classmethod
+    def _device(cls, v: str | None) -> str | None:
+        return None if v is None else check_device(v)
+
+    @field_validator("engine_dtype")
+    @classmethod
+    def _engine_dtype(cls, v: str | None) -> str | None:
+        return None if v is None else check_dtype(v)
+
     @model_validator(mode="after")
     def _consistent(self) -> TrainLoopConfig:
         refs = [e.ref for e in self.envs]
@@ -131,6 +167,9 @@ class TrainLoopConfig(ServicesOptions):
                              "with a weight if wanted: arith=3 swe-task=1")
         if self.engine_url is not None and self.engine != "vllm":
             raise ValueError("--engine-url names a vLLM server: add --engine vllm")
+        if self.engine == "vllm" and (self.engine_device or self.engine_dtype):
+            raise ValueError("--engine-device/--engine-dtype set the embedded engine; vLLM "
+                             "chooses its own: drop them, or use --engine embedded")
         self.check_served(refs)
         if (self.lora_alpha is not None or self.lora_targets) and self.lora_rank is None:
             raise ValueError("--lora-alpha/--lora-targets need --lora-rank R")
@@ -141,6 +180,16 @@ class TrainLoopConfig(ServicesOptions):
             raise ValueError(f"buffer {self.buffer} < groups {self.groups}: the trainer needs "
                              "`groups` finished groups per step; raise buffer")
         return self
+
+    @property
+    def rollout_device(self) -> str | None:
+        """The embedded engine's device: --engine-device, else --device."""
+        return self.engine_device or self.device
+
+    @property
+    def rollout_dtype(self) -> str:
+        """The embedded engine's dtype: --engine-dtype, else the trainer's precision's."""
+        return self.engine_dtype or PRECISION_DTYPES[self.precision]
 
     @property
     def window_size(self) -> int | None:

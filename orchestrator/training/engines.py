@@ -76,6 +76,22 @@ def check_engine(cfg: TrainLoopConfig) -> None:
                           "or set ENVHUB_VLLM_PYTHON to a Python that has vLLM")
 
 
+def check_devices(cfg: TrainLoopConfig) -> None:
+    """--device and --engine-device name devices this machine has (`DeviceUnavailable`, a
+    ValueError naming the flag and the fix, instead of an error deep inside torch later)."""
+    from envhub.sdk.device import DeviceUnavailable, resolve_device
+
+    flags = {"--device": cfg.device}
+    if cfg.engine == "embedded":
+        flags["--engine-device"] = cfg.engine_device
+    for flag, device in flags.items():
+        if device is not None:
+            try:
+                resolve_device(device)
+            except DeviceUnavailable as e:
+                raise DeviceUnavailable(f"{flag}: {e}") from None
+
+
 def check_vllm_model(model: str | None) -> None:
     """The model folder's attention head size is one vLLM's CPU kernels serve."""
     from envhub.gateway.config import BUNDLED_MODEL

@@ -34,12 +34,14 @@ class Loop:
                  source: LaunchOrderSource, window: GroupWindow, envs: list[EnvTasks], *,
                  push_url: str, admin_key: str, log: Callable[[str], Any],
                  on_wait: Callable[[Any], None] | None = None, eval_agent: Any = None,
-                 metrics: TaskMetrics | None = None) -> None:
+                 metrics: TaskMetrics | None = None, dtypes: dict[str, str] | None = None
+                 ) -> None:
         self.cfg, self.trainer, self.producer = cfg, trainer, producer
         self.ledger: GroupLedger = producer.ledger
         self.source, self.window, self.envs = source, window, envs
         self.push_url, self.admin_key, self.log = push_url, admin_key, log
         self.on_wait, self.eval_agent, self.metrics = on_wait, eval_agent, metrics
+        self.dtypes = dtypes or {}  # train_dtype, rollout_dtype: in every step's row
         self.rows: list[dict[str, Any]] = []
         self._started = time.perf_counter()
 
@@ -144,7 +146,7 @@ class Loop:
         row: dict[str, Any] = {"phase": "train", "step": step,
                                "weight_version": self.trainer.version,
                                "ranks": getattr(self.trainer, "ranks", 1),
-                               **step_metrics(by_env, stats), **lag,
+                               **step_metrics(by_env, stats), **lag, **self.dtypes,
                                "groups_trained": len(groups),
                                "groups": [g.group_id for g in groups],
                                # asynchronous: the trainer's wait for groups (its idle time)

@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import torch
+
     from envhub.gateway.config import GatewayConfig
     from envhub.orchestrator.training.config import TrainLoopConfig
     from envhub.orchestrator.training.tasks import EnvTasks
@@ -48,5 +50,22 @@ def build_trainer(cfg: TrainLoopConfig, gw_config: GatewayConfig, envs: list[Env
             e.name: e.reward_weights for e in envs}),  # the manifests', never an event's
         filters=FilterConfig(tau=cfg.tau, group_size=cfg.k, drop_no_signal=True,
                              chains=cfg.chains),
-        gradient_checkpointing=cfg.gradient_checkpointing, precision=cfg.precision, lora=lora)
+        gradient_checkpointing=cfg.gradient_checkpointing, precision=cfg.precision, lora=lora,
+        device=cfg.device)
     return Trainer(model, config, data_parallel=dp, tokenizer=tokenizer)
+
+
+def placement(cfg: TrainLoopConfig, trainer_device: torch.device) -> dict[str, str]:
+    """Where and in what dtype each side computes, for the start line and every step's row:
+    when the two dtypes differ, the recorded (rollout) and recomputed (trainer) logprobs
+    differ by that much more (is/ratio_*, kl/rollout_train_* in the row)."""
+    from envhub.orchestrator.training.config import PRECISION_DTYPES
+    from envhub.sdk.device import auto_dtype, resolve_device
+
+    if cfg.engine == "vllm":
+        rollout_device, rollout_dtype = "vllm", "vllm"  # the server's own --dtype
+    else:
+        device = resolve_device(cfg.rollout_device)
+        rollout_device, rollout_dtype = str(device), auto_dtype(cfg.rollout_dtype, device.type)
+    return {"train_device": str(trainer_device), "train_dtype": PRECISION_DTYPES[cfg.precision],
+            "rollout_device": rollout_device, "rollout_dtype": rollout_dtype}
