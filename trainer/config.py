@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field, field_validator
 from envhub.sdk.device import DEVICES, check_device
 
 # `--dtype` spellings of a precision (the engine's names), so one value fits both flags.
-PRECISION_NAMES = {"float32": "fp32", "bfloat16": "bf16"}
+PRECISION_NAMES = {"float32": "fp32", "bfloat16": "bf16", "fp32": "fp32", "bf16": "bf16"}
 
 
 class FilterConfig(BaseModel):
@@ -149,5 +149,12 @@ class TrainerConfig(BaseModel):
 
 
 def precision_name(value: object) -> object:
-    """fp32/bf16 as given, float32/bfloat16 (the engine's dtype names) as fp32/bf16."""
-    return PRECISION_NAMES.get(value.strip().lower(), value) if isinstance(value, str) else value
+    """fp32/bf16, in any case, and float32/bfloat16 (the engine's dtype names) as fp32/bf16;
+    a ValueError naming what the trainer computes in for any other string (`auto`, float16)."""
+    if not isinstance(value, str):
+        return value
+    name = PRECISION_NAMES.get(value.strip().lower())
+    if name is None:
+        raise ValueError(f"{value!r}: the trainer computes in fp32 (float32) or bf16 "
+                         "(bfloat16, fp32 master weights); --dtype is --precision's other name")
+    return name

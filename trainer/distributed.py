@@ -50,9 +50,16 @@ def choose_device(name: str | None, dp: DataParallel | None = None) -> torch.dev
     `default_device()`. `cpu` never asks about CUDA, so no CUDA context is created."""
     from envhub.sdk.device import check_device, resolve_device
 
-    if name is None or check_device(name) == "auto":
+    device = "auto" if name is None else check_device(name)
+    if device == "auto":
         return dp.device if dp is not None else default_device()
-    return resolve_device(name)
+    if dp is not None and dp.world > 1 and device.startswith("cuda"):
+        # each rank trains on its own GPU (cuda:LOCAL_RANK, which NCCL was given)
+        if device != "cuda":
+            raise ValueError(f"device {name!r} under {dp.world} ranks would put every rank on "
+                             "one GPU: use --device cuda (or auto), each rank takes its own")
+        return dp.device
+    return resolve_device(device)
 
 
 class DataParallel:

@@ -77,7 +77,7 @@ class Engine:
             self.model, self.device, self.eos_ids, copy.deepcopy(self.tokenizer),
             config.max_batch_size,
             config.max_prefill_tokens, config.weight_version, config.seed,
-            drafts=_draft_index(config), max_draft=config.spec_max_draft)
+            drafts=_draft_index(config, text_config), max_draft=config.spec_max_draft)
 
     @property
     def weight_version(self) -> int:
@@ -129,10 +129,25 @@ class Engine:
         self._scheduler.close()
 
 
-def _draft_index(config: EngineConfig) -> DraftIndex | None:
+def _draft_index(config: EngineConfig, model_config: Any) -> DraftIndex | None:
     if config.speculative == "off":
         return None
+    if _sliding(model_config):
+        # transformers' sliding windows count cache columns, and a speculative step leaves
+        # holes in them: the window would not be the model's
+        raise ValueError(f"--speculative {config.speculative}: this model has sliding-window "
+                         "attention, which speculative decoding here cannot keep exact; run "
+                         "it with --speculative off")
     return DraftIndex(min_n=config.spec_min_match, max_n=max(config.spec_min_match, 5))
+
+
+def _sliding(cfg: Any) -> bool:
+    """The model has layers with a sliding attention window."""
+    types = getattr(cfg, "layer_types", None)
+    if types is not None:
+        return "sliding_attention" in types
+    return bool(getattr(cfg, "sliding_window", None)) and \
+        getattr(cfg, "use_sliding_window", True) is not False
 
 
 def _eos_ids(folder: Path, tokenizer: Any, generation_config_cls: Any) -> set[int]:

@@ -82,3 +82,21 @@ def drop_dead(cache: Any, mask: torch.Tensor, start: int) -> tuple[Any, torch.Te
                       start + live.nonzero().flatten()])
     layers = [(k.index_select(2, cols), v.index_select(2, cols)) for k, v in read_layers(cache)]
     return build_cache(layers), mask.index_select(1, cols)
+
+
+def compact(cache: Any, mask: torch.Tensor) -> tuple[Any, torch.Tensor]:
+    """Move each row's live columns (mask 1), in order, to the right end of a cache as wide
+    as the longest row: the holes speculative steps leave (rejected drafts, other rows'
+    accepted ones) are gone. Positions are explicit, so only the layout changes."""
+    counts = mask.sum(dim=1)  # [B]
+    width = int(counts.max())
+    order = torch.argsort(mask.to(torch.int8), dim=1, stable=True)  # holes first, then live
+    index = order[:, -width:] if width else order[:, :0]  # [B, width], live columns in order
+    new_mask = (torch.arange(width, device=mask.device)[None, :]
+                >= (width - counts)[:, None]).to(mask.dtype)
+
+    def take(t: torch.Tensor) -> torch.Tensor:  # [B, H, T, D] -> [B, H, width, D]
+        i = index[:, None, :, None].expand(t.shape[0], t.shape[1], width, t.shape[3])
+        return torch.gather(t, 2, i.to(t.device))
+
+    return build_cache([(take(k), take(v)) for k, v in read_layers(cache)]), new_mask

@@ -278,7 +278,10 @@ class Scheduler:
             ids[i, :1 + len(d)] = torch.tensor([r.ids[-1], *d], dtype=torch.long)
             block[i, :1 + len(d)] = 1
         start = torch.tensor([[r.prompt_len + len(r.ids) - 1] for r in rows])  # [B, 1]
-        positions = (start + torch.arange(width)).to(self.device)  # [B, 1 + K]
+        # a row's dummy slots repeat its last real position: never past the row's own end
+        # (learned position tables, long-context RoPE scaling that switches on max position)
+        real = torch.tensor([[len(d)] for d in drafts])  # [B, 1]
+        positions = (start + torch.arange(width).clamp(max=real)).to(self.device)  # [B, 1 + K]
         past = self._mask.shape[1]
         mask = torch.cat([self._mask, block.to(self.device)], dim=1)  # [B, T + 1 + K]
         slots = block.flatten().nonzero().flatten().to(self.device)  # [N] real slots of B x W
@@ -288,6 +291,9 @@ class Scheduler:
                              **{self._kv_name: self._cache})
         # [N, V] (row i's 1 + k_i slots in order) or, without the hook, [B * W, V]
         logits = out.logits.float().flatten(0, 1)
+        expect = len(slots) if gathered else len(rows) * width
+        if logits.shape[0] != expect:  # the head was not where the logits came from
+            raise RuntimeError(f"verify step: {logits.shape[0]} logit rows, expected {expect}")
         at = [0]
         for d in drafts:
             at.append(at[-1] + (1 + len(d) if gathered else width))
@@ -315,6 +321,10 @@ class Scheduler:
         mask[done, past:] = 0  # finished rows keep no column alive
         cache, mask = kv.drop_dead(getattr(out, self._kv_name), mask, past)
         self._keep(rows, keep, cache, mask)
+        if self._mask is not None and self._mask.shape[1] > 2 * int(self._mask.sum(1).max()) + 64:
+            # one row's accepted drafts are holes in every other row: close them before the
+            # cache (memory, attention cost) outgrows the longest row by more than 2x
+            self._cache, self._mask = kv.compact(self._cache, self._mask)
 
     def _sample(self, rows: list[Row], logits: torch.Tensor) -> list[int]:
         """Draw one token per row; finish rows that are done; return the indices still running."""

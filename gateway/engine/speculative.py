@@ -31,6 +31,7 @@ import torch
 from envhub.gateway.engine.sampling import GREEDY_BELOW, Draw, _inverse_cdf, _nucleus
 
 START_DRAFT = 4  # draft length of a new row, before its acceptance is known
+PROMPT_TAIL = 2048  # tokens of a prompt indexed: a group's memory is ~ rows x (tail + output)
 
 
 @dataclass
@@ -44,9 +45,11 @@ class _Group:
 
 class DraftIndex:
     """Per-group n-gram -> next-token counts with bounded memory: the `max_groups` groups used
-    last, each holding at most `max_tokens` tokens (the oldest finished sequences go first, and
-    their counts with them). Used by the engine thread; `open(..., live=False)` may come from
-    another (Engine.remember), hence the lock."""
+    last plus any group with a row in flight, each holding at most `max_tokens` tokens of
+    finished sequences (the oldest go first, and their counts with them); a sequence in flight
+    holds its prompt's last PROMPT_TAIL tokens and its output, so live memory is bounded by the
+    batch. Used by the engine thread; `open(..., live=False)` may come from another
+    (Engine.remember), hence the lock."""
 
     def __init__(self, min_n: int = 2, max_n: int = 5, max_groups: int = 64,
                  max_tokens: int = 16384, min_share: float = 0.5):
@@ -64,14 +67,19 @@ class DraftIndex:
             g = self._groups.get(group)
             if g is None:
                 g = self._groups[group] = _Group()
-                while len(self._groups) > self.max_groups:
-                    self._groups.popitem(last=False)
+                # the least recently used groups without a row in flight go first (a group
+                # with live rows stays: those rows draft from it until they finish)
+                idle = [name for name, x in self._groups.items() if not x.live and x is not g]
+                for name in idle[:max(0, len(self._groups) - self.max_groups)]:
+                    del self._groups[name]
             self._groups.move_to_end(group)
             key, self._next_key = self._next_key, self._next_key + 1
             g.seqs[key] = []
             if live:
                 g.live.add(key)
-            self._count(g, key, ids)
+            # only the prompt's tail: drafts continue the end of a sequence, and indexing a
+            # long conversation whole on every turn would stall the engine thread
+            self._count(g, key, ids[-PROMPT_TAIL:])
             return key
 
     def extend(self, group: str, key: int, ids: list[int]) -> None:

@@ -223,7 +223,11 @@ def test_draft_index_drafts_the_groups_consensus() -> None:
     assert index.propose("g", row, 3) == [6]
     assert index.propose("other", row, 3) == []
     index.open("h", [1], live=False)
-    index.open("i", [1], live=False)  # three groups: "g", the least recent, is dropped
+    index.open("i", [1], live=False)  # three groups: "h" goes, "g" has rows in flight
+    assert index.propose("g", row, 3) == [6] and index.groups() == 2
+    index.close("g", row)
+    index.close("g", split)
+    index.open("j", [1], live=False)  # now "g" is idle and the least recent: dropped
     assert index.propose("g", row, 3) == [] and index.groups() == 2
 
 
@@ -306,3 +310,67 @@ def test_envhub_engine_server_drafts_for_the_vllm_backend(tmp_path: Any) -> None
         accepted = next(line for line in metrics.splitlines()
                         if line.startswith("envhub_engine_accepted_tokens "))
         assert float(accepted.split()[1]) > 0, metrics
+
+
+def test_holes_in_the_cache_and_their_compaction_change_no_logit(plain: Engine) -> None:
+    """What a speculative step leaves behind: masked columns in the middle of a row's cache.
+    The next token's logits are the same with those holes, and after `kv.compact` moved every
+    row's live columns together (the scheduler does it once holes outgrow the rows)."""
+    from envhub.gateway.engine import kv
+
+    model, name = plain.model, kv.cache_name(plain.model)
+    rows = [PROMPT, PROMPT[3:]]  # left-padded batch of two
+    width = len(PROMPT)
+    ids = torch.zeros(2, width, dtype=torch.long)
+    mask = torch.zeros(2, width, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):] = torch.tensor(r)
+        mask[i, width - len(r):] = 1
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.inference_mode():
+        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                    **{name: kv.DynamicCache()})
+        layers = kv.read_layers(getattr(out, name))
+        # five garbage columns (a rejected draft) after column 6 of every row, mask 0
+        holes = [(torch.cat([k[:, :, :6], torch.randn_like(k[:, :, :5]), k[:, :, 6:]], 2),
+                  torch.cat([v[:, :, :6], torch.randn_like(v[:, :, :5]), v[:, :, 6:]], 2))
+                 for k, v in layers]
+        holed_mask = torch.cat([mask[:, :6], torch.zeros(2, 5, dtype=torch.long), mask[:, 6:]], 1)
+        compact_cache, compact_mask = kv.compact(kv.build_cache(holes), holed_mask)
+        assert compact_mask.shape[1] == len(PROMPT) and compact_mask.sum() == mask.sum()
+        nxt = torch.tensor([[9707], [9707]])
+        npos = torch.tensor([[len(PROMPT)], [len(PROMPT) - 3]])
+
+        def logits(cache: object, m: torch.Tensor) -> torch.Tensor:
+            m = torch.cat([m, m.new_ones(2, 1)], 1)
+            return model(input_ids=nxt, attention_mask=m, position_ids=npos, use_cache=True,
+                         **{name: cache}).logits[:, -1].float()
+
+        want = logits(kv.build_cache(layers), mask)
+        torch.testing.assert_close(logits(kv.build_cache(holes), holed_mask), want,
+                                   atol=1e-4, rtol=0)
+        torch.testing.assert_close(logits(compact_cache, compact_mask), want, atol=1e-4, rtol=0)
+
+
+def test_a_sliding_window_model_refuses_speculation(tmp_path: Any) -> None:
+    """transformers' sliding windows count cache columns; speculative steps leave holes in
+    them, so a model with a window is refused (not silently inexact)."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    cfg = MistralConfig(vocab_size=1000, hidden_size=32, intermediate_size=64,
+                        num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                        sliding_window=16)
+    MistralForCausalLM(cfg).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="sliding-window"):
+        Engine(EngineConfig(model=str(tmp_path), tokenizer=str(BUNDLED_MODEL),
+                            speculative="group"))
+    Engine(EngineConfig(model=str(tmp_path), tokenizer=str(BUNDLED_MODEL))).close()
+
+
+def test_groups_with_rows_in_flight_are_not_evicted() -> None:
+    index = DraftIndex(max_groups=2)
+    live = index.open("a", [1, 2, 3, 1, 2, 3])
+    for name in "bcd":  # finished samples of other groups
+        index.close(name, index.open(name, [4, 5, 6]))
+    assert index.groups() == 2  # the idle ones went, "a" stayed
+    assert index.propose("a", live, 2) == [1, 2]

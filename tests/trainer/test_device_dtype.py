@@ -145,3 +145,13 @@ def test_envhub_train_device_cpu_keeps_everything_on_the_cpu(tmp_path) -> None:
         "rollout_dtype": "bfloat16"}
     # the mismatch between recorded and recomputed logprobs is in the row beside them
     assert "trainer/is/ratio_mean" in row and "trainer/kl/rollout_train_k3" in row
+
+
+def test_precision_spellings_and_a_clear_refusal() -> None:
+    """--dtype/--precision take either family's names in any case; `auto` or float16 (which
+    the engine takes) are refused naming what the trainer computes in."""
+    assert TrainerConfig(precision="BF16").precision == "bf16"
+    assert TrainerConfig(precision=" Float32").precision == "fp32"
+    for bad in ("auto", "float16"):
+        with pytest.raises(ValueError, match="fp32 .float32. or bf16"):
+            TrainerConfig(precision=bad)
