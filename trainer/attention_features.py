@@ -61,6 +61,12 @@ def supports_interface(model: Any) -> bool:
         check() if callable(check) else False)
 
 
+def text_config(model: Any) -> Any:
+    """The config of `model`'s language model (a multimodal config's text part)."""
+    cfg = model.config
+    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+
 def check_model(model: Any) -> None:
     """Raise `UnsupportedAttention` for a model whose config shows a refused feature."""
     cfg = model.config
@@ -68,8 +74,7 @@ def check_model(model: Any) -> None:
     if not supports_interface(model):
         raise UnsupportedAttention(kind, "attention outside transformers' AttentionInterface",
                                    "the tree mask cannot be routed to it")
-    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-    for feature, where in _config_features(text):
+    for feature, where in _config_features(text_config(model)):
         raise UnsupportedAttention(kind, feature, where)
     for name, _ in model.named_parameters():
         if name.rsplit(".", 1)[-1] == "sinks":

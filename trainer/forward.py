@@ -20,6 +20,7 @@ from functools import partial
 from types import MethodType
 from typing import TYPE_CHECKING, Any
 
+from envhub.trainer.attention_features import text_config
 from envhub.trainer.prefix_tree import PackedTree
 
 if TYPE_CHECKING:
@@ -121,20 +122,15 @@ def tree_logprobs(model: Any, tree: PackedTree, loss_masks: list[list[int]] | No
     return TokenLogprobs(logprobs, entropy, seq_index, token_index, attention)
 
 
-def _text_config(model: Any) -> Any:
-    cfg = model.config
-    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-
-
 def _head_dim(model: Any) -> int:
-    cfg = _text_config(model)
+    cfg = text_config(model)
     head_dim = getattr(cfg, "head_dim", None)
     return int(head_dim or cfg.hidden_size // cfg.num_attention_heads)
 
 
 def _dropout(model: Any) -> float:
     """Attention dropout the layers apply now (only in training mode)."""
-    p = getattr(_text_config(model), "attention_dropout", 0.0) or 0.0
+    p = getattr(text_config(model), "attention_dropout", 0.0) or 0.0
     return float(p) if getattr(model, "training", False) else 0.0
 
 
