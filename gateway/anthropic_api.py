@@ -45,6 +45,7 @@ from envhub.gateway.models.base import ANTHROPIC_ERRORS, STREAMS, body_of, ignor
 from envhub.gateway.openai_api import ClientGone, check_model, read_json, until_disconnect
 from envhub.gateway.render.messages import normalize_message
 from envhub.gateway.service import ChatAnswer, ChatCall, Choice, new_chain
+from envhub.gateway.strict import strict_names
 
 log = logging.getLogger("envhub.gateway.anthropic")
 router = APIRouter(responses=ANTHROPIC_ERRORS)
@@ -229,7 +230,8 @@ async def messages(request: Request) -> Response:
                                                     normalize=normalize_message,
                                                     requested_model=req.model,
                                                     new_chain=new_chain(request.headers),
-                                                    tool_choice_none=req.tool_choice_none)))
+                                                    tool_choice_none=req.tool_choice_none,
+                                                    strict=strict_names(req.tools))))
         finally:
             gw.metrics.in_flight.dec()
     except GatewayError as exc:

@@ -163,7 +163,7 @@ def to_messages(system: Any, raw: Any) -> list[dict[str, Any]]:
 
 
 def to_tools(raw: Any) -> list[dict[str, Any]] | None:
-    """Anthropic tools ({name, description, input_schema}) → OpenAI function tools."""
+    """Anthropic tools ({name, description, input_schema, strict}) → OpenAI function tools."""
     if raw is None or raw == []:
         return None
     if not isinstance(raw, list):
@@ -190,6 +190,11 @@ def to_tools(raw: Any) -> list[dict[str, Any]] | None:
                 raise BadRequest(f"{where}.description must be a string", param=where)
             fn["description"] = tool["description"]
         fn["parameters"] = schema
+        strict = tool.get("strict")
+        if strict is not None and not isinstance(strict, bool):
+            raise BadRequest(f"{where}.strict must be a JSON boolean", param=where)
+        if strict:  # strict tool use: the call's input must match input_schema (strict.py)
+            fn["strict"] = True
         out.append({"type": "function", "function": fn})
     return out
 

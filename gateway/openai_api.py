@@ -22,6 +22,7 @@ from envhub.gateway.models.base import OPENAI_ERRORS, STREAMS, Body, body_of, ig
 from envhub.gateway.models.openai import ChatRequest, CompletionRequest, Sampling
 from envhub.gateway.render.messages import normalize_message
 from envhub.gateway.service import ChatAnswer, ChatCall, new_chain
+from envhub.gateway.strict import strict_names
 from envhub.gateway.structured import Constraint, for_request, forced_call
 
 router = APIRouter(responses=OPENAI_ERRORS)
@@ -173,7 +174,8 @@ async def chat_completions(request: Request) -> Response:
             live, gw.sessions.history, ChatCall(
                 messages, tools, params, n, normalize_message, requested_model=model,
                 new_chain=new_chain(request.headers),
-                tool_choice_none=body.get("tool_choice") == "none")))
+                tool_choice_none=body.get("tool_choice") == "none",
+                strict=strict_names(tools))))
     finally:
         gw.metrics.in_flight.dec()
     want_lp = bool(req.logprobs)

@@ -56,6 +56,7 @@ from envhub.gateway.responses_items import (
 )
 from envhub.gateway.responses_log import ITEMS, StoredResponse
 from envhub.gateway.service import ChatAnswer, ChatCall, new_chain
+from envhub.gateway.strict import strict_names
 from envhub.gateway.structured import Constraint, for_request, forced_call
 
 router = APIRouter(responses=OPENAI_ERRORS)
@@ -100,7 +101,8 @@ async def create_response(request: Request, body: ResponsesRequest) -> Response:
             live, gw.sessions.history, ChatCall(
                 messages, tools, params, 1, normalize_message, requested_model=body.model,
                 new_chain=new_chain(request.headers),
-                tool_choice_none=body.tool_choice == "none")))
+                tool_choice_none=body.tool_choice == "none",
+                strict=strict_names(_strict(body, tools)))))
     finally:
         gw.metrics.in_flight.dec()
     out = response_body(gw, answer, body, want_lp)

@@ -36,6 +36,7 @@ from envhub.gateway.render.chat_template import ChatRenderer
 from envhub.gateway.render.messages import message_hash, tools_hash
 from envhub.gateway.render.toolcalls import ParsedCompletion
 from envhub.gateway.sessions import LiveSession, forget_history
+from envhub.gateway.strict import StrictArguments, strict_arguments
 from envhub.sdk.types import CMAction, Signal, ToolCall
 
 _ids = random.Random(int.from_bytes(os.urandom(16), "big"))
@@ -65,6 +66,7 @@ class ChatCall:
     requested_model: str | None = None  # the name the client asked for, recorded per turn
     new_chain: bool = False  # the client says it starts a conversation (X-Envhub-Chain: new)
     tool_choice_none: bool = False  # tools declared but tool_choice none: no call may come back
+    strict: frozenset[str] = frozenset()  # functions whose calls must match their schema
 
     def prepared(self, live: LiveSession) -> tuple[list[bytes], Callable[[int], Message]]:
         """Message hashes, and an accessor for the normalised message i."""
@@ -153,6 +155,7 @@ class ChatService:
         async with live.lock:
             hashes, message = call.prepared(live)
             tools_key = tools_hash(call.tools)
+            strict = strict_arguments(call.tools, call.strict, tools_key)  # 400 before the plan
             plan = history.plan(hashes, tools_key, lambda i: message(i)["role"],
                                 new_chain=call.new_chain)
             try:
@@ -188,7 +191,7 @@ class ChatService:
             tool_names={tool["function"]["name"] for tool in call.tools or []},
             extends=extends, declared=plan.declared, messages=messages,
             tools=call.tools, requested_model=call.requested_model,
-            tool_choice_none=call.tool_choice_none), t0)
+            tool_choice_none=call.tool_choice_none, strict=strict), t0)
         answer.render_ms = render_ms
         return answer
 
@@ -358,6 +361,16 @@ class ChatService:
             signals.append(Signal(name="undeclared_tool", seq=seq,
                                   info={"tools": undeclared, "why": _why_undeclared(p)}))
             parsed = ParsedCompletion(content=text)
+        elif p.strict is not None:
+            # a strict function's call whose arguments break its schema (tool_choice auto is
+            # sampled without a grammar): never a call the client could dispatch
+            broken = [(c["name"], err) for c in parsed.tool_calls
+                      if (err := p.strict.error(c["name"], c["arguments"])) is not None]
+            if broken:
+                signals.append(Signal(name="invalid_tool_arguments", seq=seq, info={
+                    "tool": broken[0][0], "error": broken[0][1],
+                    "why": "the function is strict: its arguments must match its schema"}))
+                parsed = ParsedCompletion(content=text)
         calls = [{"id": f"call_{response_id()}", "type": "function",
                   "function": {"name": c["name"], "arguments": c["arguments"]}}
                  for c in parsed.tool_calls]
@@ -413,3 +426,4 @@ class _Prepared:
     tools: list[dict[str, Any]] | None = None
     requested_model: str | None = None
     tool_choice_none: bool = False
+    strict: StrictArguments | None = None

@@ -21,11 +21,20 @@ included), and the bounds `pattern`, `format`, `minimum` / `maximum` (and exclus
 `multipleOf`, `minItems` / `maxItems`, `minLength` / `maxLength` (llguidance enforces them; OpenAI
 refuses some of them for fine-tuned models only). OpenAI's size limits (properties, nesting, enum
 values) are not checked here.
+
+Calls under `tool_choice: auto` are sampled without a grammar (every turn would otherwise record
+post-mask logprobs, gateway/structured.py). A strict function's arguments are checked after the
+fact instead (`StrictArguments`: the closed schema, JSON Schema 2020-12, `format` not asserted):
+a call that does not match never reaches the client as a call; the service answers the text as
+content with an `invalid_tool_arguments` signal, as it does for a call to an undeclared tool.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import orjson
+from jsonschema import Draft202012Validator
 
 from envhub.gateway.errors import BadRequest
 
@@ -106,3 +115,59 @@ def _resolve_root(schema: dict[str, Any]) -> dict[str, Any]:
         if isinstance(target, dict):
             return target
     return schema
+
+
+class StrictArguments:
+    """Validators of the strict functions' arguments of one tool list; a 400 (as for a forced
+    call) when a strict function's schema uses what strict mode does not support."""
+
+    def __init__(self, tools: list[dict[str, Any]], strict: frozenset[str]):
+        self.validators: dict[str, Draft202012Validator] = {}
+        for tool in tools:
+            fn = tool["function"]
+            if fn["name"] in strict:
+                schema = strict_schema(fn.get("parameters") or {"type": "object"},
+                                       f"function {fn['name']!r} parameters", "tools")
+                self.validators[fn["name"]] = Draft202012Validator(schema)
+
+    def error(self, name: str, arguments: str) -> str | None:
+        """Why this call's arguments break its function's strict schema, or None (also for a
+        function that is not strict)."""
+        validator = self.validators.get(name)
+        if validator is None:
+            return None
+        try:
+            value = orjson.loads(arguments)
+        except orjson.JSONDecodeError:
+            return "the arguments are not valid JSON"
+        err = next(iter(validator.iter_errors(value)), None)
+        if err is None:
+            return None
+        where = "/".join(str(p) for p in err.absolute_path) or "the arguments"
+        return f"{where}: {err.message[:300]}"
+
+
+_CHECKS: dict[tuple[bytes, frozenset[str]], StrictArguments] = {}
+_MAX_CHECKS = 256  # tool lists remembered (an agent sends the same tools every turn)
+
+
+def strict_arguments(tools: list[dict[str, Any]] | None, strict: frozenset[str],
+                     tools_key: bytes) -> StrictArguments | None:
+    """The checks for `strict` (function names) of `tools` (hashed as `tools_key`), built once
+    per tool list; None when no declared function is strict."""
+    if not strict or not tools:
+        return None
+    key = (tools_key, strict)
+    check = _CHECKS.get(key)
+    if check is None:
+        check = StrictArguments(tools, strict)
+        if len(_CHECKS) >= _MAX_CHECKS:
+            _CHECKS.pop(next(iter(_CHECKS)))
+        _CHECKS[key] = check
+    return check
+
+
+def strict_names(tools: list[dict[str, Any]] | None) -> frozenset[str]:
+    """The functions of an OpenAI-shaped tool list that say `strict: true`."""
+    return frozenset(t["function"]["name"] for t in tools or []
+                     if t.get("function", {}).get("strict") is True)

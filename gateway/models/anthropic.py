@@ -49,6 +49,8 @@ class AnthropicTool(_Loose):
     description: str | None = None
     input_schema: dict[str, Any]
     type: Literal["custom"] | None = None
+    strict: bool | None = Field(None, description="strict tool use: the call's input matches "
+                                "input_schema (closed objects, every property required)")
 
 
 class AnthropicToolChoice(_Loose):

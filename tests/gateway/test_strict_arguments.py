@@ -1,0 +1,153 @@
+"""A strict function's call under tool_choice auto (sampled without a grammar) reaches the client
+only when its arguments match the function's strict schema: otherwise the answer is the model's
+text with a text finish reason and the turn records `invalid_tool_arguments` — chat, Responses
+(strict unless a tool says false) and Anthropic (`strict: true` tools), streamed and not. A
+function that is not strict is not checked."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import anthropic
+import openai
+import pytest
+
+from envhub.gateway.server import GatewayHandle
+from tests.support import gateway_in_thread, scripted_backend, tool_call, trajectory_json
+
+# what pydantic's model_json_schema() writes: no additionalProperties, defaulted field optional
+PYDANTIC_PARAMS = {"type": "object", "title": "Weather",
+                   "properties": {"city": {"type": "string", "title": "City"},
+                                  "units": {"type": "string", "default": "C"}},
+                   "required": ["city"]}
+STRICT = {"type": "function", "function": {"name": "get_weather", "strict": True,
+                                           "parameters": PYDANTIC_PARAMS}}
+LOOSE = {"type": "function", "function": {"name": "get_weather",
+                                          "parameters": PYDANTIC_PARAMS}}
+RESPONSES_TOOL = {"type": "function", "name": "get_weather", "parameters": PYDANTIC_PARAMS}
+ANTHROPIC_STRICT = {"name": "get_weather", "input_schema": PYDANTIC_PARAMS, "strict": True}
+ANTHROPIC_LOOSE = {"name": "get_weather", "input_schema": PYDANTIC_PARAMS}
+# an extra key (strict objects are closed); `units` left out (strict: every property required)
+EXTRA = tool_call("get_weather", {"city": "Paris", "units": "C", "country": "FR"})
+MISSING = tool_call("get_weather", {"city": "Paris"})
+GOOD = tool_call("get_weather", {"city": "Paris", "units": "C"})
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayHandle]:
+    """A model that always calls get_weather with a key its schema does not have."""
+    handle = gateway_in_thread(tmp_path_factory.mktemp("strict-args"), scripted_backend([EXTRA]))
+    yield handle
+    handle.close()
+
+
+@pytest.fixture(scope="module")
+def gw_missing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayHandle]:
+    """A model that always leaves `units` out, then one whose call matches."""
+    handle = gateway_in_thread(tmp_path_factory.mktemp("strict-args-missing"),
+                               scripted_backend([MISSING]))
+    yield handle
+    handle.close()
+
+
+def chat(gw: GatewayHandle, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{gw.url}/v1", api_key=key, max_retries=0)
+
+
+def anthropic_client(gw: GatewayHandle, key: str) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=gw.url, api_key=key, max_retries=0)
+
+
+def signals(gw: GatewayHandle, key: str) -> list[dict]:
+    return [s for s in trajectory_json(gw, key)["signals"] if s["name"] == "invalid_tool_arguments"]
+
+
+def test_chat_refuses_extra_and_missing_keys(gw: GatewayHandle,
+                                            gw_missing: GatewayHandle) -> None:
+    for server, expected, error in ((gw, EXTRA, "'country' was unexpected"),
+                                    (gw_missing, MISSING, "'units' is a required property")):
+        r = chat(server, "sa-chat").chat.completions.create(model="m", messages=ASK,
+                                                            tools=[STRICT])
+        choice = r.choices[0]
+        assert choice.message.tool_calls is None and choice.message.content == expected
+        assert choice.finish_reason == "stop"
+        assert [len(t["tool_calls"]) for t in trajectory_json(server, "sa-chat")["turns"]] == [0]
+        [signal] = signals(server, "sa-chat")
+        assert signal["seq"] == 0 and signal["info"]["tool"] == "get_weather"
+        assert error in signal["info"]["error"], signal
+
+
+def test_a_matching_call_is_a_call(tmp_path: Path) -> None:
+    server = gateway_in_thread(tmp_path, scripted_backend([GOOD]))
+    try:
+        r = chat(server, "sa-good").chat.completions.create(model="m", messages=ASK,
+                                                            tools=[STRICT])
+        [call] = r.choices[0].message.tool_calls
+        assert call.function.name == "get_weather" and r.choices[0].finish_reason == "tool_calls"
+        m = anthropic_client(server, "sa-good-anth").messages.create(
+            model="m", max_tokens=64, messages=ASK, tools=[ANTHROPIC_STRICT])
+        assert [b.type for b in m.content] == ["tool_use"] and m.stop_reason == "tool_use"
+        assert not signals(server, "sa-good") and not signals(server, "sa-good-anth")
+    finally:
+        server.close()
+
+
+def test_chat_stream(gw: GatewayHandle) -> None:
+    chunks = list(chat(gw, "sa-stream").chat.completions.create(
+        model="m", messages=ASK, tools=[STRICT], stream=True))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert not any(d.tool_calls for d in deltas)
+    assert "".join(d.content or "" for d in deltas) == EXTRA
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    assert len(signals(gw, "sa-stream")) == 1
+
+
+def test_a_function_that_is_not_strict_is_not_checked(gw: GatewayHandle) -> None:
+    r = chat(gw, "sa-loose").chat.completions.create(model="m", messages=ASK, tools=[LOOSE])
+    [call] = r.choices[0].message.tool_calls
+    assert "country" in call.function.arguments and not signals(gw, "sa-loose")
+    m = anthropic_client(gw, "sa-anth-loose").messages.create(
+        model="m", max_tokens=64, messages=ASK, tools=[ANTHROPIC_LOOSE])
+    assert [b.type for b in m.content] == ["tool_use"] and m.stop_reason == "tool_use"
+
+
+def test_responses_strict_by_default_and_false_opts_out(gw: GatewayHandle) -> None:
+    r = chat(gw, "sa-resp").responses.create(model="m", input=ASK[0]["content"],
+                                             tools=[RESPONSES_TOOL])
+    assert [item.type for item in r.output] == ["message"] and r.output_text == EXTRA
+    assert len(signals(gw, "sa-resp")) == 1
+    events = list(chat(gw, "sa-resp-stream").responses.create(
+        model="m", input=ASK[0]["content"], tools=[RESPONSES_TOOL], stream=True))
+    assert not any(e.type.startswith("response.function_call") for e in events)
+    assert events[-1].response.output_text == EXTRA
+    r = chat(gw, "sa-resp-loose").responses.create(
+        model="m", input=ASK[0]["content"], tools=[{**RESPONSES_TOOL, "strict": False}])
+    assert [item.type for item in r.output] == ["function_call"]
+    assert not signals(gw, "sa-resp-loose")
+
+
+def test_anthropic_strict_tool(gw: GatewayHandle) -> None:
+    r = anthropic_client(gw, "sa-anth").messages.create(
+        model="m", max_tokens=64, messages=ASK, tools=[ANTHROPIC_STRICT])
+    assert [b.type for b in r.content] == ["text"] and r.content[0].text == EXTRA
+    assert r.stop_reason == "end_turn"
+    with anthropic_client(gw, "sa-anth").messages.stream(
+            model="m", max_tokens=64, messages=ASK, tools=[ANTHROPIC_STRICT]) as stream:
+        final = stream.get_final_message()
+    assert [b.type for b in final.content] == ["text"] and final.content[0].text == EXTRA
+    assert len(signals(gw, "sa-anth")) == 2
+
+
+def test_what_strict_mode_does_not_support_is_a_400_under_auto(gw: GatewayHandle) -> None:
+    one_of = {"type": "function", "function": {"name": "get_weather", "strict": True,
+                                               "parameters": {"type": "object", "properties": {
+                                                   "city": {"oneOf": [{"type": "string"}]}}}}}
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(gw, "sa-400").chat.completions.create(model="m", messages=ASK, tools=[one_of])
+    assert "oneOf" in str(e.value) and "properties.city" in str(e.value)
+    with pytest.raises(anthropic.BadRequestError):
+        anthropic_client(gw, "sa-400-anth").messages.create(
+            model="m", max_tokens=64, messages=ASK, tools=[{**ANTHROPIC_STRICT, "strict": 1}])
+    assert trajectory_json(gw, "sa-400")["turns"] == []
