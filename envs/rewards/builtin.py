@@ -3,8 +3,9 @@
 - outcome: the verifier's score, clamped to [0, 1].
 - process: one event per penalised turn signal (malformed_tool_call, undeclared_tool and
   invalid_tool_arguments from the gateway; tool_error, language_mixing from the agent;
-  grading_tampered from a verifier that caught the agent's code forging test results; ungradable_output from the runner when
-  what the agent left could not be graded), value -signal.value;
+  grading_tampered from a verifier that caught the agent's code forging test results;
+  ungradable_output from the runner when what the agent left could not be graded),
+  value -signal.value;
   `process.<signal>` overrides the `process` weight for one signal (and penalises a signal
   not in the default list).
 - time: completion time relative to the group's median, for resolved samples only (a fast
