@@ -322,8 +322,9 @@ class ChatService:
                 self.metrics.cm_actions.labels(action.kind).inc()
             for sig in signals:
                 ops.append(op_event("signals", live.id, sig.model_dump()))
-            if p.requested_model is not None:
-                ops.append(turn_info(live.id, seq, requested_model=p.requested_model))
+            if p.requested_model is not None or res.forwards is not None:
+                ops.append(turn_info(live.id, seq, requested_model=p.requested_model,
+                                     forwards=res.forwards))
         try:
             await self.store.write(*ops)
         except Exception:

@@ -67,6 +67,10 @@ class Turn(BaseModel):
     # The model name the client asked for (e.g. claude-*), before the gateway's alias table
     # mapped it to the served model; None in pools written before it was recorded.
     requested_model: str | None = None
+    # Engine forward passes that produced the completion (the embedded engine reports them;
+    # len(completion_ids) / forwards > 1 when speculative decoding accepted drafts); None when
+    # the engine does not say.
+    forwards: int | None = None
     # The conversation this turn belongs to: the seq of its first turn. A session holds several
     # when a client makes side calls (a title request, sub-agents) beside its main loop.
     chain: int = 0

@@ -45,10 +45,17 @@ def turn_insert(session_id: str, *, seq: int, segment: int, parent_seq: int | No
         "trainable": trainable, "completion_text": completion_text, "created_at": time.time()})
 
 
-def turn_info(session_id: str, seq: int, *, requested_model: str) -> WriteOp:
+def turn_info(session_id: str, seq: int, *, requested_model: str | None = None,
+              forwards: int | None = None) -> WriteOp:
     """Facts about a turn kept beside it (schema.turn_info): the model name the client asked
-    for (before the alias table mapped it to a served model)."""
-    return op_event("turn_info", session_id, {"seq": seq, "requested_model": requested_model})
+    for (before the alias table mapped it to a served model), and the engine's forward passes
+    for the completion (fewer than its tokens when speculative decoding accepted drafts)."""
+    body: dict[str, Any] = {"seq": seq}
+    if requested_model is not None:
+        body["requested_model"] = requested_model
+    if forwards is not None:
+        body["forwards"] = forwards
+    return op_event("turn_info", session_id, body)
 
 
 def response_insert(response_id: str, session_id: str, *, previous_id: str | None,

@@ -78,6 +78,7 @@ def build_trajectory(store: Store, session_row: dict) -> Trajectory:
             instance=row["instance"], trainable=row["trainable"], created_at=row["created_at"],
             prompt_ids=state.prompt_ids(), completion_text=row["completion_text"],
             requested_model=info.get(row["seq"], {}).get("requested_model"),
+            forwards=info.get(row["seq"], {}).get("forwards"),
             chain=state.chain,
         )
         turns.append(turn)

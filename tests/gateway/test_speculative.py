@@ -252,7 +252,7 @@ def test_gateway_sends_the_sessions_group_and_reports_forwards(tmp_path: Any) ->
     counts forwards and their tokens."""
     import httpx
 
-    from tests.support import gateway_in_thread
+    from tests.support import gateway_in_thread, trajectory_json
 
     gw = gateway_in_thread(tmp_path, device="cpu", engine_max_batch=4,
                            engine_speculative="group", admin_key="admin")
@@ -260,10 +260,11 @@ def test_gateway_sends_the_sessions_group_and_reports_forwards(tmp_path: Any) ->
     body = {"model": "default", "max_tokens": 40, "temperature": 0,
             "messages": [{"role": "user", "content": "What is 37 * 12 - 45?"}]}
     try:
-        answers = []
+        answers, sessions = [], []
         for _ in range(2):
             made = httpx.post(f"{gw.url}/sessions", json={"group_id": "g1"}, headers=admin)
             assert made.status_code == 201, made.text
+            sessions.append(made.json()["session_id"])
             r = httpx.post(f"{gw.url}/v1/chat/completions", json=body, timeout=60,
                            headers={"authorization": f"Bearer {made.json()['api_key']}"})
             assert r.status_code == 200, r.text
@@ -273,6 +274,9 @@ def test_gateway_sends_the_sessions_group_and_reports_forwards(tmp_path: Any) ->
         assert first["choices"][0]["message"] == second["choices"][0]["message"]
         assert first["envhub"]["forwards"] == [tokens] and tokens > 4
         assert second["envhub"]["forwards"][0] < tokens  # drafted from the first session
+        # and each turn's forwards are in the pool
+        recorded = [trajectory_json(gw, sid, "admin")["turns"][0]["forwards"] for sid in sessions]
+        assert recorded == [first["envhub"]["forwards"][0], second["envhub"]["forwards"][0]]
         metrics = httpx.get(f"{gw.url}/metrics").text
         assert f"envhub_engine_forward_tokens_total {2.0 * tokens}" in metrics
     finally:
