@@ -27,7 +27,7 @@ from envhub.trainer.batch import GroupFate, TrainSequence, build_batch
 from envhub.trainer.checkpoint import read_checkpoint, write_checkpoint
 from envhub.trainer.config import TrainerConfig
 from envhub.trainer.distributed import DataParallel, choose_device, shard_model
-from envhub.trainer.errors import PeerFailed, require_torch
+from envhub.trainer.errors import PeerFailed, TrainerError, require_torch
 from envhub.trainer.forward import tree_logprobs
 from envhub.trainer.lora import MergeShell, apply_lora
 from envhub.trainer.loss import ADDITIVE, LossSums, is_masked_loss
@@ -57,6 +57,10 @@ class Trainer:
         self.dp = data_parallel
         cfg = self.config
         self.device = choose_device(cfg.device, self.dp)
+        if cfg.attention_mode == "flex" and self.device.type != "cuda":
+            raise TrainerError(  # found at construction, not at the first step's backward
+                f"tree_attention='flex' trains on CUDA only: FlexAttention has no backward on "
+                f"{self.device.type} (torch {torch.__version__}); use 'auto' or 'blocks' here")
         if cfg.precision == "bf16":
             model = model.float()  # fp32 master weights; bf16 only in the compute
         if cfg.lora is not None:

@@ -202,6 +202,14 @@ class Scheduler:
         for r in rows:  # a grouped row's sequence is a draft source for its group (and itself)
             if self.drafts is not None and r.job.request.group_id:
                 r.draft_key = self.drafts.open(r.job.request.group_id, r.job.request.prompt_ids)
+        try:
+            self._prefill_rows(rows)
+        except BaseException:  # the jobs fail (_run): their sequences stop being live drafts
+            for r in rows:
+                self._forget(r)  # closing twice is harmless
+            raise
+
+    def _prefill_rows(self, rows: list[Row]) -> None:
         length = max(r.prompt_len for r in rows)
         ids = torch.zeros(len(rows), length, dtype=torch.long)  # [B, L], left-padded
         mask = torch.zeros(len(rows), length, dtype=torch.long)
@@ -310,12 +318,14 @@ class Scheduler:
             accepted = len(emitted) - 1
             mask[i, past + 1 + accepted:] = 0  # rejected drafts and dummies
             row.forwards += 1
-            if d:
-                self.stats.drafted_tokens += len(d)
-                self.stats.accepted_tokens += accepted
-                row.draft_len = next_draft_len(row.draft_len, len(d), accepted, self.max_draft)
+            before = len(row.ids)
             if self._emit(row, emitted):
                 keep.append(i)
+            if d:
+                self.stats.drafted_tokens += len(d)
+                # drafts that reached the output (a stop inside the draft drops the rest)
+                self.stats.accepted_tokens += min(accepted, len(row.ids) - before)
+                row.draft_len = next_draft_len(row.draft_len, len(d), accepted, self.max_draft)
         kept = set(keep)
         done = [i for i in range(len(rows)) if i not in kept]
         mask[done, past:] = 0  # finished rows keep no column alive

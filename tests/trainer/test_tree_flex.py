@@ -151,11 +151,13 @@ def test_flex_refuses_attention_dropout_in_training() -> None:
 
 
 def test_flex_refuses_gradients_on_the_cpu() -> None:
-    """torch has no flex backward on the CPU: refused with the fix before the forward runs."""
-    trainer = Trainer(tiny_model("qwen2"), TrainerConfig(tree_attention="flex"))
-    seqs = [[1, 2, 3, 4, 5], [1, 2, 3, 6, 7]]
+    """torch has no flex backward on the CPU: a Trainer asked for flex there is refused when
+    it is built, and a forward with gradients before it runs."""
+    with pytest.raises(TrainerError, match="trains on CUDA only.*no backward on cpu"):
+        Trainer(tiny_model("qwen2"), TrainerConfig(tree_attention="flex"))
+    model = tiny_model("qwen2")
     with pytest.raises(TrainerError, match="no backward on cpu .*tree_attention='blocks'"):
-        trainer.train_sequences(_sequences(seqs))
+        tree_logprobs(model, pack([[1, 2, 3, 4, 5], [1, 2, 3, 6, 7]]), attention="flex")
 
 
 def test_unknown_mode_is_refused() -> None:
