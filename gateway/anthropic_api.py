@@ -37,7 +37,13 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
-from envhub.gateway.anthropic_convert import constraint, to_messages, to_tools, tool_choice
+from envhub.gateway.anthropic_convert import (
+    constraint,
+    json_output,
+    to_messages,
+    to_tools,
+    tool_choice,
+)
 from envhub.gateway.backends.base import SamplingParams
 from envhub.gateway.errors import BodyTooLarge, GatewayError, Overloaded, internal_error
 from envhub.gateway.models.anthropic import CountTokensRequest, MessagesRequest
@@ -106,14 +112,18 @@ def parse_request(request: Request, body: dict[str, Any], *, counting: bool = Fa
     messages = to_messages(req.system, req.messages)
     choice = body.get("tool_choice")  # its shape checked by the model
     tools = tool_choice(choice, to_tools(req.tools))
+    output = json_output(req.output_config, req.output_format)
     if isinstance(req, MessagesRequest):
         params = _params(req, gw.renderer.stop_token_ids)
-        params.constraint = constraint(gw.renderer, choice, tools)
+        params.constraint = constraint(gw.renderer, choice, tools, output)
         stream = bool(req.stream)
     else:
         params, stream = SamplingParams(), False
     none = isinstance(choice, dict) and choice.get("type") == "none"
-    return Call(model, messages, tools, params, stream, req.ignored(), none)
+    ignored = req.ignored()
+    if (req.output_config or {}).get("effort") is not None:
+        ignored.append("output_config.effort")
+    return Call(model, messages, tools, params, stream, ignored, none)
 
 
 # -- response --------------------------------------------------------------------------------

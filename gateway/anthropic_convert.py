@@ -216,21 +216,55 @@ def tool_choice(raw: Any, tools: list[dict[str, Any]] | None) -> list[dict[str, 
     return tools
 
 
-def constraint(renderer: Any, choice: Any, tools: list[dict[str, Any]] | None
-                ) -> Constraint | None:
-    """`any` / `tool` force a tool call; `disable_parallel_tool_use` allows at most one."""
-    if not isinstance(choice, dict) or not tools:
+def json_output(config: dict[str, Any] | None, beta: dict[str, Any] | None
+                ) -> dict[str, Any] | None:
+    """JSON outputs (`output_config.format`, or the structured-outputs beta's `output_format`)
+    as OpenAI's strict response_format: Anthropic's JSON outputs follow the schema exactly, so
+    its objects are closed and every property required (gateway/strict.py)."""
+    fmt, where = (config or {}).get("format"), "output_config.format"
+    if beta is not None:
+        if fmt is not None:
+            raise BadRequest("send the JSON output schema once: output_config.format or "
+                             "output_format, not both", param="output_format")
+        fmt, where = beta, "output_format"
+    if fmt is None:
         return None
-    single = choice.get("disable_parallel_tool_use", False)
-    if not isinstance(single, bool):
-        raise BadRequest("'tool_choice.disable_parallel_tool_use' must be a JSON boolean",
-                         param="tool_choice.disable_parallel_tool_use")
-    force = {"any": "required", "tool": "named"}.get(choice["type"])
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(
+            fmt.get("schema"), dict):
+        raise BadRequest(f"{where} must be {{'type': 'json_schema', 'schema': {{...}}}}",
+                         param=where)
+    return {"type": "json_schema",
+            "json_schema": {"name": "output", "schema": fmt["schema"], "strict": True}}
+
+
+def constraint(renderer: Any, choice: Any, tools: list[dict[str, Any]] | None,
+               output: dict[str, Any] | None = None) -> Constraint | None:
+    """`any` / `tool` force a tool call; `disable_parallel_tool_use` allows at most one;
+    `output` (json_output) constrains the answer to its schema."""
     # what a hosted model (litellm, OpenAI-shaped) takes for the same request
-    request: dict[str, Any] = {"parallel_tool_calls": not single}
-    if force == "required":
-        request["tool_choice"] = "required"
-    elif force == "named":
-        request["tool_choice"] = {"type": "function", "function": {"name": choice["name"]}}
-    return for_request(renderer, tools, force=force, name=choice.get("name"),
-                       parallel=not single, request=request)
+    request: dict[str, Any] = {}
+    force, name, single = None, None, False
+    if isinstance(choice, dict) and tools:
+        single = choice.get("disable_parallel_tool_use", False)
+        if not isinstance(single, bool):
+            raise BadRequest("'tool_choice.disable_parallel_tool_use' must be a JSON boolean",
+                             param="tool_choice.disable_parallel_tool_use")
+        force = {"any": "required", "tool": "named"}.get(choice["type"])
+        name = choice.get("name")
+        request["parallel_tool_calls"] = not single
+        if force == "required":
+            request["tool_choice"] = "required"
+        elif force == "named":
+            request["tool_choice"] = {"type": "function", "function": {"name": name}}
+    if output is not None:
+        request["response_format"] = output
+    if not request:
+        return None
+    try:
+        return for_request(renderer, tools, fmt=output, force=force, name=name,
+                           parallel=not single, request=request)
+    except BadRequest as e:  # name the Anthropic field, not the chat one
+        if e.param and e.param.startswith("response_format"):
+            e.param = "output_config.format"
+            e.message = e.message.replace("response_format's schema", "the output schema")
+        raise

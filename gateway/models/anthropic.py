@@ -73,6 +73,10 @@ class CountTokensRequest(Body):
     tools: Annotated[list[dict[str, Any]] | None,
                      WithJsonSchema(described_as(AnthropicTool, min_items=0, nullable=True))] = None
     tool_choice: AnthropicToolChoice | None = None
+    # JSON outputs: `format` {'type': 'json_schema', 'schema': {...}} (anthropic_convert.py);
+    # `output_format` is the same from the structured-outputs beta
+    output_config: dict[str, Any] | None = None
+    output_format: dict[str, Any] | None = None
     # accepted and not used (named in x-envhub-ignored)
     thinking: dict[str, Any] | None = None
 
@@ -89,6 +93,9 @@ class CountTokensRequest(Body):
         "tool_choice": "'tool_choice' must be {'type': 'auto' | 'any' | 'none'} or "
                        "{'type': 'tool', 'name': ...}",
         "thinking": "'thinking' must be an object",
+        "output_config": "'output_config' must be an object ({'format': {'type': "
+                         "'json_schema', 'schema': {...}}})",
+        "output_format": "'output_format' must be {'type': 'json_schema', 'schema': {...}}",
     }
 
 

@@ -1,12 +1,14 @@
 """`strict: true` means OpenAI's strict mode: objects closed and every property required (also
 for schemas that do not say so, as instructor / LangChain send them), and a 400 naming what
-strict mode does not support; on the bundled model through the official client."""
+strict mode does not support; on the bundled model through the official client. Anthropic's
+JSON outputs (output_config.format) mean the same."""
 
 from __future__ import annotations
 
 import json
 from typing import Literal
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -128,3 +130,55 @@ def test_normaliser_closes_nested_and_referenced_objects() -> None:
     assert out["$defs"]["O"]["properties"]["x"] == {"$ref": "#/$defs/I", "description": "d"}
     with pytest.raises(BadRequest, match="'allOf' .at properties.x"):
         strict_schema({"type": "object", "properties": {"x": {"allOf": [{}, {}]}}}, "s", "p")
+
+
+def anthropic_client(gw: GatewayHandle, key: str) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=gw.url, api_key=key, max_retries=0)
+
+
+class Verdict(BaseModel):
+    unit: Literal["cm", "m"]
+    exact: bool = False  # defaulted: left out of `required`
+
+
+def test_anthropic_parse_with_a_pydantic_model(gw: GatewayHandle) -> None:
+    """The official SDK's messages.parse sends output_config.format (its schema loses numeric
+    bounds, which Anthropic does not take: hence a model without numbers): JSON outputs follow
+    the schema (closed, every property present) and end the turn."""
+    r = anthropic_client(gw, "strict-anth-parse").messages.parse(
+        model="m", max_tokens=40, messages=ASK, output_format=Verdict)
+    assert r.stop_reason == "end_turn" and isinstance(r.parsed_output, Verdict)
+    assert set(json.loads(r.content[0].text)) == {"unit", "exact"}
+
+
+def test_anthropic_json_output_closes_a_pydantic_schema(gw: GatewayHandle) -> None:
+    """An open schema as pydantic writes it, through output_config and the beta's
+    output_format; effort is named as ignored."""
+    schema = Length.model_json_schema()
+    for key, extra in (("strict-anth-config", {"output_config": {
+            "format": {"type": "json_schema", "schema": schema}, "effort": "low"}}),
+            ("strict-anth-beta", {"output_format": {"type": "json_schema",
+                                                    "schema": schema}})):
+        r = httpx.post(f"{gw.url}/v1/messages", headers={"x-api-key": key}, json={
+            "model": "m", "max_tokens": 40, "messages": ASK, **extra})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["stop_reason"] == "end_turn"
+        assert set(json.loads(body["content"][0]["text"])) == {"answer", "unit"}
+        assert ("output_config.effort" in r.headers.get("x-envhub-ignored", "")) == (
+            "output_config" in extra)
+
+
+@pytest.mark.parametrize("extra, named", [
+    ({"output_config": {"format": {"type": "json_schema", "schema": {
+        "type": "object", "properties": {"a": {"oneOf": [{"type": "string"}]}}}}}}, "'oneOf'"),
+    ({"output_config": {"format": {"type": "text"}}}, "output_config.format must be"),
+    ({"output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}},
+      "output_format": {"type": "json_schema", "schema": {"type": "object"}}}, "once"),
+])
+def test_anthropic_bad_json_output_is_a_400(gw: GatewayHandle, extra: dict, named: str) -> None:
+    r = httpx.post(f"{gw.url}/v1/messages", headers={"x-api-key": "strict-anth-bad"}, json={
+        "model": "m", "max_tokens": 8, "messages": ASK, **extra})
+    assert r.status_code == 400, r.text
+    assert named in r.json()["error"]["message"]
+    assert "response_format" not in r.json()["error"]["message"]
