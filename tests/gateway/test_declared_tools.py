@@ -7,11 +7,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import anthropic
-import openai
 import pytest
 
 from envhub.gateway.server import GatewayHandle
+from tests.gateway.conftest import client as anthropic_client
+from tests.gateway.conftest import openai_client
 from tests.support import gateway_in_thread, scripted_backend, tool_call, trajectory_json
 
 WEATHER = {"type": "function", "function": {
@@ -34,8 +34,7 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayHandle]:
     handle.close()
 
 
-def chat(gw: GatewayHandle, key: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{gw.url}/v1", api_key=key, max_retries=0)
+chat = openai_client
 
 
 def recorded(gw: GatewayHandle, key: str, why: str = "not among the request's tools") -> None:
@@ -102,9 +101,6 @@ def test_responses_stream(gw: GatewayHandle) -> None:
     assert final.type == "response.completed" and final.response.output_text == SUBMIT
     recorded(gw, "ud-resp-stream")
 
-
-def anthropic_client(gw: GatewayHandle, key: str) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=gw.url, api_key=key, max_retries=0)
 
 
 def test_anthropic(gw: GatewayHandle) -> None:

@@ -14,6 +14,8 @@ import openai
 import pytest
 
 from envhub.gateway.server import GatewayHandle
+from tests.gateway.conftest import client as anthropic_client
+from tests.gateway.conftest import openai_client
 from tests.support import gateway_in_thread, scripted_backend, tool_call, trajectory_json
 
 # what pydantic's model_json_schema() writes: no additionalProperties, defaulted field optional
@@ -45,19 +47,15 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayHandle]:
 
 @pytest.fixture(scope="module")
 def gw_missing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayHandle]:
-    """A model that always leaves `units` out, then one whose call matches."""
+    """A model that always leaves `units` out."""
     handle = gateway_in_thread(tmp_path_factory.mktemp("strict-args-missing"),
                                scripted_backend([MISSING]))
     yield handle
     handle.close()
 
 
-def chat(gw: GatewayHandle, key: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{gw.url}/v1", api_key=key, max_retries=0)
+chat = openai_client
 
-
-def anthropic_client(gw: GatewayHandle, key: str) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=gw.url, api_key=key, max_retries=0)
 
 
 def signals(gw: GatewayHandle, key: str) -> list[dict]:

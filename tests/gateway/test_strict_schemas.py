@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 from typing import Literal
 
-import anthropic
 import httpx
 import openai
 import pytest
@@ -17,6 +16,7 @@ from pydantic import BaseModel, Field
 from envhub.gateway.errors import BadRequest
 from envhub.gateway.server import GatewayHandle
 from envhub.gateway.strict import strict_schema
+from tests.gateway.conftest import client as anthropic_client
 from tests.gateway.conftest import openai_client
 
 pytest.importorskip("llguidance")
@@ -131,9 +131,6 @@ def test_normaliser_closes_nested_and_referenced_objects() -> None:
     with pytest.raises(BadRequest, match="'allOf' .at properties.x"):
         strict_schema({"type": "object", "properties": {"x": {"allOf": [{}, {}]}}}, "s", "p")
 
-
-def anthropic_client(gw: GatewayHandle, key: str) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=gw.url, api_key=key, max_retries=0)
 
 
 class Verdict(BaseModel):
