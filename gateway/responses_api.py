@@ -56,7 +56,6 @@ from envhub.gateway.responses_items import (
 )
 from envhub.gateway.responses_log import ITEMS, StoredResponse
 from envhub.gateway.service import ChatAnswer, ChatCall, new_chain
-from envhub.gateway.strict import strict_names
 from envhub.gateway.structured import Constraint, for_request, forced_call
 
 router = APIRouter(responses=OPENAI_ERRORS)
@@ -102,7 +101,7 @@ async def create_response(request: Request, body: ResponsesRequest) -> Response:
                 messages, tools, params, 1, normalize_message, requested_model=body.model,
                 new_chain=new_chain(request.headers),
                 tool_choice_none=body.tool_choice == "none",
-                strict=strict_names(_strict(body, tools)))))
+                strict=_checked(body))))
     finally:
         gw.metrics.in_flight.dec()
     out = response_body(gw, answer, body, want_lp)
@@ -162,6 +161,15 @@ def _strict(body: ResponsesRequest, tools: list[dict[str, Any]] | None
              for ns, t in flat_tools(body.tools) if t.strict is False}
     return [t if t["function"]["name"] in loose else
             {**t, "function": {**t["function"], "strict": True}} for t in tools or []] or None
+
+
+def _checked(body: ResponsesRequest) -> dict[str, bool]:
+    """The functions whose sampled calls are checked (strict.StrictArguments): every one not
+    saying `strict: false`; True where the tool says `strict: true` itself (its schema must then
+    be one strict mode supports), False where strict is the API's default (checked when it can
+    be)."""
+    return {t.name if ns is None else qualified_name(ns, t.name): t.strict is True
+            for ns, t in flat_tools(body.tools) if t.strict is not False}
 
 
 def response_body(gw: Any, answer: ChatAnswer, body: ResponsesRequest, want_lp: bool

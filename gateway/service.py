@@ -66,7 +66,8 @@ class ChatCall:
     requested_model: str | None = None  # the name the client asked for, recorded per turn
     new_chain: bool = False  # the client says it starts a conversation (X-Envhub-Chain: new)
     tool_choice_none: bool = False  # tools declared but tool_choice none: no call may come back
-    strict: frozenset[str] = frozenset()  # functions whose calls must match their schema
+    # functions whose calls must match their schema (→ True: the request said strict itself)
+    strict: dict[str, bool] = field(default_factory=dict)
 
     def prepared(self, live: LiveSession) -> tuple[list[bytes], Callable[[int], Message]]:
         """Message hashes, and an accessor for the normalised message i."""
@@ -289,42 +290,47 @@ class ChatService:
         actions: list[CMAction | None] = []
         latency_ms = (time.perf_counter() - t0) * 1000
         self.metrics.latency_ms.observe(latency_ms)
-        for i, (seq, seg, res) in enumerate(zip(p.seqs, p.segments, results, strict=True)):
-            choice, signals = self._choice(seq, res, p)
-            choices.append(choice)
-            state = TurnState(seq=seq, segment=seg, parent=p.parent,
-                              delta_ids=p.delta if i == 0 else p.prompt,
-                              completion_ids=res.completion_ids,
-                              appended_hashes=p.appended_hashes,
-                              response_hash=_RAW if p.raw else _response_hash(choice),
-                              tools_key=p.tools_key)
-            states.append(state)
-            ops.append(turn_insert(
-                live.id, seq=seq, segment=seg,
-                parent_seq=p.parent.seq if p.parent is not None else None,
-                prompt_delta=state.delta_ids, completion=res.completion_ids,
-                logprobs=res.logprobs, weight_version=res.weight_version,
-                finish_reason=res.finish_reason,
-                tool_calls=[ToolCall(id=c["id"], name=c["function"]["name"],
-                                     arguments=c["function"]["arguments"])
-                            for c in choice.tool_calls],
-                msg_hashes=p.appended_hashes, response_hash=state.response_hash,
-                tools_hash=p.tools_key, latency_ms=latency_ms, instance=res.instance,
-                trainable=res.trainable and live.trainable, completion_text=res.text))
-            action = p.action if i == 0 else CMAction(
-                kind="fork", from_seq=p.seqs[0], info={"reason": f"choice {i} of n={len(p.seqs)}"})
-            actions.append(action)
-            if action is not None:
-                action = action.model_copy(update={
-                    "seq": seq, "segment": seg if (i > 0 or p.new_segment) else None,
-                    "tokens_after": len(p.prompt)})
-                ops.append(op_event("cm_actions", live.id, action.model_dump()))
-                self.metrics.cm_actions.labels(action.kind).inc()
-            for sig in signals:
-                ops.append(op_event("signals", live.id, sig.model_dump()))
-            if p.requested_model is not None or res.forwards is not None:
-                ops.append(turn_info(live.id, seq, requested_model=p.requested_model,
-                                     forwards=res.forwards))
+        try:  # nothing recorded: the history's allocation goes back (as on every failure)
+            for i, (seq, seg, res) in enumerate(zip(p.seqs, p.segments, results, strict=True)):
+                choice, signals = self._choice(seq, res, p)
+                choices.append(choice)
+                state = TurnState(seq=seq, segment=seg, parent=p.parent,
+                                  delta_ids=p.delta if i == 0 else p.prompt,
+                                  completion_ids=res.completion_ids,
+                                  appended_hashes=p.appended_hashes,
+                                  response_hash=_RAW if p.raw else _response_hash(choice),
+                                  tools_key=p.tools_key)
+                states.append(state)
+                ops.append(turn_insert(
+                    live.id, seq=seq, segment=seg,
+                    parent_seq=p.parent.seq if p.parent is not None else None,
+                    prompt_delta=state.delta_ids, completion=res.completion_ids,
+                    logprobs=res.logprobs, weight_version=res.weight_version,
+                    finish_reason=res.finish_reason,
+                    tool_calls=[ToolCall(id=c["id"], name=c["function"]["name"],
+                                         arguments=c["function"]["arguments"])
+                                for c in choice.tool_calls],
+                    msg_hashes=p.appended_hashes, response_hash=state.response_hash,
+                    tools_hash=p.tools_key, latency_ms=latency_ms, instance=res.instance,
+                    trainable=res.trainable and live.trainable, completion_text=res.text))
+                action = p.action if i == 0 else CMAction(
+                    kind="fork", from_seq=p.seqs[0],
+                    info={"reason": f"choice {i} of n={len(p.seqs)}"})
+                actions.append(action)
+                if action is not None:
+                    action = action.model_copy(update={
+                        "seq": seq, "segment": seg if (i > 0 or p.new_segment) else None,
+                        "tokens_after": len(p.prompt)})
+                    ops.append(op_event("cm_actions", live.id, action.model_dump()))
+                    self.metrics.cm_actions.labels(action.kind).inc()
+                for sig in signals:
+                    ops.append(op_event("signals", live.id, sig.model_dump()))
+                if p.requested_model is not None or res.forwards is not None:
+                    ops.append(turn_info(live.id, seq, requested_model=p.requested_model,
+                                         forwards=res.forwards))
+        except BaseException:
+            history.release(p.extends, p.declared)
+            raise
         try:
             await self.store.write(*ops)
         except Exception:

@@ -24,19 +24,25 @@ values) are not checked here.
 
 Calls under `tool_choice: auto` are sampled without a grammar (every turn would otherwise record
 post-mask logprobs, gateway/structured.py). A strict function's arguments are checked after the
-fact instead (`StrictArguments`: the closed schema, JSON Schema 2020-12, `format` not asserted):
-a call that does not match never reaches the client as a call; the service answers the text as
-content with an `invalid_tool_arguments` signal, as it does for a call to an undeclared tool.
+fact instead (`StrictArguments`: no undeclared key, and the schema's types, enums, bounds and
+own `required`; not `pattern` or `format`): a call that does not match never reaches the client
+as a call; the service answers the text as content with an `invalid_tool_arguments` signal, as
+it does for a call to an undeclared tool.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
-from jsonschema import Draft202012Validator
+from jsonschema import Draft202012Validator, validators
+from referencing import Registry
 
 from envhub.gateway.errors import BadRequest
+
+log = logging.getLogger("envhub.gateway")
 
 _UNSUPPORTED = ("allOf", "oneOf", "not", "if", "then", "else", "dependentRequired",
                 "dependentSchemas", "patternProperties", "unevaluatedProperties", "propertyNames")
@@ -45,19 +51,21 @@ _SCHEMA_MAPS = ("properties", "$defs", "definitions")  # name → subschema
 _SCHEMA_LISTS = ("anyOf", "prefixItems")
 
 
-def strict_schema(schema: dict[str, Any], what: str, param: str) -> dict[str, Any]:
+def strict_schema(schema: dict[str, Any], what: str, param: str, *,
+                  require_all: bool = True) -> dict[str, Any]:
     """`schema` with strict mode's meaning made explicit (a copy; objects closed, every property
     required); 400 (`param`) naming what strict mode does not support. `what` names the schema
-    in the message ("response_format's schema", "function 'f' parameters")."""
+    in the message ("response_format's schema", "function 'f' parameters"). `require_all`
+    False keeps each object's `required` as the schema says (StrictArguments)."""
     root = _resolve_root(schema)
     if "anyOf" in root or not _is_object(root):
         raise BadRequest(f"{what}: with strict true the root must be an object schema "
                          "({'type': 'object', 'properties': {...}}), not anyOf or another type; "
                          "wrap it in an object's property", param=param)
-    return _close(schema, "", what, param)
+    return _close(schema, "", what, param, require_all)
 
 
-def _close(node: Any, at: str, what: str, param: str) -> Any:
+def _close(node: Any, at: str, what: str, param: str, require_all: bool = True) -> Any:
     if not isinstance(node, dict):
         return node
     node = _unwrap_all_of(node)
@@ -66,17 +74,22 @@ def _close(node: Any, at: str, what: str, param: str) -> Any:
             fix = _FIX.get(key, "remove it")
             raise BadRequest(f"{what}: strict mode does not support {key!r} (at {at or 'the root'})"
                              f"; {fix}, or send strict false", param=param)
+    ref = node.get("$ref")
+    if ref is not None and not (isinstance(ref, str) and ref.startswith("#")):
+        raise BadRequest(f"{what}: $ref {str(ref)[:80]!r} (at {at or 'the root'}) is not a "
+                         "reference inside the schema ('#/$defs/...'); strict mode resolves "
+                         "no other", param=param)
     out = dict(node)
     for key in _SCHEMA_MAPS:
         if isinstance(node.get(key), dict):
-            out[key] = {k: _close(v, _at(at, f"{key}.{k}"), what, param)
+            out[key] = {k: _close(v, _at(at, f"{key}.{k}"), what, param, require_all)
                         for k, v in node[key].items()}
     for key in _SCHEMA_LISTS:
         if isinstance(node.get(key), list):
-            out[key] = [_close(v, _at(at, f"{key}[{i}]"), what, param)
+            out[key] = [_close(v, _at(at, f"{key}[{i}]"), what, param, require_all)
                         for i, v in enumerate(node[key])]
     if "items" in node:
-        out["items"] = _close(node["items"], _at(at, "items"), what, param)
+        out["items"] = _close(node["items"], _at(at, "items"), what, param, require_all)
     if _is_object(node):
         if node.get("additionalProperties", False) is not False:
             raise BadRequest(f"{what}: strict mode needs closed objects, but "
@@ -84,7 +97,8 @@ def _close(node: Any, at: str, what: str, param: str) -> Any:
                              f"{node['additionalProperties']!r}; drop it or set it to false (a "
                              "map of free keys is not expressible in strict mode)", param=param)
         out["additionalProperties"] = False
-        out["required"] = list(node.get("properties") or {})
+        if require_all:
+            out["required"] = list(node.get("properties") or {})
     return out
 
 
@@ -117,57 +131,136 @@ def _resolve_root(schema: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
-class StrictArguments:
-    """Validators of the strict functions' arguments of one tool list; a 400 (as for a forced
-    call) when a strict function's schema uses what strict mode does not support."""
+def _skip(validator: Any, value: Any, instance: Any, schema: Any) -> Iterator[Any]:
+    return iter(())
 
-    def __init__(self, tools: list[dict[str, Any]], strict: frozenset[str]):
-        self.validators: dict[str, Draft202012Validator] = {}
+
+# JSON Schema 2020-12 without `pattern`: Python's `re` backtracks (a client's `^(a+)+$` against
+# the model's output would hold the event loop for hours) and is not JSON Schema's ECMA-262
+# dialect (`\p{L}` is an error there); a sampled call is not checked against patterns.
+_Checker = validators.extend(Draft202012Validator, {"pattern": _skip})
+_META = Draft202012Validator(Draft202012Validator.META_SCHEMA)  # no format checks (no regexes)
+
+
+class StrictArguments:
+    """Checks of the strict functions' arguments of one tool list, for calls sampled without a
+    grammar: objects closed (no key the schema does not declare) and the types, enums, bounds
+    and `required` keys the schema states. `required` is the schema's own, not strict mode's
+    "every property" (that is what a forced call's grammar enforces; here the model saw the
+    client's schema, where an omitted property is optional). `pattern` and `format` are not
+    checked. A schema strict mode does not support, that is not valid JSON Schema, or whose
+    `$ref` leads nowhere (or outside it: nothing is fetched) is a 400, before anything runs."""
+
+    def __init__(self, tools: list[dict[str, Any]], strict: dict[str, bool]):
+        self.checks: dict[str, Any] = {}
+        names = [t["function"]["name"] for t in tools]
         for tool in tools:
             fn = tool["function"]
-            if fn["name"] in strict:
-                schema = strict_schema(fn.get("parameters") or {"type": "object"},
-                                       f"function {fn['name']!r} parameters", "tools")
-                self.validators[fn["name"]] = Draft202012Validator(schema)
+            explicit = strict.get(fn["name"])
+            if explicit is None:
+                continue
+            if names.count(fn["name"]) > 1:
+                raise BadRequest(f"two tools are named {fn['name']!r}; give each function its "
+                                 "own name", param="tools")
+            what = f"function {fn['name']!r} parameters"
+            try:
+                schema = strict_schema(fn.get("parameters") or {"type": "object"}, what, "tools",
+                                       require_all=False)
+                _check_schema(schema, what)
+            except BadRequest:
+                if explicit:
+                    raise
+                continue  # strict by default only (Responses): what cannot be strict is not
+            self.checks[fn["name"]] = _Checker(schema, registry=Registry())
 
     def error(self, name: str, arguments: str) -> str | None:
-        """Why this call's arguments break its function's strict schema, or None (also for a
-        function that is not strict)."""
-        validator = self.validators.get(name)
-        if validator is None:
+        """Why this call's arguments break its function's schema, or None (also for a function
+        that is not checked)."""
+        check = self.checks.get(name)
+        if check is None:
             return None
         try:
             value = orjson.loads(arguments)
         except orjson.JSONDecodeError:
             return "the arguments are not valid JSON"
-        err = next(iter(validator.iter_errors(value)), None)
+        try:
+            err = next(iter(check.iter_errors(value)), None)
+        except RecursionError:
+            return ("the arguments could not be checked: the schema or the arguments recurse "
+                    "too deeply")
+        except Exception:  # noqa: BLE001  a bug here must not lose a sampled turn
+            log.warning("strict check of %r failed; the call is passed on", name, exc_info=True)
+            return None
         if err is None:
             return None
         where = "/".join(str(p) for p in err.absolute_path) or "the arguments"
         return f"{where}: {err.message[:300]}"
 
 
-_CHECKS: dict[tuple[bytes, frozenset[str]], StrictArguments] = {}
-_MAX_CHECKS = 256  # tool lists remembered (an agent sends the same tools every turn)
+def _check_schema(schema: dict[str, Any], what: str) -> None:
+    """400 unless `schema` is valid JSON Schema whose every `$ref` points inside it."""
+    err = next(iter(_META.iter_errors(schema)), None)
+    if err is not None:
+        where = "/".join(str(p) for p in err.absolute_path) or "the root"
+        raise BadRequest(f"{what}: not a valid JSON Schema at {where}: {err.message[:200]}",
+                         param="tools")
+    stack: list[Any] = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and _pointer(schema, ref) is None:
+                raise BadRequest(f"{what}: $ref {ref[:80]!r} points to nothing in the schema",
+                                 param="tools")
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
 
 
-def strict_arguments(tools: list[dict[str, Any]] | None, strict: frozenset[str],
+def _pointer(root: Any, ref: str) -> Any:
+    """What the local reference `#/a/b` names in `root`, or None."""
+    node = root
+    for part in ref[1:].split("/")[1:] if ref != "#" else []:
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
+
+
+_CHECKS: dict[tuple[bytes, frozenset[tuple[str, bool]]], StrictArguments] = {}
+_MAX_CHECKS = 128  # tool lists remembered (an agent sends the same tools every turn)
+_MAX_CACHED_TOOLS = 64 * 1024  # bytes of tools JSON above which the checks are not kept
+
+
+def strict_arguments(tools: list[dict[str, Any]] | None, strict: dict[str, bool],
                      tools_key: bytes) -> StrictArguments | None:
-    """The checks for `strict` (function names) of `tools` (hashed as `tools_key`), built once
-    per tool list; None when no declared function is strict."""
+    """The checks for `strict` (function name → whether the request said `strict: true`
+    itself, rather than by a default) of `tools` (hashed as `tools_key`), built once per
+    tool list; None when no declared function is strict."""
     if not strict or not tools:
         return None
-    key = (tools_key, strict)
+    key = (tools_key, frozenset(strict.items()))
     check = _CHECKS.get(key)
     if check is None:
         check = StrictArguments(tools, strict)
-        if len(_CHECKS) >= _MAX_CHECKS:
-            _CHECKS.pop(next(iter(_CHECKS)))
-        _CHECKS[key] = check
+        if len(orjson.dumps(tools)) <= _MAX_CACHED_TOOLS:
+            if len(_CHECKS) >= _MAX_CHECKS:
+                _CHECKS.pop(next(iter(_CHECKS)))
+            _CHECKS[key] = check
     return check
 
 
-def strict_names(tools: list[dict[str, Any]] | None) -> frozenset[str]:
-    """The functions of an OpenAI-shaped tool list that say `strict: true`."""
-    return frozenset(t["function"]["name"] for t in tools or []
-                     if t.get("function", {}).get("strict") is True)
+def strict_names(tools: list[dict[str, Any]] | None, default: bool = False) -> dict[str, bool]:
+    """The functions of an OpenAI-shaped tool list to check: those saying `strict: true` (→
+    True) and, with `default` (the Responses API's), those that do not say (→ False: checked
+    only when their schema can be strict)."""
+    out: dict[str, bool] = {}
+    for t in tools or []:
+        flag = t.get("function", {}).get("strict")
+        if flag is True or (default and flag is None):
+            out[t["function"]["name"]] = flag is True
+    return out

@@ -31,7 +31,10 @@ def _call(name: Any, args: Any) -> dict[str, Any] | None:
             return None
     if not isinstance(args, dict):
         return None
-    return {"name": name, "arguments": orjson.dumps(args).decode()}
+    try:
+        return {"name": name, "arguments": orjson.dumps(args).decode()}
+    except TypeError:  # nested deeper than orjson writes (254 levels): not a usable call
+        return None
 
 
 _HERMES = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.S)

@@ -75,6 +75,10 @@ def test_parsers_never_raise():
                         "```json\n{\"a\": 1}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>")
     assert ds.tool_calls == [{"name": "f", "arguments": '{"a":1}'}]
     assert parse_deepseek("<｜tool▁calls▁begin｜>garbage").malformed
+    # arguments nested deeper than orjson writes back (254): malformed, not an exception
+    deep = '{"a": ' * 300 + "1" + "}" * 300
+    assert parse_hermes(f'<tool_call>\n{{"name": "f", "arguments": {deep}}}\n</tool_call>'
+                        ).malformed
 
 
 def test_template_required(renderer):

@@ -1,8 +1,10 @@
 """A strict function's call under tool_choice auto (sampled without a grammar) reaches the client
-only when its arguments match the function's strict schema: otherwise the answer is the model's
-text with a text finish reason and the turn records `invalid_tool_arguments` — chat, Responses
-(strict unless a tool says false) and Anthropic (`strict: true` tools), streamed and not. A
-function that is not strict is not checked."""
+only when its arguments match the function's schema, closed (no undeclared key) with the
+schema's own `required`: otherwise the answer is the model's text with a text finish reason and
+the turn records `invalid_tool_arguments` — chat, Responses (strict unless a tool says false)
+and Anthropic (`strict: true` tools), streamed and not. A function that is not strict is not
+checked; a schema that cannot be checked safely is a 400 before anything runs, and nothing in
+a schema is fetched or run as a regex."""
 
 from __future__ import annotations
 
@@ -30,10 +32,11 @@ LOOSE = {"type": "function", "function": {"name": "get_weather",
 RESPONSES_TOOL = {"type": "function", "name": "get_weather", "parameters": PYDANTIC_PARAMS}
 ANTHROPIC_STRICT = {"name": "get_weather", "input_schema": PYDANTIC_PARAMS, "strict": True}
 ANTHROPIC_LOOSE = {"name": "get_weather", "input_schema": PYDANTIC_PARAMS}
-# an extra key (strict objects are closed); `units` left out (strict: every property required)
+# an extra key (strict objects are closed); `city` left out (the schema requires it); `units`
+# left out is fine (the model was shown the schema, where it is optional)
 EXTRA = tool_call("get_weather", {"city": "Paris", "units": "C", "country": "FR"})
-MISSING = tool_call("get_weather", {"city": "Paris"})
-GOOD = tool_call("get_weather", {"city": "Paris", "units": "C"})
+MISSING = tool_call("get_weather", {"units": "C"})
+GOOD = tool_call("get_weather", {"city": "Paris"})
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
@@ -47,7 +50,7 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayHandle]:
 
 @pytest.fixture(scope="module")
 def gw_missing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayHandle]:
-    """A model that always leaves `units` out."""
+    """A model that always leaves `city` out."""
     handle = gateway_in_thread(tmp_path_factory.mktemp("strict-args-missing"),
                                scripted_backend([MISSING]))
     yield handle
@@ -65,7 +68,7 @@ def signals(gw: GatewayHandle, key: str) -> list[dict]:
 def test_chat_refuses_extra_and_missing_keys(gw: GatewayHandle,
                                             gw_missing: GatewayHandle) -> None:
     for server, expected, error in ((gw, EXTRA, "'country' was unexpected"),
-                                    (gw_missing, MISSING, "'units' is a required property")):
+                                    (gw_missing, MISSING, "'city' is a required property")):
         r = chat(server, "sa-chat").chat.completions.create(model="m", messages=ASK,
                                                             tools=[STRICT])
         choice = r.choices[0]
@@ -149,3 +152,87 @@ def test_what_strict_mode_does_not_support_is_a_400_under_auto(gw: GatewayHandle
         anthropic_client(gw, "sa-400-anth").messages.create(
             model="m", max_tokens=64, messages=ASK, tools=[{**ANTHROPIC_STRICT, "strict": 1}])
     assert trajectory_json(gw, "sa-400")["turns"] == []
+
+
+def strict_tool(parameters: dict, name: str = "get_weather") -> dict:
+    return {"type": "function", "function": {"name": name, "strict": True,
+                                             "parameters": parameters}}
+
+
+def one_call(tmp_path: Path, arguments: dict, tools: list[dict]) -> tuple[object, list[dict]]:
+    """The answer to one chat call whose model calls get_weather(arguments), and the turn's
+    invalid_tool_arguments signals."""
+    server = gateway_in_thread(tmp_path, scripted_backend([tool_call("get_weather", arguments)]))
+    try:
+        r = chat(server, "sa-one").chat.completions.create(model="m", messages=ASK, tools=tools,
+                                                           max_tokens=8192)
+        return r.choices[0], signals(server, "sa-one")
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("parameters, named", [
+    ({"type": "object", "properties": {"city": {"$ref": "http://127.0.0.1:9/s.json"}}},
+     "not a reference inside the schema"),
+    ({"type": "object", "properties": {"city": {"$ref": "file:///etc/hostname"}}},
+     "not a reference inside the schema"),
+    ({"type": "object", "properties": {"city": {"$ref": "#/$defs/nope"}}}, "points to nothing"),
+    ({"type": "object", "properties": {"city": {"type": "strin"}}}, "not a valid JSON Schema"),
+    ({"type": "object", "properties": {"city": {"type": "string", "minLength": "3"}}},
+     "not a valid JSON Schema"),
+])
+def test_a_schema_that_cannot_be_checked_is_a_400_and_nothing_is_fetched(
+        gw: GatewayHandle, parameters: dict, named: str) -> None:
+    with pytest.raises(openai.BadRequestError, match=named):
+        chat(gw, "sa-bad-schema").chat.completions.create(
+            model="m", messages=ASK, tools=[strict_tool(parameters)])
+    assert trajectory_json(gw, "sa-bad-schema")["turns"] == []
+
+
+def test_two_tools_of_one_name_are_a_400(gw: GatewayHandle) -> None:
+    with pytest.raises(openai.BadRequestError, match="two tools are named 'get_weather'"):
+        chat(gw, "sa-dup").chat.completions.create(model="m", messages=ASK,
+                                                   tools=[STRICT, LOOSE])
+
+
+def test_patterns_are_not_run_against_the_models_output(tmp_path: Path) -> None:
+    """A client's regex is neither Python's dialect nor safe to backtrack over the model's text
+    (`^(a+)+$` against 'aaa…!' would hold the gateway for hours): not checked."""
+    params = {"type": "object", "properties": {
+        "city": {"type": "string", "pattern": "^(a+)+$"},
+        "units": {"type": "string", "pattern": "^\\p{L}+$"}}, "required": ["city"]}
+    choice, found = one_call(tmp_path, {"city": "a" * 40 + "!", "units": "°"},
+                             [strict_tool(params)])
+    [call] = choice.message.tool_calls
+    assert call.function.name == "get_weather" and not found
+
+
+def test_a_check_that_recurses_without_end_is_refused_not_a_500(tmp_path: Path) -> None:
+    """A schema whose references loop without consuming the arguments (x -> y -> x): checking
+    any value recurses until Python's limit; the call is refused, the turn recorded."""
+    loop = {"type": "object", "properties": {"city": {"$ref": "#/$defs/x"}},
+            "$defs": {"x": {"$ref": "#/$defs/y"}, "y": {"$ref": "#/$defs/x"}}}
+    choice, found = one_call(tmp_path, {"city": "Paris"}, [strict_tool(loop)])
+    assert choice.message.tool_calls is None and choice.finish_reason == "stop"
+    assert [s["info"]["error"] for s in found] == [
+        "the arguments could not be checked: the schema or the arguments recurse too deeply"]
+
+
+def test_responses_default_strict_falls_back_where_strict_mode_cannot_say_it(
+        tmp_path: Path) -> None:
+    """Responses tools are strict by default; one whose schema strict mode cannot express
+    (an open map) is not refused for it unless it says strict true itself."""
+    open_map = {"type": "object", "properties": {"city": {"type": "string"}},
+                "additionalProperties": True}
+    server = gateway_in_thread(tmp_path, scripted_backend([EXTRA]))
+    try:
+        c = chat(server, "sa-resp-map")
+        r = c.responses.create(model="m", input=ASK[0]["content"], tools=[
+            {"type": "function", "name": "get_weather", "parameters": open_map}])
+        assert [item.type for item in r.output] == ["function_call"]
+        with pytest.raises(openai.BadRequestError, match="additionalProperties"):
+            c.responses.create(model="m", input=ASK[0]["content"], tools=[
+                {"type": "function", "name": "get_weather", "parameters": open_map,
+                 "strict": True}])
+    finally:
+        server.close()
