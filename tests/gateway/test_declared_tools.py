@@ -147,7 +147,9 @@ def test_a_declared_call_is_still_a_call(tmp_path: Path) -> None:
 
 def test_bundled_model_submit_after_a_weather_result_comes_back_as_text(tmp_path: Path) -> None:
     """The bundled model learned `submit` on arith: after a tool result it calls submit, which
-    this weather request does not declare (every seed we tried, greedy or at temperature 1)."""
+    this weather request does not declare (every seed we tried, greedy or at temperature 1).
+    The same conversation through chat, Responses and Messages, streamed and not: no call comes
+    back, the text does, and each turn records undeclared_tool."""
     from envhub.gateway.config import GatewayConfig
     from envhub.gateway.engine import BUNDLED_MODEL
     from envhub.gateway.server import run_in_thread
@@ -158,12 +160,56 @@ def test_bundled_model_submit_after_a_weather_result_comes_back_as_text(tmp_path
         "id": "call_1", "type": "function",
         "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "21"}]
+    items = [ASK[0], {"type": "function_call", "call_id": "call_1", "name": "get_weather",
+                      "arguments": '{"city": "Paris"}'},
+             {"type": "function_call_output", "call_id": "call_1", "output": "21"}]
+    turns = [ASK[0], {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "call_1", "name": "get_weather", "input": {"city": "Paris"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1",
+                                      "content": "21"}]}]
+    submit = '<tool_call>\n{"name": "submit"'
+    greedy = {"temperature": 0.0, "max_tokens": 48}
     try:
-        r = chat(gw, "ud-bundled").chat.completions.create(
-            model="m", messages=asked, tools=[WEATHER], seed=0, temperature=0.0, max_tokens=48)
-        choice = r.choices[0]
-        assert choice.message.tool_calls is None and choice.finish_reason == "stop"
-        assert choice.message.content.startswith('<tool_call>\n{"name": "submit"')
-        recorded(gw, "ud-bundled")
+        for stream in (False, True):
+            key = f"ud-bundled-{stream}"
+            if stream:
+                chunks = list(chat(gw, key).chat.completions.create(
+                    model="m", messages=asked, tools=[WEATHER], stream=True, **greedy))
+                deltas = [c.choices[0].delta for c in chunks if c.choices]
+                assert not any(d.tool_calls for d in deltas)
+                text = "".join(d.content or "" for d in deltas)
+                assert chunks[-1].choices[0].finish_reason == "stop"
+            else:
+                choice = chat(gw, key).chat.completions.create(
+                    model="m", messages=asked, tools=[WEATHER], **greedy).choices[0]
+                assert choice.message.tool_calls is None and choice.finish_reason == "stop"
+                text = choice.message.content
+            assert text.startswith(submit), text
+            recorded(gw, key)
+
+            key = f"ud-bundled-resp-{stream}"
+            resp = chat(gw, key).responses.create(
+                model="m", input=items, tools=[RESPONSES_WEATHER], stream=stream,
+                temperature=0.0, max_output_tokens=48)
+            if stream:
+                events = list(resp)
+                assert not any(e.type.startswith("response.function_call") for e in events)
+                resp = events[-1].response
+            assert [item.type for item in resp.output] == ["message"]
+            assert resp.output_text.startswith(submit), resp.output_text
+            recorded(gw, key)
+
+            key = f"ud-bundled-anth-{stream}"
+            c = anthropic_client(gw, key)
+            if stream:
+                with c.messages.stream(model="m", messages=turns, tools=[ANTHROPIC_WEATHER],
+                                       **greedy) as s:
+                    m = s.get_final_message()
+            else:
+                m = c.messages.create(model="m", messages=turns, tools=[ANTHROPIC_WEATHER],
+                                      **greedy)
+            assert [b.type for b in m.content] == ["text"] and m.stop_reason == "end_turn"
+            assert m.content[0].text.startswith(submit), m.content[0].text
+            recorded(gw, key)
     finally:
         gw.close()
