@@ -40,7 +40,7 @@ from envhub.gateway.render.chat_template import ChatRenderer
 from envhub.gateway.responses_log import ResponseLog
 from envhub.gateway.service import ChatService
 from envhub.gateway.sessions import Sessions
-from envhub.sdk.serve import KEEP_ALIVE_S, ServerThread, bind, http_protocol, serve_in_thread
+from envhub.sdk.serve import KEEP_ALIVE_S, ServerThread, bind, serve_in_thread
 
 log = logging.getLogger("envhub.gateway")
 
@@ -341,5 +341,5 @@ def serve(config: GatewayConfig) -> None:
           f"backend={config.backend}  pool={config.db}", flush=True)
     _tune_gc()
     uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on",
-                                  timeout_keep_alive=KEEP_ALIVE_S, http=http_protocol(),
+                                  timeout_keep_alive=KEEP_ALIVE_S,
                                   timeout_graceful_shutdown=5)).run(sockets=[sock])

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal, Self
 if TYPE_CHECKING:
     import uvicorn
 
-__all__ = ["ServerThread", "bind", "http_protocol", "serve_in_thread"]
+__all__ = ["ServerThread", "bind", "serve_in_thread"]
 
 
 @dataclass
@@ -53,55 +53,6 @@ class ServerThread:
 KEEP_ALIVE_S = 75
 
 
-def http_protocol() -> type:
-    """uvicorn's httptools protocol, writing each connection's output once per event-loop
-    iteration: uvicorn writes a response's status line and headers, then its body, as two
-    `send` calls, and on loopback each one runs the receiver's TCP input and wake-up inside the
-    sender's system call (with the GIL held: uvloop does not release it). One write per
-    response instead took the gateway from 0.78 to 0.71 ms of CPU per call (c=1, zero engine,
-    medians of 4 alternated rounds) and its p50 from 1.27 to 1.19 ms."""
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-
-    class CoalescedWrites(HttpToolsProtocol):
-        def connection_made(self, transport: Any) -> None:
-            wrapped: Any = _Coalescing(transport, asyncio.get_running_loop())  # a transport
-            super().connection_made(wrapped)
-
-    return CoalescedWrites
-
-
-class _Coalescing:
-    """A transport whose writes of one loop iteration go out as one (at its end, or before a
-    close); everything else is the wrapped transport's."""
-
-    __slots__ = ("_transport", "_loop", "_pending")
-
-    def __init__(self, transport: Any, loop: asyncio.AbstractEventLoop):
-        self._transport = transport
-        self._loop = loop
-        self._pending: list[bytes] = []
-
-    def write(self, data: bytes) -> None:
-        if not self._pending:
-            self._loop.call_soon(self._flush)
-        self._pending.append(data)
-
-    def _flush(self) -> None:
-        if not self._pending:
-            return
-        data = self._pending[0] if len(self._pending) == 1 else b"".join(self._pending)
-        self._pending.clear()
-        if not self._transport.is_closing():
-            self._transport.write(data)
-
-    def close(self) -> None:
-        self._flush()
-        self._transport.close()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
-
-
 def bind(host: str, port: int) -> socket.socket:
     """A listening-ready socket on (host, port); port 0 picks a free one. Binding before
     uvicorn starts tells the caller the port without a race against other processes."""
@@ -126,7 +77,7 @@ def serve_in_thread(app: Any, host: str = "127.0.0.1", port: int = 0, *,
     url = f"http://{host}:{sock.getsockname()[1]}"
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan=lifespan,
                                            timeout_graceful_shutdown=graceful_timeout,
-                                           timeout_keep_alive=KEEP_ALIVE_S, http=http_protocol()))
+                                           timeout_keep_alive=KEEP_ALIVE_S))
 
     async def run() -> None:
         try:
