@@ -112,18 +112,19 @@ def parse_request(request: Request, body: dict[str, Any], *, counting: bool = Fa
     messages = to_messages(req.system, req.messages)
     choice = body.get("tool_choice")  # its shape checked by the model
     tools = tool_choice(choice, to_tools(req.tools))
-    output = json_output(req.output_config, req.output_format)
+    # built for count_tokens too: a request /v1/messages refuses is refused there as well
+    made = constraint(gw.renderer, choice, tools, json_output(req.output_config,
+                                                              req.output_format))
     if isinstance(req, MessagesRequest):
         params = _params(req, gw.renderer.stop_token_ids)
-        params.constraint = constraint(gw.renderer, choice, tools, output)
+        params.constraint = made
         stream = bool(req.stream)
     else:
         params, stream = SamplingParams(), False
     none = isinstance(choice, dict) and choice.get("type") == "none"
-    ignored = req.ignored()
-    if (req.output_config or {}).get("effort") is not None:
-        ignored.append("output_config.effort")
-    return Call(model, messages, tools, params, stream, ignored, none)
+    ignored = req.ignored() + [f"output_config.{k}" for k, v in (req.output_config or {}).items()
+                               if k != "format" and v is not None]
+    return Call(model, messages, tools, params, stream, sorted(ignored), none)
 
 
 # -- response --------------------------------------------------------------------------------

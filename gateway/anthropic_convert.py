@@ -4,11 +4,13 @@ Each error names the block it is about (`messages[1].content[0]`), in Anthropic'
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from envhub.gateway.errors import BadRequest
+from envhub.gateway.strict import strict_schema
 from envhub.gateway.structured import Constraint, for_request
 
 _JOIN = "\n\n"  # between text blocks of one message (a single block stays byte-exact)
@@ -216,11 +218,20 @@ def tool_choice(raw: Any, tools: list[dict[str, Any]] | None) -> list[dict[str, 
     return tools
 
 
+@dataclass(frozen=True)
+class JsonOutput:
+    """JSON outputs as OpenAI's strict response_format (`fmt`), and the field it came from."""
+
+    fmt: dict[str, Any]
+    param: str  # output_config.format, or the beta's output_format
+
+
 def json_output(config: dict[str, Any] | None, beta: dict[str, Any] | None
-                ) -> dict[str, Any] | None:
+                ) -> JsonOutput | None:
     """JSON outputs (`output_config.format`, or the structured-outputs beta's `output_format`)
     as OpenAI's strict response_format: Anthropic's JSON outputs follow the schema exactly, so
-    its objects are closed and every property required (gateway/strict.py)."""
+    its objects are closed and every property required (gateway/strict.py; the closed schema is
+    also what a hosted model is sent)."""
     fmt, where = (config or {}).get("format"), "output_config.format"
     if beta is not None:
         if fmt is not None:
@@ -233,12 +244,19 @@ def json_output(config: dict[str, Any] | None, beta: dict[str, Any] | None
             fmt.get("schema"), dict):
         raise BadRequest(f"{where} must be {{'type': 'json_schema', 'schema': {{...}}}}",
                          param=where)
-    return {"type": "json_schema",
-            "json_schema": {"name": "output", "schema": fmt["schema"], "strict": True}}
+    try:
+        schema = strict_schema(fmt["schema"], "the output schema", where)
+    except BadRequest as e:  # no strict flag to turn off here
+        e.message = e.message.replace(", or send strict false", "")
+        raise
+    except RecursionError:
+        raise BadRequest("the output schema nests too deeply; flatten it", param=where) from None
+    return JsonOutput({"type": "json_schema", "json_schema": {
+        "name": "output", "schema": schema, "strict": True}}, where)
 
 
 def constraint(renderer: Any, choice: Any, tools: list[dict[str, Any]] | None,
-               output: dict[str, Any] | None = None) -> Constraint | None:
+               output: JsonOutput | None = None) -> Constraint | None:
     """`any` / `tool` force a tool call; `disable_parallel_tool_use` allows at most one;
     `output` (json_output) constrains the answer to its schema."""
     # what a hosted model (litellm, OpenAI-shaped) takes for the same request
@@ -257,14 +275,14 @@ def constraint(renderer: Any, choice: Any, tools: list[dict[str, Any]] | None,
         elif force == "named":
             request["tool_choice"] = {"type": "function", "function": {"name": name}}
     if output is not None:
-        request["response_format"] = output
+        request["response_format"] = output.fmt
     if not request:
         return None
     try:
-        return for_request(renderer, tools, fmt=output, force=force, name=name,
-                           parallel=not single, request=request)
+        return for_request(renderer, tools, fmt=output.fmt if output else None, force=force,
+                           name=name, parallel=not single, request=request)
     except BadRequest as e:  # name the Anthropic field, not the chat one
-        if e.param and e.param.startswith("response_format"):
-            e.param = "output_config.format"
+        if e.param and e.param.startswith("response_format") and output is not None:
+            e.param = output.param
             e.message = e.message.replace("response_format's schema", "the output schema")
         raise

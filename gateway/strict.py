@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import unquote
 
 import orjson
 from jsonschema import Draft202012Validator, validators
@@ -164,9 +165,13 @@ class StrictArguments:
                                  "own name", param="tools")
             what = f"function {fn['name']!r} parameters"
             try:
-                schema = strict_schema(fn.get("parameters") or {"type": "object"}, what, "tools",
-                                       require_all=False)
-                _check_schema(schema, what)
+                try:
+                    schema = strict_schema(fn.get("parameters") or {"type": "object"}, what,
+                                           "tools", require_all=False)
+                    _check_schema(schema, what)
+                except RecursionError:  # the metaschema's own recursion, on a deep schema
+                    raise BadRequest(f"{what}: nested too deeply to check; flatten it",
+                                     param="tools") from None
             except BadRequest:
                 if explicit:
                     raise
@@ -210,18 +215,22 @@ def _check_schema(schema: dict[str, Any], what: str) -> None:
         if isinstance(node, dict):
             ref = node.get("$ref")
             if isinstance(ref, str) and _pointer(schema, ref) is None:
-                raise BadRequest(f"{what}: $ref {ref[:80]!r} points to nothing in the schema",
-                                 param="tools")
+                why = ("points to nothing in the schema" if ref == "#" or ref.startswith("#/")
+                       else "is an anchor; refer by JSON pointer ('#/$defs/...')")
+                raise BadRequest(f"{what}: $ref {ref[:80]!r} {why}", param="tools")
             stack.extend(node.values())
         elif isinstance(node, list):
             stack.extend(node)
 
 
 def _pointer(root: Any, ref: str) -> Any:
-    """What the local reference `#/a/b` names in `root`, or None."""
+    """What the local reference `#/a/b` (or `#`) names in `root`, or None (an anchor, `#name`,
+    is not looked up: strict schemas refer by pointer)."""
+    if ref != "#" and not ref.startswith("#/"):
+        return None
     node = root
-    for part in ref[1:].split("/")[1:] if ref != "#" else []:
-        part = part.replace("~1", "/").replace("~0", "~")
+    for part in ref[2:].split("/") if ref != "#" else []:
+        part = unquote(part).replace("~1", "/").replace("~0", "~")
         if isinstance(node, dict) and part in node:
             node = node[part]
         elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
@@ -231,26 +240,31 @@ def _pointer(root: Any, ref: str) -> Any:
     return node
 
 
-_CHECKS: dict[tuple[bytes, frozenset[tuple[str, bool]]], StrictArguments] = {}
-_MAX_CHECKS = 128  # tool lists remembered (an agent sends the same tools every turn)
-_MAX_CACHED_TOOLS = 64 * 1024  # bytes of tools JSON above which the checks are not kept
+_CHECKS: dict[tuple[bytes, frozenset[tuple[str, bool]]], tuple[StrictArguments, int]] = {}
+_CACHE_BYTES = 16 << 20  # tools JSON kept behind the cached checks, in all
+_cached_bytes = 0
 
 
 def strict_arguments(tools: list[dict[str, Any]] | None, strict: dict[str, bool],
                      tools_key: bytes) -> StrictArguments | None:
     """The checks for `strict` (function name → whether the request said `strict: true`
     itself, rather than by a default) of `tools` (hashed as `tools_key`), built once per
-    tool list; None when no declared function is strict."""
+    tool list (an agent sends the same tools every turn); None when no declared function is
+    strict."""
+    global _cached_bytes
     if not strict or not tools:
         return None
     key = (tools_key, frozenset(strict.items()))
-    check = _CHECKS.get(key)
-    if check is None:
-        check = StrictArguments(tools, strict)
-        if len(orjson.dumps(tools)) <= _MAX_CACHED_TOOLS:
-            if len(_CHECKS) >= _MAX_CHECKS:
-                _CHECKS.pop(next(iter(_CHECKS)))
-            _CHECKS[key] = check
+    hit = _CHECKS.get(key)
+    if hit is not None:
+        return hit[0]
+    check = StrictArguments(tools, strict)
+    size = len(orjson.dumps(tools))
+    if size <= _CACHE_BYTES:
+        while _CHECKS and _cached_bytes + size > _CACHE_BYTES:
+            _cached_bytes -= _CHECKS.pop(next(iter(_CHECKS)))[1]
+        _CHECKS[key] = (check, size)
+        _cached_bytes += size
     return check
 
 

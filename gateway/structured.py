@@ -104,12 +104,15 @@ def response_format(raw: Any) -> dict[str, Any] | None:
 
 def tool_call_grammar(tools: list[dict[str, Any]], names: list[str] | None, *,
                       text_first: bool, many: bool, tool_format: str,
-                      tag_ids: tuple[int | None, int | None]) -> str:
+                      tag_ids: tuple[int | None, int | None],
+                      answer: dict[str, Any] | None = None) -> str:
     """A Lark grammar for tool calls to `names` (default: every tool) in the model's syntax.
 
     text_first: free text may come first and the call is optional (tool_choice 'auto' with
     parallel_tool_calls false: at most one call); otherwise at least one call, nothing else.
-    many: further calls may follow (parallel tool calls)."""
+    many: further calls may follow (parallel tool calls). answer: instead of free text, the
+    answer is JSON matching this schema — or the calls (response_format with tools under
+    'auto': the format binds the answer, not the turns that call tools)."""
     if tool_format != "hermes":
         raise BadRequest(f"forcing tool calls is not supported for this model's tool-call "
                          f"format ({tool_format!r}); use tool_choice 'auto'",
@@ -122,10 +125,13 @@ def tool_call_grammar(tools: list[dict[str, Any]], names: list[str] | None, *,
     open_, close = (f"<[{i}]>" if i is not None else orjson.dumps(s).decode()
                     for i, s in zip(tag_ids, (_OPEN, _CLOSE), strict=True))
     rules = [f'call: {open_} "\\n" {_json(schema)} "\\n" {close}']
-    if text_first:
+    calls = 'call ("\\n" call)*' if many else "call"
+    if answer is not None:
+        rules.insert(0, f"start: answer | {calls}\nanswer: {_json(answer)}")
+    elif text_first:
         rules.insert(0, "start: TEXT call?\nTEXT: /(?s:.*)/")
     else:
-        rules.insert(0, 'start: call ("\\n" call)*' if many else "start: call")
+        rules.insert(0, f"start: {calls}")
     return "\n".join(rules) + "\n"
 
 
@@ -188,18 +194,23 @@ def for_request(renderer: Any, tools: list[dict[str, Any]] | None, *, fmt: Any =
     follow one another. `request`: the fields a hosted model takes as they are."""
     schema = response_format(fmt)
     constraint: Constraint | None = None
-    if force is not None or (not parallel and tools):
-        if schema is not None:
-            raise BadRequest("response_format json cannot be combined with a forced tool call; "
-                             "drop one of them", param="response_format")
-        assert tools
-        grammar = tool_call_grammar(
-            tools, [name] if force == "named" and name else None, text_first=force is None,
-            many=parallel, tool_format=renderer.tool_format,
-            tag_ids=_tag_ids(renderer.tokenizer))
-        constraint = Constraint(grammar=grammar, request=request or {})
-    elif schema is not None:
-        constraint = Constraint(json_schema=schema, request=request or {})
-    if constraint is not None:
-        check(constraint)
+    # With tools, a format binds the answer, not a turn that calls tools (OpenAI; Anthropic's
+    # JSON outputs "with tool use in the same request"): under 'auto' the answer is the JSON or
+    # the calls; a forced call has no answer to format. Tool formats other than Hermes have no
+    # call grammar here: the format alone, as before.
+    answer = schema if force is None and renderer.tool_format == "hermes" else None
+    try:
+        if tools and (force is not None or not parallel or answer is not None):
+            grammar = tool_call_grammar(
+                tools, [name] if force == "named" and name else None,
+                text_first=force is None, many=parallel, tool_format=renderer.tool_format,
+                tag_ids=_tag_ids(renderer.tokenizer), answer=answer)
+            constraint = Constraint(grammar=grammar, request=request or {})
+        elif schema is not None:
+            constraint = Constraint(json_schema=schema, request=request or {})
+        if constraint is not None:
+            check(constraint)
+    except orjson.JSONEncodeError:  # deeper than orjson writes (254 levels)
+        raise BadRequest("a schema of this request nests deeper than 254 levels; flatten it",
+                         param="response_format" if schema is not None else "tools") from None
     return constraint

@@ -153,7 +153,11 @@ def message_hash(msg: dict[str, Any]) -> bytes:
 
 
 def tools_hash(tools: list[dict[str, Any]] | None) -> bytes:
-    return _digest(orjson.dumps(tools or [], option=orjson.OPT_SORT_KEYS))
+    try:
+        return _digest(orjson.dumps(tools or [], option=orjson.OPT_SORT_KEYS))
+    except orjson.JSONEncodeError:  # deeper than orjson writes (254 levels)
+        raise BadRequest("'tools' nest deeper than 254 levels; flatten the schemas",
+                         param="tools") from None
 
 
 def chain(prev: bytes, item: bytes) -> bytes:

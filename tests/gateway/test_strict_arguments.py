@@ -236,3 +236,43 @@ def test_responses_default_strict_falls_back_where_strict_mode_cannot_say_it(
                  "strict": True}])
     finally:
         server.close()
+
+
+def nested(depth: int) -> dict:
+    schema: dict = {"type": "object", "properties": {"city": {"type": "string"}}}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"x": schema}}
+    return schema
+
+
+def test_a_schema_too_deep_to_check_is_a_400_when_strict_is_said(gw: GatewayHandle) -> None:
+    """120 nested objects: the metaschema check recurses past Python's limit; 150: deeper than
+    the pool's JSON writer goes (254 levels), for any tool list."""
+    with pytest.raises(openai.BadRequestError, match="nested too deeply to check"):
+        chat(gw, "sa-deep").chat.completions.create(
+            model="m", messages=ASK, tools=[strict_tool(nested(120))])
+    with pytest.raises(openai.BadRequestError, match="deeper than 254 levels"):
+        chat(gw, "sa-deeper").chat.completions.create(
+            model="m", messages=ASK, tools=[{**LOOSE, "function": {
+                **LOOSE["function"], "parameters": nested(150)}}])
+    # strict by Responses' default only: not checked, not refused
+    r = chat(gw, "sa-deep-resp").responses.create(model="m", input=ASK[0]["content"], tools=[
+        {"type": "function", "name": "get_weather", "parameters": nested(120)}])
+    assert [item.type for item in r.output] == ["function_call"]
+
+
+def test_references_by_encoded_pointer_resolve_and_anchors_are_refused(tmp_path: Path) -> None:
+    params = {"type": "object", "properties": {"city": {"$ref": "#/$defs/A%20B"}},
+              "$defs": {"A B": {"type": "string"}}, "required": ["city"]}
+    choice, found = one_call(tmp_path, {"city": "Paris"}, [strict_tool(params)])
+    assert [c.function.name for c in choice.message.tool_calls] == ["get_weather"]
+    assert not found
+    anchored = {**params, "properties": {"city": {"$ref": "#place"}}}
+    (tmp_path / "anchor").mkdir()
+    server = gateway_in_thread(tmp_path / "anchor", scripted_backend([GOOD]))
+    try:
+        with pytest.raises(openai.BadRequestError, match="is an anchor"):
+            chat(server, "sa-anchor").chat.completions.create(
+                model="m", messages=ASK, tools=[strict_tool(anchored)])
+    finally:
+        server.close()

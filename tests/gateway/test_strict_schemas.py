@@ -166,16 +166,67 @@ def test_anthropic_json_output_closes_a_pydantic_schema(gw: GatewayHandle) -> No
             "output_config" in extra)
 
 
+def deep_schema(depth: int) -> dict:
+    schema: dict = {"type": "object", "properties": {"a": {"type": "string"}}}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"x": schema}}
+    return schema
+
+
 @pytest.mark.parametrize("extra, named", [
     ({"output_config": {"format": {"type": "json_schema", "schema": {
         "type": "object", "properties": {"a": {"oneOf": [{"type": "string"}]}}}}}}, "'oneOf'"),
+    ({"output_config": {"format": {"type": "json_schema", "schema": deep_schema(130)}}},
+     "254 levels"),
     ({"output_config": {"format": {"type": "text"}}}, "output_config.format must be"),
     ({"output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}},
       "output_format": {"type": "json_schema", "schema": {"type": "object"}}}, "once"),
 ])
 def test_anthropic_bad_json_output_is_a_400(gw: GatewayHandle, extra: dict, named: str) -> None:
-    r = httpx.post(f"{gw.url}/v1/messages", headers={"x-api-key": "strict-anth-bad"}, json={
-        "model": "m", "max_tokens": 8, "messages": ASK, **extra})
-    assert r.status_code == 400, r.text
-    assert named in r.json()["error"]["message"]
-    assert "response_format" not in r.json()["error"]["message"]
+    """On /v1/messages and on count_tokens alike; the message names no OpenAI field."""
+    for path in ("/v1/messages", "/v1/messages/count_tokens"):
+        r = httpx.post(f"{gw.url}{path}", headers={"x-api-key": "strict-anth-bad"}, json={
+            "model": "m", "max_tokens": 8, "messages": ASK, **extra})
+        assert r.status_code == 400, (path, r.text)
+        assert named in r.json()["error"]["message"]
+        assert "response_format" not in r.json()["error"]["message"]
+        assert "strict false" not in r.json()["error"]["message"]
+
+
+def test_anthropic_json_output_with_tools_still_calls_them(gw: GatewayHandle) -> None:
+    """JSON outputs bind the answer, not a turn that calls a tool: the bundled model calls a
+    declared tool under output_config (it could only write the JSON before); unknown
+    output_config keys are named as ignored."""
+    submit = {"name": "submit", "input_schema": {"type": "object", "properties": {
+        "answer": {"type": "string"}}, "required": ["answer"]}}
+    weather = {"name": "get_weather", "input_schema": {"type": "object", "properties": {
+        "city": {"type": "string"}}, "required": ["city"]}}
+    turns = [{"role": "user", "content": "What is the weather in Paris?"},
+             {"role": "assistant", "content": [{"type": "tool_use", "id": "call_1",
+                                                "name": "get_weather",
+                                                "input": {"city": "Paris"}}]},
+             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1",
+                                           "content": "21"}]}]
+    r = httpx.post(f"{gw.url}/v1/messages", headers={"x-api-key": "strict-anth-tools"}, json={
+        "model": "m", "max_tokens": 48, "temperature": 0.0, "messages": turns,
+        "tools": [weather, submit], "output_config": {
+            "format": {"type": "json_schema", "schema": Length.model_json_schema()},
+            "future": "x"}})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert [b["type"] for b in body["content"]] == ["tool_use"], body
+    assert body["content"][0]["name"] in ("submit", "get_weather")
+    assert body["stop_reason"] == "tool_use"
+    assert "output_config.future" in r.headers["x-envhub-ignored"]
+
+
+def test_a_hosted_model_is_sent_the_closed_output_schema() -> None:
+    from envhub.gateway.anthropic_convert import constraint, json_output
+    from tests.support import bundled_renderer
+
+    made = constraint(bundled_renderer(), None, None, json_output(
+        None, {"type": "json_schema", "schema": Length.model_json_schema()}))
+    assert made is not None
+    sent = made.request["response_format"]["json_schema"]
+    assert sent["strict"] is True and sent["schema"]["additionalProperties"] is False
+    assert sent["schema"]["required"] == ["answer", "unit"]

@@ -102,6 +102,23 @@ def test_tool_choice_required_forces_a_call(gw: GatewayHandle) -> None:
     assert r.choices[0].finish_reason == "tool_calls"
 
 
+def test_a_format_binds_the_answer_not_a_forced_or_chosen_call(gw: GatewayHandle) -> None:
+    """response_format with tools: a forced call is still a call (the format binds a text
+    answer, which a forced turn has none of); under auto the answer is the JSON or the calls."""
+    fmt = {"type": "json_object"}
+    r = client(gw, "so-format-required").chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "Hello!"}], seed=5, max_tokens=64,
+        tools=[CALC_TOOL, WEATHER], tool_choice="required", response_format=fmt)
+    assert r.choices[0].message.tool_calls and r.choices[0].finish_reason == "tool_calls"
+    for seed in range(3):
+        r = client(gw, f"so-format-auto-{seed}").chat.completions.create(
+            model="m", messages=ASK, seed=seed, max_tokens=64, tools=[CALC_TOOL],
+            parallel_tool_calls=False, response_format={
+                "type": "json_schema", "json_schema": {"name": "a", "schema": ANSWER}})
+        message = r.choices[0].message
+        assert message.tool_calls or set(json.loads(message.content)) == {"answer", "unit"}
+
+
 def test_named_tool_choice_and_no_parallel_calls(gw: GatewayHandle) -> None:
     r = client(gw, "so-named").chat.completions.create(
         model="m", messages=[{"role": "user", "content": "What is 2+2?"}], seed=6,
@@ -135,8 +152,6 @@ def test_langchain_with_structured_output_json_schema(gw: GatewayHandle) -> None
     ({"response_format": {"type": "json_schema", "json_schema": {
         "name": "x", "schema": {"type": "objekt"}}}}, "response_format"),
     ({"parallel_tool_calls": "no", "tools": [CALC_TOOL]}, "parallel_tool_calls"),
-    ({"response_format": {"type": "json_object"}, "tools": [CALC_TOOL],
-      "tool_choice": "required"}, "response_format"),
 ])
 def test_bad_structured_requests_are_400(gw: GatewayHandle, body: dict, param: str) -> None:
     r = httpx.post(f"{gw.url}/v1/chat/completions", headers={"authorization": "Bearer so-bad"},
