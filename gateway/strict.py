@@ -164,18 +164,20 @@ class StrictArguments:
                 raise BadRequest(f"two tools are named {fn['name']!r}; give each function its "
                                  "own name", param="tools")
             what = f"function {fn['name']!r} parameters"
+            # strict by default only (Responses): a schema that cannot be checked is not
             try:
-                try:
-                    schema = strict_schema(fn.get("parameters") or {"type": "object"}, what,
-                                           "tools", require_all=False)
-                    _check_schema(schema, what)
-                except RecursionError:  # the metaschema's own recursion, on a deep schema
+                schema = strict_schema(fn.get("parameters") or {"type": "object"}, what,
+                                       "tools", require_all=False)
+                _check_schema(schema, what)
+            except RecursionError:  # the metaschema's own recursion, on a deep schema
+                if explicit:
                     raise BadRequest(f"{what}: nested too deeply to check; flatten it",
                                      param="tools") from None
+                continue
             except BadRequest:
                 if explicit:
                     raise
-                continue  # strict by default only (Responses): what cannot be strict is not
+                continue
             self.checks[fn["name"]] = _Checker(schema, registry=Registry())
 
     def error(self, name: str, arguments: str) -> str | None:
@@ -268,13 +270,8 @@ def strict_arguments(tools: list[dict[str, Any]] | None, strict: dict[str, bool]
     return check
 
 
-def strict_names(tools: list[dict[str, Any]] | None, default: bool = False) -> dict[str, bool]:
-    """The functions of an OpenAI-shaped tool list to check: those saying `strict: true` (→
-    True) and, with `default` (the Responses API's), those that do not say (→ False: checked
-    only when their schema can be strict)."""
-    out: dict[str, bool] = {}
-    for t in tools or []:
-        flag = t.get("function", {}).get("strict")
-        if flag is True or (default and flag is None):
-            out[t["function"]["name"]] = flag is True
-    return out
+def strict_names(tools: list[dict[str, Any]] | None) -> dict[str, bool]:
+    """The functions of an OpenAI-shaped tool list that say `strict: true` (the Responses API,
+    strict by default, says which of its tools to check itself: responses_api._checked)."""
+    return {t["function"]["name"]: True for t in tools or []
+            if t.get("function", {}).get("strict") is True}

@@ -33,7 +33,7 @@ def _call(name: Any, args: Any) -> dict[str, Any] | None:
         return None
     try:
         return {"name": name, "arguments": orjson.dumps(args).decode()}
-    except TypeError:  # nested deeper than orjson writes (254 levels): not a usable call
+    except orjson.JSONEncodeError:  # nested deeper than orjson writes (254 levels): unusable
         return None
 
 
