@@ -3,6 +3,7 @@ and reaps them). Every backend (docker, local bubblewrap, e2b) implements both."
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +15,26 @@ from envhub.envs.manifest import SandboxSpec
 # patch is far smaller; a larger file (a 1 GiB sparse file costs an agent nothing) is refused
 # with FileTooLarge before it is read.
 MAX_READ_BYTES = 64 << 20
+
+
+async def process_exited(proc: asyncio.subprocess.Process, timeout_s: float) -> bool:
+    """Whether `proc` itself ended within `timeout_s`. Not `proc.wait()` alone: on Python 3.11
+    that also waits for every holder of its pipes to close them, and a process it started in a
+    session of its own (setsid: out of reach of a signal to its group) may hold them for as
+    long as it lives. `wait()` still ends this at once in the usual case; the exit status,
+    set when the process is reaped, ends it within 50 ms otherwise."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    waiter = asyncio.ensure_future(proc.wait())
+    try:
+        while proc.returncode is None:
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            await asyncio.wait({waiter}, timeout=min(left, 0.05))
+        return True
+    finally:
+        waiter.cancel()
 
 
 @dataclass

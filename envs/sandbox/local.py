@@ -31,7 +31,7 @@ import uuid
 from pathlib import Path
 
 from envhub.envs.manifest import SandboxSpec
-from envhub.envs.sandbox.base import MAX_READ_BYTES, ExecResult, StdioCommand
+from envhub.envs.sandbox.base import MAX_READ_BYTES, ExecResult, StdioCommand, process_exited
 from envhub.envs.sandbox.errors import (
     FileTooLarge,
     SandboxClosed,
@@ -230,14 +230,12 @@ class LocalSandbox:
         timed_out = False
         start = time.monotonic()
         try:
-            await asyncio.wait_for(proc.wait(), timeout)
-        except TimeoutError:
-            timed_out = True
+            timed_out = not await process_exited(proc, timeout)
         finally:
             # Kill the group even after a normal exit: without bwrap, background children
             # would otherwise hold our pipes open (with bwrap the pid namespace is gone).
             _killpg(proc.pid)
-            await proc.wait()
+            await process_exited(proc, 10)
             if group is not None:
                 await asyncio.to_thread(_release_cgroup, group)
         try:

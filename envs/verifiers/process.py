@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from envhub.envs.errors import EnvLoadError
+from envhub.envs.sandbox.base import process_exited
 
 WORKER = Path(__file__).resolve().parent / "worker.py"
 CHECKOUT = Path(__file__).resolve().parents[2]  # the repository (envs/verifiers/process.py)
@@ -156,14 +157,10 @@ async def _stop(proc: asyncio.subprocess.Process) -> None:
     the group after STOP_GRACE_S for a worker that does not end."""
     if proc.returncode is None:
         _signal(proc, signal.SIGTERM)
-        try:
-            await asyncio.wait_for(asyncio.shield(proc.wait()), STOP_GRACE_S)
-        except TimeoutError:
-            pass
+        await process_exited(proc, STOP_GRACE_S)
     _signal(proc, signal.SIGKILL)  # whatever is left in the worker's own group
-    await proc.wait()
-    # the pipes read to their end (bounded: a process out of the group may hold them), so the
-    # transport closes on this loop rather than in a garbage collection after it
+    await process_exited(proc, STOP_GRACE_S)
+    # the pipes read to their end, bounded
     for stream in (proc.stdout, proc.stderr):
         if stream is None:
             continue
@@ -173,6 +170,12 @@ async def _stop(proc: asyncio.subprocess.Process) -> None:
                 chunk = await asyncio.wait_for(stream.read(1 << 16), 1.0)
         except TimeoutError:
             pass
+    # a process out of the group may hold them still: the transport is closed here, or the
+    # garbage collection after this loop ends closes it on a closed loop (asyncio has no public
+    # close for a Process; its transport attribute has been there since 3.4)
+    transport = getattr(proc, "_transport", None)
+    if transport is not None:
+        transport.close()
 
 
 def _signal(proc: asyncio.subprocess.Process, sig: int) -> None:

@@ -161,6 +161,21 @@ def test_without_bwrap_it_warns_loudly_and_still_runs(tmp_path: Path, capsys) ->
     assert host_processes_with(token) == []
 
 
+def test_without_bwrap_a_setsid_child_does_not_turn_an_exit_into_a_timeout(tmp_path: Path
+                                                                            ) -> None:
+    """A command that ends at once but leaves a process in a session of its own (holding the
+    call's pipes) is not reported as timed out: the call ends on the command's own exit, and
+    the escapee goes with the call's cgroup (root) or its pipes are given up on (others)."""
+    plain = LocalSandbox(SandboxSpec(), tmp_path, bwrap=None)
+    token = f"envhub-setsid-{uuid.uuid4().hex[:8]}"
+    r = run(plain.exec(f"setsid bash -c 'exec -a {token} sleep 60' & echo hi; exit 3",
+                       timeout=30))
+    assert (r.exit_code, r.timed_out) == (3, False)
+    if os.geteuid() == 0:  # the pids cgroup holds every process of the call
+        assert r.stdout == "hi\n" and host_processes_with(token) == []
+    subprocess.run(["pkill", "-f", token], check=False)
+
+
 def test_workdirs_of_a_killed_owner_are_reaped() -> None:
     require_tool("bwrap")
     import signal

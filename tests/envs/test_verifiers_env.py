@@ -249,16 +249,61 @@ def _state(pid: int) -> str:
 def test_a_stopped_worker_gets_sigterm_first_for_what_it_started_elsewhere(tmp_path, monkeypatch):
     """verifiers starts the harness program in a session of its own, out of reach of a signal
     to the worker's group: the worker is sent SIGTERM first, so it stops what it started (the
-    real worker cancels its episode and verifiers cleans up); SIGKILL only after a grace."""
+    real worker cancels its episode and verifiers cleans up); SIGKILL only after a grace. The
+    call is stopped once the fake worker says it is ready (its trap set, its child started),
+    not on a timer a loaded machine can outrun."""
     fake = tmp_path / "python"
-    fake.write_text("#!/bin/sh\nsetsid sleep 300 &\nchild=$!\n"
-                    f"echo $child > {tmp_path}/child\n"
-                    "trap 'kill $child; exit 143' TERM\nwhile :; do sleep 0.1; done\n")
+    fake.write_text("#!/bin/sh\ntrap 'kill $child; exit 143' TERM\nsetsid sleep 300 &\n"
+                    f"child=$!\necho $child > {tmp_path}/ready\nmv {tmp_path}/ready "
+                    f"{tmp_path}/child\nwhile :; do sleep 0.1; done\n")
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("ENVHUB_VERIFIERS_PYTHON", str(fake))
-    with pytest.raises(process.WorkerFailed, match="took over"):
-        asyncio.run(process.acall(["rollout", "x", "k", "f"], 2))
-    assert not _alive(int((tmp_path / "child").read_text()))
+
+    async def stopped_when_ready() -> None:
+        call = asyncio.ensure_future(process.acall(["rollout", "x", "k", "f"], 300))
+        while not (tmp_path / "child").exists():
+            assert not call.done(), call.result()
+            await asyncio.sleep(0.05)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+
+    started = time.monotonic()
+    asyncio.run(stopped_when_ready())
+    assert time.monotonic() - started < process.STOP_GRACE_S  # on SIGTERM, not the SIGKILL
+    child = int((tmp_path / "child").read_text())
+    deadline = time.monotonic() + 10  # a signal is delivered when its process next runs
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child)
+
+
+def test_a_process_left_holding_the_workers_pipes_does_not_hang_the_stop(tmp_path, monkeypatch):
+    """A process the worker started in a session of its own and did not stop keeps the
+    worker's stdout open; the stop waits for the worker, not for that process (asyncio's
+    `wait()` waits for both on Python 3.11)."""
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\ntrap 'exit 143' TERM\nsetsid sleep 60 &\n"
+                    f"echo $! > {tmp_path}/ready\nmv {tmp_path}/ready {tmp_path}/child\n"
+                    "while :; do sleep 0.1; done\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("ENVHUB_VERIFIERS_PYTHON", str(fake))
+
+    async def stopped_when_ready() -> None:
+        call = asyncio.ensure_future(process.acall(["rollout", "x", "k", "f"], 300))
+        while not (tmp_path / "child").exists():
+            assert not call.done(), call.result()
+            await asyncio.sleep(0.05)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+
+    started = time.monotonic()
+    try:
+        asyncio.run(stopped_when_ready())
+        assert time.monotonic() - started < process.STOP_GRACE_S
+    finally:
+        os.kill(int((tmp_path / "child").read_text()), signal.SIGKILL)
 
 
 def test_the_real_worker_ends_on_sigterm(tmp_path):
