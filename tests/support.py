@@ -151,6 +151,22 @@ def host_processes_with(token: str) -> list[str]:
     return [line for line in out.stdout.splitlines() if token in line and "ps -eo" not in line]
 
 
+def ended(pid: int, within_s: float = 10.0) -> bool:
+    """Whether process `pid` is gone (or a zombie) within `within_s`: a signal is delivered when
+    its process next runs, which a loaded machine can delay past the sender's next line."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return True
+        if state in ("Z", "X"):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+
+
 def start_gateway(db: str, port: int, extra: list[str] | None = None,
                   backend: str = "zero") -> subprocess.Popen:
     # output to a file: an undrained pipe would block the server once its buffer fills

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from envhub.cli import app
 from tests.envs.runtime_fixtures.gateway import ADMIN_KEY, FIXTURES, start_gateway
-from tests.support import default_sigint, envhub, require_docker, require_tool, run_leftovers
+from tests.support import default_sigint, ended, envhub, require_docker, require_tool, run_leftovers
 
 BAD_MANIFEST = 'name = "bad"\nversion = "one"\nentrypoint = "env:Env"\n'
 
@@ -214,8 +214,7 @@ def test_interrupted_run_leaves_nothing_behind(tmp_path, sig):
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 130, (out, err)
         assert "interrupted" in err
-        child = Path(f"/proc/{int(pid_file.read_text())}/stat")
-        assert not child.exists() or child.read_text().split()[2] == "Z"
+        assert ended(int(pid_file.read_text()))
         assert not Path(info["cwd"]).exists()  # the agent's folder and the run's scratch
         assert not Path(info["cwd"]).parent.parent.exists()
         t = httpx.get(f"{gw.url}/sessions/{info['session_id']}/trajectory",

@@ -118,7 +118,7 @@ def test_connections_that_never_speak_are_bounded_in_number_and_time(gateway, tm
 
     async def main():
         channel = await SessionChannel(tmp_path / "ch", gateway.url, session.api_key,
-                                       max_connections=3, head_timeout_s=2.0).start()
+                                       max_connections=3, head_timeout_s=5.0).start()
         try:
             return await asyncio.to_thread(flood, str(channel.socket_path)), channel
         finally:

@@ -350,13 +350,25 @@ def test_mcp_requests_are_bounded_in_size_time_and_number(tmp_path: Path) -> Non
             out["bad_chunk"] = _status(await _exchange(path, [chunked + b"zz\r\nxx\r\n"]))
             out["slow"] = _status(await _exchange(path, [HEAD + b"content-length: 10\r\n\r\n",
                                                          b"{"], pause=2.0))
-            # MCP_MAX_IN_FLIGHT requests whose bodies have not arrived yet hold every place
-            held = [asyncio.create_task(_exchange(path, [HEAD + b"content-length: 10\r\n\r\n"]))
-                    for _ in range(MCP_MAX_IN_FLIGHT)]
-            while channel.mcp_in_flight < MCP_MAX_IN_FLIGHT:
-                await asyncio.sleep(0.01)
-            out["crowded"] = _status(await _exchange(path, [HEAD + b"content-length: 2\r\n\r\n{}"]))
-            out["held"] = [_status(a) for a in await asyncio.gather(*held)]
+            # MCP_MAX_IN_FLIGHT requests whose bodies have not arrived yet hold every place (on
+            # a channel whose read timer outlasts a loaded machine's scheduling of the rest)
+            patient = await SessionChannel(tmp_path / "ch2", "http://127.0.0.1:9", "k",
+                                           head_timeout_s=8).start()
+            patient.serve_mcp(await ToolServer(Toolbox(loaded.env, task, MemorySandbox()),
+                                               {}).start())
+            try:
+                held = [asyncio.create_task(_exchange(patient.socket_path,
+                                                      [HEAD + b"content-length: 10\r\n\r\n"]))
+                        for _ in range(MCP_MAX_IN_FLIGHT)]
+                deadline = time.monotonic() + 30
+                while patient.mcp_in_flight < MCP_MAX_IN_FLIGHT:
+                    assert time.monotonic() < deadline and not any(t.done() for t in held)
+                    await asyncio.sleep(0.01)
+                out["crowded"] = _status(await _exchange(
+                    patient.socket_path, [HEAD + b"content-length: 2\r\n\r\n{}"]))
+                out["held"] = [_status(a) for a in await asyncio.gather(*held)]
+            finally:
+                await patient.close()
             body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}).encode()
             out["ok"] = await _exchange(path, [HEAD + b"mcp-protocol-version: 2025-06-18\r\n"
                                                b"content-length: %d\r\n\r\n%s" % (len(body), body)])

@@ -4,7 +4,6 @@ the built-in agent's loop, limits and context management; CLI agents; the agent 
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from envhub.envs.manifest import AgentLimits
 from envhub.orchestrator.groups.memory_sandbox import MemorySandbox
 from envhub.sdk import AsyncSession
 from tests.envs.runtime_fixtures.gateway import ADMIN_KEY, FIXTURES, start_gateway, tool_call
+from tests.support import ended
 
 AGENT_SCRIPT = str(FIXTURES / "openai_agent.py")
 
@@ -163,14 +163,6 @@ def test_command_agent_time_limit_kills_its_whole_process_tree(tmp_path, monkeyp
         gw.close()
     assert result.stopped == "time_limit"
     child = int(pid_file.read_text())
-    assert not _alive(child), "the agent's background child survived"
+    assert ended(child), "the agent's background child survived"
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie (reaped by init later) counts as gone
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().split()[2] != "Z"

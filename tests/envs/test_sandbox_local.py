@@ -156,7 +156,7 @@ def test_without_bwrap_it_warns_loudly_and_still_runs(tmp_path: Path, capsys) ->
     assert capsys.readouterr().err.count("PLAIN SUBPROCESSES") == 1
     plain = LocalSandbox(SandboxSpec(), tmp_path, bwrap=None)
     token = f"envhub-plain-{uuid.uuid4().hex[:8]}"
-    r = run(plain.exec(f"pwd; (exec -a {token} sleep 300) & sleep 300", timeout=1))
+    r = run(plain.exec(f"pwd; (exec -a {token} sleep 300) & sleep 300", timeout=5))
     assert r.stdout == f"{tmp_path}\n" and r.timed_out
     assert host_processes_with(token) == []
 

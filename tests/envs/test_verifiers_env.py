@@ -21,7 +21,7 @@ from envhub.envs.errors import EnvLoadError, RunConfigError
 from envhub.envs.loader import load_env
 from envhub.envs.verifiers import manifest_for, process
 from envhub.envs.verifiers.env import EPISODE_FILE, REWARD_RAISED, VerifiersEnv, _verdict
-from tests.support import require
+from tests.support import ended, require
 
 VF_PYTHON = process.python()
 
@@ -228,22 +228,7 @@ def test_worker_replies_are_read_with_a_cap(tmp_path, monkeypatch):
     monkeypatch.setenv("ENVHUB_VERIFIERS_PYTHON", str(fake))
     with pytest.raises(process.WorkerFailed, match="reply over"):
         asyncio.run(process.acall(["score", "x", "k", "f"], 600))
-    assert not _alive(int((tmp_path / "pid").read_text()))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}").exists() and "zombie" not in _state(pid)
-
-
-def _state(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/status").read_text().lower()
-    except OSError:
-        return "zombie"
+    assert ended(int((tmp_path / "pid").read_text()))
 
 
 def test_a_stopped_worker_gets_sigterm_first_for_what_it_started_elsewhere(tmp_path, monkeypatch):
@@ -271,11 +256,7 @@ def test_a_stopped_worker_gets_sigterm_first_for_what_it_started_elsewhere(tmp_p
     started = time.monotonic()
     asyncio.run(stopped_when_ready())
     assert time.monotonic() - started < process.STOP_GRACE_S  # on SIGTERM, not the SIGKILL
-    child = int((tmp_path / "child").read_text())
-    deadline = time.monotonic() + 10  # a signal is delivered when its process next runs
-    while _alive(child) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _alive(child)
+    assert ended(int((tmp_path / "child").read_text()))
 
 
 def test_a_process_left_holding_the_workers_pipes_does_not_hang_the_stop(tmp_path, monkeypatch):
@@ -307,14 +288,21 @@ def test_a_process_left_holding_the_workers_pipes_does_not_hang_the_stop(tmp_pat
 
 
 def test_the_real_worker_ends_on_sigterm(tmp_path):
-    """worker.py cancels its call on SIGTERM, so verifiers' clean-up (`async with`) runs."""
+    """worker.py cancels its call on SIGTERM, so verifiers' clean-up (`async with`) runs. The
+    signal is sent once the call has started (its handler is set by then), not on a timer."""
     require_verifiers()
-    code = (f"import asyncio, runpy; w = runpy.run_path({str(process.WORKER)!r}); "
-            "asyncio.run(w['_until_sigterm'](asyncio.sleep(300)))")
-    proc = subprocess.Popen([str(VF_PYTHON), "-c", code], stderr=subprocess.PIPE)
-    time.sleep(2)
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=30)
+    code = (f"import asyncio, runpy\nw = runpy.run_path({str(process.WORKER)!r})\n"
+            "async def call():\n    print('ready', flush=True)\n    await asyncio.sleep(300)\n"
+            "asyncio.run(w['_until_sigterm'](call()))\n")
+    proc = subprocess.Popen([str(VF_PYTHON), "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    try:
+        assert proc.stdout.readline() == b"ready\n"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
     assert b"CancelledError" in err
 
 

@@ -4,6 +4,10 @@ history is not left marked as extended (the agent's retry continues the same seg
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
+import time
+from collections.abc import Callable
 
 import httpx
 import openai
@@ -39,22 +43,30 @@ class SlowBackend:
         pass
 
 
+def _until(condition: Callable[[], bool], within_s: float = 30.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while not condition():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
 def test_hangup_cancels_engine_call(tmp_path, renderer):
     backend = SlowBackend(renderer, delay=30)
     gw = start(tmp_path, backend)
     try:
         body = {"model": "default", "messages": [{"role": "user", "content": "hi"}]}
-        headers = {"authorization": "Bearer hang"}
-        try:
-            httpx.post(f"{gw.url}/v1/chat/completions", json=body, headers=headers,
-                       timeout=1.0)
-        except httpx.ReadTimeout:
-            pass
-        for _ in range(100):
-            if backend.cancelled:
-                break
-            asyncio.run(asyncio.sleep(0.05))
-        assert backend.cancelled == 1
+        # the client hangs up once the engine call is under way (not on a timer a loaded
+        # machine can outrun: a hang-up before it starts has nothing to cancel)
+        url = httpx.URL(gw.url)
+        payload = json.dumps(body).encode()
+        with socket.create_connection((url.host, url.port), timeout=30) as s:
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\n"
+                      b"authorization: Bearer hang\r\ncontent-type: application/json\r\n"
+                      b"content-length: %d\r\n\r\n%s" % (len(payload), payload))
+            assert _until(lambda: backend.calls == 1)
+        assert _until(lambda: backend.cancelled == 1)
         # the agent retries: a normal first turn of the same segment, nothing half-recorded
         c = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="hang", max_retries=0)
         assert c.chat.completions.create(**body).choices[0].message.content == "fine"

@@ -173,11 +173,20 @@ def test_bad_requests_raise_and_engine_keeps_serving(engine: Engine) -> None:
     assert run(engine.generate(req(max_tokens=2))).finish_reason == "length"
 
 
+async def _running(engine: Engine, task: asyncio.Task[Any]) -> None:
+    """Until the engine runs `task`'s sequence (which ignores EOS, so the window cannot close
+    before a starved poller sees it)."""
+    deadline = time.monotonic() + 60
+    while engine.stats()["running"] == 0:
+        assert not task.done() and time.monotonic() < deadline, task
+        await asyncio.sleep(0.01)
+
+
 def test_cancelled_request_leaves_the_batch(engine: Engine) -> None:
     async def cancel_one() -> None:
-        task = asyncio.create_task(engine.generate(req(max_tokens=20000, temperature=1.0)))
-        while engine.stats()["running"] == 0:
-            await asyncio.sleep(0.01)
+        task = asyncio.create_task(engine.generate(req(max_tokens=20000, temperature=1.0),
+                                                   ignore_eos=True))
+        await _running(engine, task)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -206,9 +215,9 @@ def test_load_weights_swaps_between_sequences(engine: Engine, tmp_path: Path) ->
     new = perturbed_weights(engine, tmp_path / "model.safetensors")
 
     async def swap_while_running() -> tuple[Any, int, Any]:
-        long = asyncio.create_task(engine.generate(req(max_tokens=64, temperature=0)))
-        while engine.stats()["running"] == 0:
-            await asyncio.sleep(0.01)
+        long = asyncio.create_task(engine.generate(req(max_tokens=64, temperature=0),
+                                                   ignore_eos=True))
+        await _running(engine, long)
         version = await engine.load_weights(str(new))
         after = await engine.generate(req(max_tokens=12, temperature=0))
         return await long, version, after
@@ -279,9 +288,9 @@ def test_second_concurrent_weight_update_conflicts(engine: Engine) -> None:
     from envhub.gateway.errors import Conflict
 
     async def scenario() -> tuple[list[Any], int]:
-        long = asyncio.create_task(engine.generate(req(max_tokens=20000, temperature=1.0)))
-        while engine.stats()["running"] == 0:
-            await asyncio.sleep(0.01)
+        long = asyncio.create_task(engine.generate(req(max_tokens=20000, temperature=1.0),
+                                                   ignore_eos=True))
+        await _running(engine, long)
         loads = [asyncio.create_task(engine.load_weights(str(BUNDLED_MODEL)))
                  for _ in range(2)]
         done, pending = await asyncio.wait(loads, return_when=asyncio.FIRST_COMPLETED)

@@ -14,14 +14,16 @@ import subprocess
 import sys
 import time
 
-import openai
+if os.environ.get("SPAWN_CHILD"):  # before importing openai: a loaded machine's time limit
+    child = subprocess.Popen(["sleep", "1000"])  # must not come first
+    with open(os.environ["CHILD_PID_FILE"] + ".tmp", "w") as f:
+        f.write(str(child.pid))
+    os.replace(os.environ["CHILD_PID_FILE"] + ".tmp", os.environ["CHILD_PID_FILE"])
+
+import openai  # noqa: E402
 
 with open(os.environ["ENVHUB_TASK_FILE"], encoding="utf-8") as f:
     task = f.read()
-if os.environ.get("SPAWN_CHILD"):
-    child = subprocess.Popen(["sleep", "1000"])
-    with open(os.environ["CHILD_PID_FILE"], "w") as f:
-        f.write(str(child.pid))
 client = openai.OpenAI(max_retries=0)  # base URL and key come from the environment
 messages = [{"role": "user", "content": task}]
 for _ in range(int(os.environ.get("TURNS", "2"))):
