@@ -21,20 +21,33 @@ async def process_exited(proc: asyncio.subprocess.Process, timeout_s: float) -> 
     """Whether `proc` itself ended within `timeout_s`. Not `proc.wait()` alone: on Python 3.11
     that also waits for every holder of its pipes to close them, and a process it started in a
     session of its own (setsid: out of reach of a signal to its group) may hold them for as
-    long as it lives. `wait()` still ends this at once in the usual case; the exit status,
-    set when the process is reaped, ends it within 50 ms otherwise."""
+    long as it lives. `wait()` still ends this at once in the usual case; otherwise the exit
+    status, set when the process is reaped, is looked at every 50 ms at first, backing off to
+    every second (thousands of calls run at once: a fixed short poll would cost a core)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     waiter = asyncio.ensure_future(proc.wait())
+    poll = 0.05
     try:
-        while proc.returncode is None:
+        while proc.returncode is None and not waiter.done():
             left = deadline - loop.time()
             if left <= 0:
                 return False
-            await asyncio.wait({waiter}, timeout=min(left, 0.05))
+            await asyncio.wait({waiter}, timeout=min(left, poll))
+            poll = min(2 * poll, 1.0)
         return True
     finally:
         waiter.cancel()
+
+
+def close_pipes(proc: asyncio.subprocess.Process) -> None:
+    """Close our ends of `proc`'s pipes: its stream readers see EOF and keep what they read,
+    and the transport closes on this loop (not in a garbage collection after the loop has
+    closed). For pipes an escaped process still holds. asyncio has no public close for a
+    Process; its `_transport` attribute has been there since Python 3.4."""
+    transport = getattr(proc, "_transport", None)
+    if transport is not None:
+        transport.close()
 
 
 @dataclass

@@ -31,7 +31,13 @@ import uuid
 from pathlib import Path
 
 from envhub.envs.manifest import SandboxSpec
-from envhub.envs.sandbox.base import MAX_READ_BYTES, ExecResult, StdioCommand, process_exited
+from envhub.envs.sandbox.base import (
+    MAX_READ_BYTES,
+    ExecResult,
+    StdioCommand,
+    close_pipes,
+    process_exited,
+)
 from envhub.envs.sandbox.errors import (
     FileTooLarge,
     SandboxClosed,
@@ -238,10 +244,12 @@ class LocalSandbox:
             await process_exited(proc, 10)
             if group is not None:
                 await asyncio.to_thread(_release_cgroup, group)
-        try:
-            out, err = await asyncio.wait_for(readers, 10)
-        except TimeoutError:  # a grandchild escaped the group (only possible without bwrap)
-            out, err = b"", b"envhub: output pipes stayed open after the command ended"
+        ended, _ = await asyncio.wait({readers}, timeout=10)
+        if not ended:  # a grandchild escaped the group (only without bwrap and a cgroup)
+            close_pipes(proc)  # EOF to the readers: what the command wrote is kept
+        out, err = await readers
+        if not ended:
+            err += b"\nenvhub: output pipes stayed open after the command ended"
         code = proc.returncode if not timed_out else 124
         if timed_out:
             err += f"\nenvhub: killed after {time.monotonic() - start:.1f}s (timeout)".encode()

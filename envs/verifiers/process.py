@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
+import math
 import os
 import signal
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from envhub.envs.errors import EnvLoadError
-from envhub.envs.sandbox.base import process_exited
+from envhub.envs.sandbox.base import close_pipes, process_exited
 
 WORKER = Path(__file__).resolve().parent / "worker.py"
 CHECKOUT = Path(__file__).resolve().parents[2]  # the repository (envs/verifiers/process.py)
@@ -28,6 +29,7 @@ FIX = "bash scripts/verifiers_venv.sh"
 MAX_REPLY_BYTES = 16 << 20  # a task list of many long prompts; a score is a few hundred bytes
 MAX_STDERR_CHARS = 4000
 STOP_GRACE_S = 10.0  # SIGTERM -> SIGKILL: verifiers' clean-up of the harness and toolsets
+PIPE_GRACE_S = 2.0  # after the worker exits, for the rest of its output
 EXIT_ENV, EXIT_INPUT, EXIT_UNSUPPORTED = 3, 4, 5
 
 
@@ -124,20 +126,36 @@ async def acall(args: list[str], timeout_s: float, cwd: Path | None = None,
 
 async def _read(proc: asyncio.subprocess.Process, what: str) -> tuple[bytes, bytes]:
     """stdout up to the cap (one byte more is already a failure: no need to drain the rest),
-    stderr drained to its end with its tail kept (a worker blocked on a full pipe never ends)."""
+    stderr drained to its end with its tail kept (a worker blocked on a full pipe never ends).
+    The reply ends when both pipes do, or PIPE_GRACE_S after the worker exits: a process it
+    left in a session of its own may hold them for as long as it lives."""
     assert proc.stdout is not None and proc.stderr is not None
-    stderr = asyncio.ensure_future(_drain(proc.stderr, 1 << 20))
+    readers = (asyncio.ensure_future(_capped(proc.stdout, what)),
+               asyncio.ensure_future(_drain(proc.stderr, 1 << 20)))
+    pipes = asyncio.gather(*readers)
+    ended = asyncio.ensure_future(process_exited(proc, math.inf))
     try:
-        out = bytearray()
-        while len(out) <= MAX_REPLY_BYTES and (chunk := await proc.stdout.read(1 << 16)):
-            out += chunk
-        if len(out) > MAX_REPLY_BYTES:
-            raise WorkerFailed(f"verifiers worker {what}: reply over {MAX_REPLY_BYTES} bytes")
-        err = await stderr
-        await proc.wait()
+        first: set[asyncio.Future[Any]] = {pipes, ended}
+        await asyncio.wait(first, return_when=asyncio.FIRST_COMPLETED)
+        if not pipes.done():
+            await asyncio.wait({pipes}, timeout=PIPE_GRACE_S)
+            if not pipes.done():
+                close_pipes(proc)  # EOF to both readers: what the worker wrote is kept
+        out, err = await pipes
+        await ended  # the pipes' end is the worker's, or it ends on its way out
     finally:
-        stderr.cancel()
-    return bytes(out), err
+        for task in (*readers, ended):
+            task.cancel()
+    return out, err
+
+
+async def _capped(stream: asyncio.StreamReader, what: str) -> bytes:
+    out = bytearray()
+    while len(out) <= MAX_REPLY_BYTES and (chunk := await stream.read(1 << 16)):
+        out += chunk
+    if len(out) > MAX_REPLY_BYTES:
+        raise WorkerFailed(f"verifiers worker {what}: reply over {MAX_REPLY_BYTES} bytes")
+    return bytes(out)
 
 
 async def _drain(stream: asyncio.StreamReader, keep: int) -> bytes:
@@ -160,22 +178,8 @@ async def _stop(proc: asyncio.subprocess.Process) -> None:
         await process_exited(proc, STOP_GRACE_S)
     _signal(proc, signal.SIGKILL)  # whatever is left in the worker's own group
     await process_exited(proc, STOP_GRACE_S)
-    # the pipes read to their end, bounded
-    for stream in (proc.stdout, proc.stderr):
-        if stream is None:
-            continue
-        try:
-            chunk = b"-"
-            while chunk:
-                chunk = await asyncio.wait_for(stream.read(1 << 16), 1.0)
-        except TimeoutError:
-            pass
-    # a process out of the group may hold them still: the transport is closed here, or the
-    # garbage collection after this loop ends closes it on a closed loop (asyncio has no public
-    # close for a Process; its transport attribute has been there since 3.4)
-    transport = getattr(proc, "_transport", None)
-    if transport is not None:
-        transport.close()
+    close_pipes(proc)  # the reply is read or given up on; a process out of the group may
+    # hold the pipes still
 
 
 def _signal(proc: asyncio.subprocess.Process, sig: int) -> None:

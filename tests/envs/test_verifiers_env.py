@@ -261,10 +261,11 @@ def test_a_stopped_worker_gets_sigterm_first_for_what_it_started_elsewhere(tmp_p
 
 def test_a_process_left_holding_the_workers_pipes_does_not_hang_the_stop(tmp_path, monkeypatch):
     """A process the worker started in a session of its own and did not stop keeps the
-    worker's stdout open; the stop waits for the worker, not for that process (asyncio's
-    `wait()` waits for both on Python 3.11)."""
+    worker's pipes open, writing now and then; the stop waits for the worker, not for that
+    process (asyncio's `wait()` waits for both on Python 3.11), and gives up its pipes."""
     fake = tmp_path / "python"
-    fake.write_text("#!/bin/sh\ntrap 'exit 143' TERM\nsetsid sleep 60 &\n"
+    fake.write_text("#!/bin/sh\ntrap 'exit 143' TERM\n"
+                    "setsid sh -c 'while :; do echo tick >&2; sleep 0.3; done' &\n"
                     f"echo $! > {tmp_path}/ready\nmv {tmp_path}/ready {tmp_path}/child\n"
                     "while :; do sleep 0.1; done\n")
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
@@ -285,6 +286,23 @@ def test_a_process_left_holding_the_workers_pipes_does_not_hang_the_stop(tmp_pat
         assert time.monotonic() - started < process.STOP_GRACE_S
     finally:
         os.kill(int((tmp_path / "child").read_text()), signal.SIGKILL)
+
+
+def test_a_reply_is_read_when_the_worker_exits_leaving_a_process_on_its_pipes(tmp_path,
+                                                                             monkeypatch):
+    """The worker replied and exited, but something it left in a session of its own holds its
+    stdout: the reply is what it wrote, not a timeout after waiting for that process."""
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/sh\nsetsid sleep 60 &\necho $! > {tmp_path}/child\n"
+                    "echo 'some log line' >&2\necho '{\"reward\": 1.0}'\nexit 0\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("ENVHUB_VERIFIERS_PYTHON", str(fake))
+    try:
+        reply = asyncio.run(process.acall(["score", "x", "k", "f"], 30))
+    finally:
+        os.kill(int((tmp_path / "child").read_text()), signal.SIGKILL)
+    assert (reply.code, reply.body) == (0, {"reward": 1.0})
+    assert "some log line" in reply.stderr
 
 
 def test_the_real_worker_ends_on_sigterm(tmp_path):
