@@ -231,20 +231,11 @@ def test_worker_replies_are_read_with_a_cap(tmp_path, monkeypatch):
     assert ended(int((tmp_path / "pid").read_text()))
 
 
-def test_a_stopped_worker_gets_sigterm_first_for_what_it_started_elsewhere(tmp_path, monkeypatch):
-    """verifiers starts the harness program in a session of its own, out of reach of a signal
-    to the worker's group: the worker is sent SIGTERM first, so it stops what it started (the
-    real worker cancels its episode and verifiers cleans up); SIGKILL only after a grace. The
-    call is stopped once the fake worker says it is ready (its trap set, its child started),
-    not on a timer a loaded machine can outrun."""
-    fake = tmp_path / "python"
-    fake.write_text("#!/bin/sh\ntrap 'kill $child; exit 143' TERM\nsetsid sleep 300 &\n"
-                    f"child=$!\necho $child > {tmp_path}/ready\nmv {tmp_path}/ready "
-                    f"{tmp_path}/child\nwhile :; do sleep 0.1; done\n")
-    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setenv("ENVHUB_VERIFIERS_PYTHON", str(fake))
+def _stopped_when_ready(tmp_path: Path) -> float:
+    """Seconds a worker call took to stop, cancelled once the fake worker wrote `child` (its
+    trap set, its child started), not on a timer a loaded machine can outrun."""
 
-    async def stopped_when_ready() -> None:
+    async def stopped() -> None:
         call = asyncio.ensure_future(process.acall(["rollout", "x", "k", "f"], 300))
         while not (tmp_path / "child").exists():
             assert not call.done(), call.result()
@@ -254,8 +245,22 @@ def test_a_stopped_worker_gets_sigterm_first_for_what_it_started_elsewhere(tmp_p
             await call
 
     started = time.monotonic()
-    asyncio.run(stopped_when_ready())
-    assert time.monotonic() - started < process.STOP_GRACE_S  # on SIGTERM, not the SIGKILL
+    asyncio.run(stopped())
+    return time.monotonic() - started
+
+
+def test_a_stopped_worker_gets_sigterm_first_for_what_it_started_elsewhere(tmp_path, monkeypatch):
+    """verifiers starts the harness program in a session of its own, out of reach of a signal
+    to the worker's group: the worker is sent SIGTERM first, so it stops what it started (the
+    real worker cancels its episode and verifiers cleans up); SIGKILL only after a grace."""
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\ntrap 'kill $child; exit 143' TERM\nsetsid sleep 300 &\n"
+                    f"child=$!\necho $child > {tmp_path}/ready\nmv {tmp_path}/ready "
+                    f"{tmp_path}/child\nwhile :; do sleep 0.1; done\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("ENVHUB_VERIFIERS_PYTHON", str(fake))
+
+    assert _stopped_when_ready(tmp_path) < process.STOP_GRACE_S  # on SIGTERM, not SIGKILL
     assert ended(int((tmp_path / "child").read_text()))
 
 
@@ -271,19 +276,8 @@ def test_a_process_left_holding_the_workers_pipes_does_not_hang_the_stop(tmp_pat
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("ENVHUB_VERIFIERS_PYTHON", str(fake))
 
-    async def stopped_when_ready() -> None:
-        call = asyncio.ensure_future(process.acall(["rollout", "x", "k", "f"], 300))
-        while not (tmp_path / "child").exists():
-            assert not call.done(), call.result()
-            await asyncio.sleep(0.05)
-        call.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await call
-
-    started = time.monotonic()
     try:
-        asyncio.run(stopped_when_ready())
-        assert time.monotonic() - started < process.STOP_GRACE_S
+        assert _stopped_when_ready(tmp_path) < process.STOP_GRACE_S
     finally:
         os.kill(int((tmp_path / "child").read_text()), signal.SIGKILL)
 
