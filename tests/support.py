@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -151,20 +152,28 @@ def host_processes_with(token: str) -> list[str]:
     return [line for line in out.stdout.splitlines() if token in line and "ps -eo" not in line]
 
 
+def until(condition: Callable[[], bool], within_s: float = 30.0) -> bool:
+    """Whether `condition()` holds within `within_s`, looked at every 20 ms."""
+    deadline = time.monotonic() + within_s
+    while not condition():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
 def ended(pid: int, within_s: float = 10.0) -> bool:
     """Whether process `pid` is gone (or a zombie) within `within_s`: a signal is delivered when
     its process next runs, which a loaded machine can delay past the sender's next line."""
-    deadline = time.monotonic() + within_s
-    while True:
+
+    def gone() -> bool:
         try:
             state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except (OSError, IndexError):
             return True
-        if state in ("Z", "X"):
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.05)
+        return state in ("Z", "X")
+
+    return until(gone, within_s)
 
 
 def start_gateway(db: str, port: int, extra: list[str] | None = None,

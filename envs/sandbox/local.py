@@ -233,7 +233,6 @@ class LocalSandbox:
         )
         assert proc.stdout is not None and proc.stderr is not None
         readers = asyncio.gather(_read_capped(proc.stdout), _read_capped(proc.stderr))
-        timed_out = False
         start = time.monotonic()
         try:
             timed_out = not await process_exited(proc, timeout)

@@ -6,14 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import time
-from collections.abc import Callable
 
 import httpx
 import openai
 
 from envhub.gateway.backends.base import GenerateRequest, GenerateResult
 from tests.gateway.conftest import start
+from tests.support import until
 
 
 class SlowBackend:
@@ -43,15 +42,6 @@ class SlowBackend:
         pass
 
 
-def _until(condition: Callable[[], bool], within_s: float = 30.0) -> bool:
-    deadline = time.monotonic() + within_s
-    while not condition():
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.02)
-    return True
-
-
 def test_hangup_cancels_engine_call(tmp_path, renderer):
     backend = SlowBackend(renderer, delay=30)
     gw = start(tmp_path, backend)
@@ -65,8 +55,8 @@ def test_hangup_cancels_engine_call(tmp_path, renderer):
             s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\n"
                       b"authorization: Bearer hang\r\ncontent-type: application/json\r\n"
                       b"content-length: %d\r\n\r\n%s" % (len(payload), payload))
-            assert _until(lambda: backend.calls == 1)
-        assert _until(lambda: backend.cancelled == 1)
+            assert until(lambda: backend.calls == 1)
+        assert until(lambda: backend.cancelled == 1)
         # the agent retries: a normal first turn of the same segment, nothing half-recorded
         c = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="hang", max_retries=0)
         assert c.chat.completions.create(**body).choices[0].message.content == "fine"
