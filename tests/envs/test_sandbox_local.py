@@ -178,7 +178,11 @@ def test_without_bwrap_a_setsid_child_does_not_turn_an_exit_into_a_timeout(
     plain = LocalSandbox(SandboxSpec(), tmp_path, bwrap=None)
     token = f"envhub-setsid-{uuid.uuid4().hex[:8]}"
     try:
-        r = run(plain.exec(f"setsid bash -c 'exec -a {token} sleep 60' & echo hi; exit 3",
+        # The command ends only once the child is in its own session (the file is written after
+        # setsid): ending before that, the call's group kill took the child too on a loaded CI
+        # machine, and the pipes closed with nothing to give up on.
+        r = run(plain.exec(f"setsid bash -c 'echo up > escaped; exec -a {token} sleep 60' & "
+                           "until [ -s escaped ]; do sleep 0.02; done; echo hi; exit 3",
                            timeout=30))
         assert (r.exit_code, r.timed_out, r.stdout) == (3, False, "hi\n"), r
         if pids_cgroup:

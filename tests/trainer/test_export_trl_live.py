@@ -22,6 +22,7 @@ def test_grpotrainer_with_envhub_rollouts(tmp_path: Path) -> None:
     from trl import GRPOConfig, GRPOTrainer
 
     from envhub.gateway.config import BUNDLED_MODEL
+    from envhub.orchestrator.catalog import load_env
     from envhub.orchestrator.trl_rollouts import EnvRollouts
     from envhub.trainer.advantages import composite_reward
     from envhub.trainer.config import AdvantageConfig
@@ -52,6 +53,10 @@ def test_grpotrainer_with_envhub_rollouts(tmp_path: Path) -> None:
             trajectories = source.fetch([s.id for g in infos for s in g.sessions])
     finally:
         gw.close()
+    # The composite of arith's manifest weights (process 0.1): with every weight 1.0 a sample
+    # whose process reward was -1 read -1.0 where TRL was given, rightly, -0.1.
+    weights = AdvantageConfig(reward_weights=load_env("arith").manifest.reward_weights())
+    assert weights.reward_weights["process"] == 0.1
     assert trainer.state.global_step == 2 and len(answers) == 2
     assert len(infos) == 2 and all(len(g.sessions) == 2 for g in infos)
     # Two samples of a task can sample the very same tokens (a tiny model, short answers); their
@@ -70,7 +75,7 @@ def test_grpotrainer_with_envhub_rollouts(tmp_path: Path) -> None:
             assert same, (answer["logprobs"][i], [s.logprobs[cut:] for s, _ in recorded[ids]])
             seg, t = same[0]
             assert answer["env_mask"][i] == seg.loss_mask[cut:]
-            reward = composite_reward(t, AdvantageConfig())
+            reward = composite_reward(t, weights)
             assert answer["envhub_reward"][i] == pytest.approx(reward)
     # TRL's step-1 weights were pushed before the second batch: its turns carry version 1
     versions = {g.group_id: {w for t in trajectories if t.session.group_id == g.group_id
