@@ -271,7 +271,9 @@ async def count_tokens(request: Request) -> Response:
     try:
         req = parse_request(request, await read_json(request), counting=True)
         live = await gw.sessions.authenticate(request.state.api_key)
-        n = await _prompt_length(gw, live, req.messages, req.tools)
+        n = await gw.service.preview(live, gw.sessions.history, ChatCall(
+            req.messages, req.tools, SamplingParams(), 1, normalize_message,
+            new_chain=new_chain(request.headers), strict=strict_names(req.tools)))
     except GatewayError as exc:
         return error_response(exc, request)
     except BodyTooLarge:  # the edge answers 413
@@ -280,8 +282,3 @@ async def count_tokens(request: Request) -> Response:
         return error_response(_internal(exc, "/v1/messages/count_tokens"), request)
     return Response(orjson.dumps({"input_tokens": n}), media_type="application/json")
 
-
-async def _prompt_length(gw: Any, live: Any, raw: list[dict[str, Any]],
-                         tools: list[dict[str, Any]] | None) -> int:
-    return await gw.service.preview(live, gw.sessions.history, ChatCall(
-        raw, tools, SamplingParams(), 1, normalize_message))

@@ -215,11 +215,14 @@ class ChatService:
 
     async def preview(self, live: LiveSession, history_loader: HistoryLoader,
                       call: ChatCall) -> int:
-        """The prompt length a call would send now; records nothing, changes nothing."""
+        """The prompt length a call would send now; records nothing, changes nothing. A call
+        `chat` refuses (a strict schema strict mode does not support) is refused here too."""
         history = await history_loader(live)
         async with live.lock:
             hashes, message = call.prepared(live)
-            plan = history.plan(hashes, tools_hash(call.tools), lambda i: message(i)["role"],
+            tools_key = tools_hash(call.tools)
+            strict_arguments(call.tools, call.strict, tools_key)
+            plan = history.plan(hashes, tools_key, lambda i: message(i)["role"],
                                 consume_declared=False, new_chain=call.new_chain)
             return len(self._prompt(plan, message, len(hashes), call.tools)[0])
 

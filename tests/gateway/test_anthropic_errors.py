@@ -170,6 +170,24 @@ def test_count_tokens_errors(gateway):
     assert ok.status_code == 200 and ok.json()["input_tokens"] > 0
 
 
+def test_count_tokens_refuses_what_messages_refuses(gateway):
+    """A strict tool whose schema strict mode does not support, and a chain header it does not
+    understand, are 400s on both routes: count_tokens counts only what /v1/messages would send."""
+    tool = {"name": "pick", "strict": True,
+            "input_schema": {"type": "object",
+                             "properties": {"x": {"oneOf": [{"type": "string"},
+                                                            {"type": "integer"}]}}}}
+    for path in ("/v1/messages", "/v1/messages/count_tokens"):
+        assert_error(post(gateway, {**OK, "tools": [tool]}, path=path, key="bad-count"), 400,
+                     "invalid_request_error", "strict mode does not support 'oneOf'")
+        assert_error(post(gateway, OK, path=path, key="bad-count",
+                          headers={"x-envhub-chain": "old"}), 400,
+                     "invalid_request_error", "send 'new'")
+    counted = post(gateway, OK, path="/v1/messages/count_tokens", key="bad-count",
+                   headers={"x-envhub-chain": "new"})
+    assert counted.status_code == 200 and counted.json()["input_tokens"] > 0, counted.text
+
+
 def test_closed_session_conflicts(gateway):
     assert post(gateway, OK, key="bad-closed").status_code == 200
     r = httpx.post(f"{gateway.url}/sessions/bad-closed/close", json={"status": "done"})
