@@ -102,19 +102,21 @@ def test_a_passing_audit_is_published_and_shown_beside_the_version(
     audit = versions(server, "alice", "audited-env")["1.2.0"]["audit"]
     assert audit["status"] == "passed" and audit["digest"] == digest
     assert audit["envhub_version"] == "0.1.0" and audit["rows"] == 4
-    assert audit["date"].startswith(datetime.now(UTC).strftime("%Y-%m-%d"))
+    # the report's own date (written just now, by the audit): not today's, which a run across
+    # midnight UTC would read as the next day
+    day = json.loads(report.read_text())["date"][:10]
+    assert audit["date"].startswith(day)
     resolved = httpx.get(f"{server.url}{API}/packages/alice/audited-env/resolve").json()
     assert resolved["audit"]["status"] == "passed"
 
-    today = datetime.now(UTC).strftime("%Y-%m-%d")
     index = httpx.get(f"{server.url}/", params={"q": "audited-env"}).text
-    assert f"audited {today}, envhub 0.1.0" in index and "NOT AUDITED" not in index
+    assert f"audited {day}, envhub 0.1.0" in index and "NOT AUDITED" not in index
     page = httpx.get(f"{server.url}/ui/alice/audited-env").text
     assert "audited: passed" in page and "envhub 0.1.0 · 4 runs" in page
 
     installed = run_cli("install", "alice/audited-env@1.2.0", "--registry", server.url)
     assert installed.returncode == 0, installed.stderr
-    assert f"audit passed {today} (envhub 0.1.0, 4 runs)" in installed.stdout
+    assert f"audit passed {day} (envhub 0.1.0, 4 runs)" in installed.stdout
     assert "warning" not in installed.stderr
 
 
