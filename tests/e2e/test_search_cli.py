@@ -24,8 +24,10 @@ def test_run_search_with_the_oracle_solves_every_task(tmp_path):
 @pytest.mark.slow
 def test_bundled_model_rollouts_record_search_calls(tmp_path):
     pytest.importorskip("torch")
-    ran = envhub("run", "search", "-n", "2", "--agent", "tool:required", "--max-turns", "3",
-                 "--out", "out", "-q", cwd=tmp_path)
+    # one rollout at a time: the engine's seeded generator gives the same draws every run (two
+    # at once interleave theirs, and a sample could submit before any search)
+    ran = envhub("run", "search", "-n", "2", "-c", "1", "--agent", "tool:required",
+                 "--max-turns", "3", "--out", "out", "-q", cwd=tmp_path)
     assert ran.returncode == 0, ran.stderr[-3000:]
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["overall"]["done"] == 2 and summary["overall"]["env_failure"] == 0, summary

@@ -138,6 +138,7 @@ def test_local_sandbox_is_refused_with_the_fix(tmp_path: Path) -> None:
 
 #: keeps writing a perfect reward while the verifier runs (Harbor's reward file)
 WRITER = "while :; do mkdir -p /logs/verifier; echo 1 > /logs/verifier/reward.txt; sleep 0.05; done"
+WRITTEN = "until [ -s /logs/verifier/reward.txt ]; do sleep 0.05; done"
 
 
 @pytest.mark.docker
@@ -154,13 +155,18 @@ def test_a_leftover_reward_writer_does_not_count(tmp_path: Path, how: str) -> No
     async def go() -> Verdict:
         try:
             sandbox = await harness.env.setup(task, ctx)
+            # each way waits until the writer has written (a writer killed before its first
+            # line would leave nothing for the verifier to ignore)
             if how == "docker_exec_d":  # from outside any tool call, as a host agent could
                 sandbox.container.exec_run(["sh", "-c", WRITER], detach=True)  # type: ignore
+                wrote = await sandbox.exec(WRITTEN, timeout=30)
             elif how == "tool_call_setsid":
-                await sandbox.exec(f"setsid sh -c '{WRITER}' >/dev/null 2>&1 &", timeout=30)
+                wrote = await sandbox.exec(f"setsid sh -c '{WRITER}' >/dev/null 2>&1 & {WRITTEN}",
+                                           timeout=30)
             else:
-                await sandbox.exec(f"(env -i sh -c '{WRITER}' >/dev/null 2>&1 &) &", timeout=30)
-            await asyncio.sleep(0.5)
+                wrote = await sandbox.exec(
+                    f"(env -i sh -c '{WRITER}' >/dev/null 2>&1 &) & {WRITTEN}", timeout=30)
+            assert wrote.exit_code == 0 and not wrote.timed_out, wrote
             return await harness.env.verify(task, sandbox, ctx)
         finally:
             while harness.opened:

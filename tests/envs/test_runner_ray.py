@@ -21,9 +21,11 @@ from tests.support import require, run_leftovers
 
 pytestmark = pytest.mark.slow
 
-# A command agent that makes one real chat call through its session, then works for a while
-# (long enough for a node to be killed under it), a file in the cluster's marks folder saying
-# so meanwhile.
+# A command agent that makes one real chat call through its session, then works for a while,
+# a file in the cluster's marks folder saying so meanwhile. Once the test has put `hold` there
+# it then waits, its mark joined by a `-held` one, until the test puts `release` there: the
+# node-loss test kills a node while one of its rollouts is surely running (a mark seen near the
+# end of its work could be gone, the rollout finished, by the time the node died).
 AGENT = """\
 import json, os, time, urllib.request
 req = urllib.request.Request(
@@ -38,6 +40,13 @@ mark = os.path.join(os.environ["ENVHUB_TEST_MARKS"], os.environ["ENVHUB_TEST_NOD
                     str(os.getpid()))
 open(mark, "w").close()
 time.sleep(float(os.environ.get("AGENT_WORK_S", "3")))
+marks = os.environ["ENVHUB_TEST_MARKS"]
+if os.path.exists(os.path.join(marks, "hold")):
+    open(mark + "-held", "w").close()
+    end = time.time() + 120
+    while not os.path.exists(os.path.join(marks, "release")) and time.time() < end:
+        time.sleep(0.05)
+    os.remove(mark + "-held")
 os.remove(mark)
 """
 ROLLOUTS = 8
@@ -89,18 +98,23 @@ def test_run_spreads_over_two_nodes_and_survives_losing_one(cluster, tmp_path: P
          "--agent-on-host", "--out", str(out), "-q"],
         env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        # Kill node_b once a rollout has finished there and while another works there (its
-        # agent's file is in the marks folder; it works 3 s). Waiting only for a finished one
-        # was a race: on a loaded machine node_b sometimes had nothing running at the kill.
+        # Kill node_b once a rollout has finished there and while another is held there (its
+        # agent waits for `release` once its work is done and `hold` is set, see AGENT).
         deadline = time.monotonic() + 240
-        while not (any(r["node"].get("resources") == "node_b" for r in _records(out))
-                   and any(cluster.marks.glob("node_b-*"))):
+        while not any(r["node"].get("resources") == "node_b" for r in _records(out)):
             assert proc.poll() is None, proc.communicate()[0][-3000:]
-            assert time.monotonic() < deadline, "no rollout finished, then ran, on node_b"
+            assert time.monotonic() < deadline, "no rollout finished on node_b"
+            time.sleep(0.1)
+        (cluster.marks / "hold").touch()
+        while not any(cluster.marks.glob("node_b-*-held")):
+            assert proc.poll() is None, proc.communicate()[0][-3000:]
+            assert time.monotonic() < deadline, "no rollout ran on node_b after one finished"
             time.sleep(0.1)
         cluster.kill("node_b")
+        (cluster.marks / "release").touch()
         output, _ = proc.communicate(timeout=300)
     finally:
+        (cluster.marks / "release").touch()  # nothing waits for ever on a failed test
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, output[-3000:]

@@ -5,6 +5,7 @@ record only the harness may write. The CLI runs are tests/e2e/test_verifiers_cli
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -231,6 +232,15 @@ def test_worker_replies_are_read_with_a_cap(tmp_path, monkeypatch):
     assert ended(int((tmp_path / "pid").read_text()))
 
 
+#: A fake worker's lines starting a process in a session of its own that runs `run`, and going
+#: on only once that process has left the worker's group (it writes its pid after setsid; the
+#: worker keeps it in $child, then shows it as the file `child`): before that, a stop's signal
+#: to the group would take it too.
+_ESCAPE = ("setsid sh -c 'echo $$ > {tmp}/up; {run}' &\n"
+           "until [ -s {tmp}/up ]; do sleep 0.02; done\nchild=$(cat {tmp}/up)\n"
+           "mv {tmp}/up {tmp}/child\n")
+
+
 def _stopped_when_ready(tmp_path: Path) -> float:
     """Seconds a worker call took to stop, cancelled once the fake worker wrote `child` (its
     trap set, its child started), not on a timer a loaded machine can outrun."""
@@ -254,9 +264,9 @@ def test_a_stopped_worker_gets_sigterm_first_for_what_it_started_elsewhere(tmp_p
     to the worker's group: the worker is sent SIGTERM first, so it stops what it started (the
     real worker cancels its episode and verifiers cleans up); SIGKILL only after a grace."""
     fake = tmp_path / "python"
-    fake.write_text("#!/bin/sh\ntrap 'kill $child; exit 143' TERM\nsetsid sleep 300 &\n"
-                    f"child=$!\necho $child > {tmp_path}/ready\nmv {tmp_path}/ready "
-                    f"{tmp_path}/child\nwhile :; do sleep 0.1; done\n")
+    fake.write_text("#!/bin/sh\ntrap 'kill $child; exit 143' TERM\n"
+                    + _ESCAPE.format(tmp=tmp_path, run="exec sleep 300")
+                    + "while :; do sleep 0.1; done\n")
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("ENVHUB_VERIFIERS_PYTHON", str(fake))
 
@@ -269,17 +279,17 @@ def test_a_process_left_holding_the_workers_pipes_does_not_hang_the_stop(tmp_pat
     worker's pipes open, writing now and then; the stop waits for the worker, not for that
     process (asyncio's `wait()` waits for both on Python 3.11), and gives up its pipes."""
     fake = tmp_path / "python"
-    fake.write_text("#!/bin/sh\ntrap 'exit 143' TERM\n"
-                    "setsid sh -c 'while :; do echo tick >&2; sleep 0.3; done' &\n"
-                    f"echo $! > {tmp_path}/ready\nmv {tmp_path}/ready {tmp_path}/child\n"
-                    "while :; do sleep 0.1; done\n")
+    fake.write_text("#!/bin/sh\ntrap 'exit 143' TERM\n" + _ESCAPE.format(
+        tmp=tmp_path, run="while :; do echo tick >&2; sleep 0.3; done")
+        + "while :; do sleep 0.1; done\n")
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("ENVHUB_VERIFIERS_PYTHON", str(fake))
 
     try:
         assert _stopped_when_ready(tmp_path) < process.STOP_GRACE_S
     finally:
-        os.kill(int((tmp_path / "child").read_text()), signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int((tmp_path / "child").read_text()), signal.SIGKILL)
 
 
 def test_a_reply_is_read_when_the_worker_exits_leaving_a_process_on_its_pipes(tmp_path,
@@ -287,14 +297,15 @@ def test_a_reply_is_read_when_the_worker_exits_leaving_a_process_on_its_pipes(tm
     """The worker replied and exited, but something it left in a session of its own holds its
     stdout: the reply is what it wrote, not a timeout after waiting for that process."""
     fake = tmp_path / "python"
-    fake.write_text(f"#!/bin/sh\nsetsid sleep 60 &\necho $! > {tmp_path}/child\n"
-                    "echo 'some log line' >&2\necho '{\"reward\": 1.0}'\nexit 0\n")
+    fake.write_text("#!/bin/sh\n" + _ESCAPE.format(tmp=tmp_path, run="exec sleep 60")
+                    + "echo 'some log line' >&2\necho '{\"reward\": 1.0}'\nexit 0\n")
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("ENVHUB_VERIFIERS_PYTHON", str(fake))
     try:
         reply = asyncio.run(process.acall(["score", "x", "k", "f"], 30))
     finally:
-        os.kill(int((tmp_path / "child").read_text()), signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int((tmp_path / "child").read_text()), signal.SIGKILL)
     assert (reply.code, reply.body) == (0, {"reward": 1.0})
     assert "some log line" in reply.stderr
 

@@ -65,6 +65,7 @@ def test_grpotrainer_with_envhub_rollouts(tmp_path: Path) -> None:
     for t in trajectories:
         for seg in t.segments:
             recorded.setdefault(tuple(seg.token_ids), []).append((seg, t))
+    matched: set[str] = set()
     for answer in answers:
         assert len(answer["completion_ids"]) == 2
         for i in range(2):
@@ -73,10 +74,14 @@ def test_grpotrainer_with_envhub_rollouts(tmp_path: Path) -> None:
             same = [(seg, t) for seg, t in recorded[ids]  # exactly the tokens the engine saw
                     if answer["logprobs"][i] == pytest.approx(seg.logprobs[cut:])]
             assert same, (answer["logprobs"][i], [s.logprobs[cut:] for s, _ in recorded[ids]])
-            seg, t = same[0]
-            assert answer["env_mask"][i] == seg.loss_mask[cut:]
-            reward = composite_reward(t, weights)
-            assert answer["envhub_reward"][i] == pytest.approx(reward)
+            # of those, a session not matched yet with this mask and reward (two solved samples
+            # of the same tokens differ in their completion-time reward)
+            match = [t for seg, t in same if t.session.id not in matched
+                     and answer["env_mask"][i] == seg.loss_mask[cut:]
+                     and answer["envhub_reward"][i] == pytest.approx(composite_reward(t, weights))]
+            assert match, (answer["envhub_reward"][i], answer["env_mask"][i],
+                           [(composite_reward(t, weights), seg.loss_mask[cut:]) for seg, t in same])
+            matched.add(match[0].session.id)
     # TRL's step-1 weights were pushed before the second batch: its turns carry version 1
     versions = {g.group_id: {w for t in trajectories if t.session.group_id == g.group_id
                              for turn in t.turns for w in [turn.weight_version]}

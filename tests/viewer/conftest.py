@@ -50,7 +50,10 @@ def recorded_runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     tmp = tmp_path_factory.mktemp("viewer-runs")
     env = arith_with_small_context(tmp / "arith-small")
     root = tmp / "runs"
-    done = envhub("run", str(env), "-n", "1", "-k", "2", "--out", str(root / "arith"), "-q",
+    # one rollout at a time: the engine draws from one seeded generator, so the same run every
+    # time (both sample a calculator call per turn and truncate); concurrent draws interleave
+    done = envhub("run", str(env), "-n", "1", "-k", "2", "-c", "1", "--out", str(root / "arith"),
+                  "-q",
                   cwd=tmp)
     assert done.returncode == 0, done.stdout + done.stderr
     done = envhub("run", str(FIXTURES / "crashy_env"), "--agent", "oracle", "--task", "ok",
