@@ -66,18 +66,23 @@ def serve_in_thread(app: Any, host: str = "127.0.0.1", port: int = 0, *,
                     lifespan: Literal["on", "off", "auto"] = "off",
                     graceful_timeout: int | None = None, name: str = "envhub-server",
                     start_timeout: float = 30.0,
-                    on_stop: Callable[[], Awaitable[None]] | None = None) -> ServerThread:
+                    on_stop: Callable[[], Awaitable[None]] | None = None,
+                    loop: Literal["auto", "asyncio"] = "auto") -> ServerThread:
     """Serve `app` on a daemon thread; returns once it accepts connections.
 
     `on_stop` runs on the server's event loop after the server stopped (resources bound to
-    that loop, e.g. subprocesses the app started, must be closed there)."""
+    that loop, e.g. subprocesses the app started, must be closed there). `loop`: "auto" is
+    uvloop when installed; an app that starts subprocesses wants "asyncio", because uvloop's
+    children inherit the originals of the stdio given to them and every fd the process holds
+    without close-on-exec (`close_fds` is not applied), so a child's leftover processes hold
+    its pipes open."""
     import uvicorn
 
     sock = bind(host, port)
     url = f"http://{host}:{sock.getsockname()[1]}"
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan=lifespan,
                                            timeout_graceful_shutdown=graceful_timeout,
-                                           timeout_keep_alive=KEEP_ALIVE_S))
+                                           timeout_keep_alive=KEEP_ALIVE_S, loop=loop))
 
     async def run() -> None:
         try:

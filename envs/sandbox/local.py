@@ -58,6 +58,11 @@ FILE_SIZE_LIMIT = 4 << 30  # one runaway `yes > f` must not fill the host disk
 _warned = False
 
 
+def shell_argv(cmd: str) -> list[str]:
+    """`cmd` run by bash, or by sh where there is no bash."""
+    return ["bash", "-c", cmd] if shutil.which("bash") else ["sh", "-c", cmd]
+
+
 def _warn_unisolated() -> None:
     global _warned
     if _warned:
@@ -182,11 +187,8 @@ class LocalSandbox:
               files: dict[str, str] | None = None) -> list[str]:
         """bwrap's command line for `cmd` (or `program`, an argv run as is); `files`: host ->
         sandbox, bound read-only into this call only."""
-        shell = program or (["bash", "-c", cmd] if shutil.which("bash") else ["sh", "-c", cmd])
-        limits = []
-        if shutil.which("prlimit"):
-            limits = ["prlimit", f"--data={self.spec.memory_mb << 20}",
-                      f"--fsize={FILE_SIZE_LIMIT}", "--core=0", "--"]
+        shell = program or shell_argv(cmd)
+        limits = self.limits()
         if self.bwrap is None:
             return limits + shell
         argv = [self.bwrap, *host_view_args(self.spec.network, self.spec.host_paths)]
@@ -208,6 +210,14 @@ class LocalSandbox:
         for key, value in env.items():
             argv += ["--setenv", key, value]
         return argv + limits + shell
+
+    def limits(self) -> list[str]:
+        """The argv prefix setting a command's rlimits (data size, file size, no core dumps);
+        empty without prlimit."""
+        if not shutil.which("prlimit"):
+            return []
+        return ["prlimit", f"--data={self.spec.memory_mb << 20}", f"--fsize={FILE_SIZE_LIMIT}",
+                "--core=0", "--"]
 
     async def exec(self, cmd: str, timeout: float | None = None, cwd: str | None = None,
                    env: dict[str, str] | None = None) -> ExecResult:

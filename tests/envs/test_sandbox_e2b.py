@@ -76,6 +76,36 @@ def test_timeout_kills_the_tree(box) -> None:
     assert run(box.exec("ps -eo args | grep 'sleep 30[0-2]' || true")).stdout == ""
 
 
+def test_a_sandbox_is_one_machine_for_its_commands(e2b_env: str) -> None:
+    """As in E2B's microVM (and the fake, as root), a process a command leaves behind is there
+    for the next command: end_processes() is what kills it, and closing the sandbox ends
+    whatever is left (on the host too)."""
+    import os
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("the fake joins one sandbox's namespaces with nsenter, as root only")
+
+    def count(box, name: str) -> str:
+        return run(box.exec(f"ps -eo args | grep -c '^sleep {name[:-1]}[{name[-1]}]' || true")
+                   ).stdout
+
+    box = run(open_sandbox("e2b", SandboxSpec(exec_timeout_s=30), run_id="t-e2b-machine"))
+    try:
+        run(box.exec("setsid sleep 303 >/dev/null 2>&1 &"))
+        assert count(box, "303") == "1\n"
+        assert run(box.exec("echo shared > /tmp/one")).exit_code == 0
+        assert run(box.exec("cat /tmp/one")).stdout == "shared\n"
+        run(box.end_processes())
+        assert count(box, "303") == "0\n"
+        run(box.exec("setsid sleep 304 >/dev/null 2>&1 &"))
+        assert count(box, "304") == "1\n"
+    finally:
+        run(box.close())
+    host = subprocess.run(["pgrep", "-f", "^sleep 304$"], capture_output=True, text=True)
+    assert host.stdout == "", "a sandbox's process outlived its close"
+
+
 def test_file_round_trips(box, tmp_path: Path) -> None:
     run(box.write_file("d/e.bin", bytes(range(256))))
     assert run(box.read_file("/home/user/d/e.bin")) == bytes(range(256))

@@ -1,7 +1,9 @@
 """A fake E2B (control-plane API + in-sandbox `envd`) for running the official `e2b` SDK
 without the cloud: tests, CI and offline development.
 
-Sandboxes are LocalSandboxes (bubblewrap when installed) whose workdir is /home/user.
+Sandboxes are LocalSandboxes (bubblewrap when installed) whose workdir is /home/user; as root,
+each is one set of namespaces that all its commands join, as E2B's microVM is one machine
+(state.py).
 Point the SDK at it with
 
     E2B_API_URL=http://127.0.0.1:PORT  E2B_SANDBOX_URL=http://127.0.0.1:PORT
@@ -14,7 +16,7 @@ Run it standalone with `python -m envhub.envs.sandbox.e2b_fake --port 3000`, or 
 
 What is faked: create / list / info / kill / set-timeout (with expiry), the envd file
 download/upload API, and `process.Process` Start / SendSignal / List. Output of a command is
-delivered when it ends (not streamed while it runs). Not faked: the `filesystem.Filesystem`
+streamed as it is written. Not faked: the `filesystem.Filesystem`
 RPCs (UNIMPLEMENTED), pause/resume/snapshots, templates, PTY, stdin, metrics, logs.
 """
 
@@ -61,7 +63,7 @@ def running_fake_e2b(api_key: str | None = "e2b_fake_key", host: str = "127.0.0.
     app = FakeE2B(api_key=api_key)
     try:
         server = serve_in_thread(app, host, port, name="fake-e2b",
-                                 on_stop=app.registry.close)
+                                 on_stop=app.registry.close, loop="asyncio")
     except RuntimeError as exc:
         raise RuntimeError(f"the fake E2B server could not start on {host}:{port}") from exc
     try:

@@ -19,7 +19,7 @@ def main() -> None:
           f"E2B_SANDBOX_URL=http://{args.host}:{args.port} E2B_HTTP_VERSION=1.1 "
           f"E2B_API_KEY={args.api_key or 'anything'}", flush=True)
     uvicorn.run(FakeE2B(api_key=args.api_key), host=args.host, port=args.port,
-                log_level="warning")
+                log_level="warning", loop="asyncio")  # commands: serve.py's `loop`
 
 
 if __name__ == "__main__":

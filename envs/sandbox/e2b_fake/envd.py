@@ -149,7 +149,7 @@ class ProcessService(Process):
 
 async def _spawn(sandbox: FakeSandbox, cmd: str, cwd: str, env: dict[str, str]
                  ) -> tuple[asyncio.subprocess.Process, list[asyncio.StreamReader]]:
-    """`cmd` started in the sandbox the way LocalSandbox.exec starts one, and readers of its
+    """`cmd` started in the sandbox (state.py: joining its namespaces), and readers of its
     stdout and stderr as they are written (no wrapper, no cap: envd does not cap either).
     OS pipes, as envd's (asyncio's own are socket pairs)."""
     local = sandbox.local
@@ -157,7 +157,7 @@ async def _spawn(sandbox: FakeSandbox, cmd: str, cwd: str, env: dict[str, str]
     (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
     try:
         proc = await asyncio.create_subprocess_exec(
-            *local._argv(cmd, cwd, full_env), stdin=asyncio.subprocess.DEVNULL,
+            *sandbox.argv(cmd, cwd, full_env), stdin=asyncio.subprocess.DEVNULL,
             stdout=out_w, stderr=err_w,
             cwd=str(local.host_dir) if local.bwrap is None else None,
             env=full_env if local.bwrap is None else BASE_ENV, start_new_session=True)

@@ -1,14 +1,33 @@
 """The fake's sandboxes: each is a LocalSandbox (bubblewrap when present) whose workdir is
-seen at /home/user, E2B's default user home."""
+seen at /home/user, E2B's default user home.
+
+As in E2B's microVM, a sandbox is one machine for all its commands: as root with nsenter, one
+bwrap per sandbox holds its namespaces (pid, mount, network, ipc, uts, cgroup: one /tmp, one
+process table) and every command joins them, capabilities dropped. A process a command leaves
+behind (setsid, a double fork) lives on beside later commands until something kills it or the
+sandbox ends, so the client's own clean-up is what is tested. Without root or nsenter each
+command gets fresh namespaces of its own (LocalSandbox's isolation per call), said once in the
+log: then nothing a command starts outlives it, whatever the client does.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import datetime as dt
+import json
+import logging
+import os
 import secrets
+import shutil
+import signal
 from dataclasses import dataclass, field
 
 from envhub.envs.manifest import SandboxSpec
-from envhub.envs.sandbox.local import LocalSandbox
+from envhub.envs.sandbox.local import BASE_ENV, LocalSandbox, shell_argv
+
+log = logging.getLogger(__name__)
+HOLDER_START_S = 20.0
 
 HOME = "/home/user"
 ENVD_VERSION = "0.6.4"  # newest envd features the SDK gates on (octet-stream upload, ...)
@@ -33,6 +52,17 @@ class FakeSandbox:
     started_at: dt.datetime
     end_at: dt.datetime
     access_token: str = field(default_factory=lambda: secrets.token_hex(16))
+    machine: Machine | None = None
+
+    def argv(self, cmd: str, cwd: str, env: dict[str, str]) -> list[str]:
+        """The command line running `cmd` in this sandbox: joining its machine's namespaces,
+        or in fresh ones of its own (LocalSandbox's) where it has none."""
+        if self.machine is None:
+            return self.local._argv(cmd, cwd, env)
+        return ["nsenter", "-t", str(self.machine.pid), "-m", "-u", "-i", "-n", "-p", "-C",
+                "-r", "--", "setpriv", "--no-new-privs", "--bounding-set=-all",
+                "--inh-caps=-all", "--", "env", "-i", "-C", cwd,
+                *(f"{k}={v}" for k, v in env.items()), *self.local.limits(), *shell_argv(cmd)]
 
     def to_local(self, path: str) -> str:
         """A sandbox path as the LocalSandbox sees it (identical under bwrap; without bwrap
@@ -56,8 +86,62 @@ class FakeSandbox:
         return {**self.listed(), "envdAccessToken": self.access_token, "domain": None}
 
 
+@dataclass
+class Machine:
+    """The bwrap holding one sandbox's namespaces; `pid` is its init (nsenter's target)."""
+    proc: asyncio.subprocess.Process
+    pid: int
+
+    @classmethod
+    async def start(cls, local: LocalSandbox) -> Machine | None:
+        if local.bwrap is None or os.geteuid() != 0 or not shutil.which("nsenter"):
+            if not Registry.said_per_call:
+                Registry.said_per_call = True
+                log.warning("fake E2B: no bwrap, root or nsenter; each command gets namespaces "
+                            "of its own, so nothing a command starts outlives it")
+            return None
+        argv = local._argv("", HOME, dict(BASE_ENV),
+                           program=["sh", "-c", "echo up; exec sleep infinity >/dev/null"])
+        info_r, info_w = os.pipe()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                argv[0], "--info-fd", str(info_w), *argv[1:], pass_fds=(info_w,),
+                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                start_new_session=True)
+        except BaseException:
+            os.close(info_r)
+            raise
+        finally:
+            os.close(info_w)
+        try:
+            # bwrap writes the info before it builds the root: joined now, a command could see
+            # a half-made one; "up" comes from inside the finished sandbox.
+            assert proc.stdout is not None
+            up = await asyncio.wait_for(proc.stdout.readline(), HOLDER_START_S)
+            if up != b"up\n":
+                raise RuntimeError(f"the sandbox's bwrap did not start: {up!r}")
+            pid = int(json.loads(os.read(info_r, 1 << 16).decode())["child-pid"])
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+            raise
+        finally:
+            os.close(info_r)
+        return cls(proc, pid)
+
+    async def stop(self) -> None:
+        """Kill the init: the kernel then kills every process of the pid namespace."""
+        if self.proc.returncode is None:  # else `pid` may be another process's by now
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+        await self.proc.wait()
+
+
 class Registry:
     """All live sandboxes of one fake server; expired ones are removed lazily on access."""
+
+    said_per_call = False
 
     def __init__(self, allow_network: bool = False) -> None:
         self.sandboxes: dict[str, FakeSandbox] = {}
@@ -67,10 +151,15 @@ class Registry:
                      env_vars: dict[str, str]) -> FakeSandbox:
         spec = SandboxSpec(network=self.allow_network, memory_mb=MEMORY_MB, cpus=CPU_COUNT)
         local = await LocalSandbox.create(spec, run_id="e2bfake", mount=HOME)
+        try:
+            machine = await Machine.start(local)
+        except BaseException:
+            await local.close()
+            raise
         sandbox_id = "i" + secrets.token_hex(10)
         start = now()
         sandbox = FakeSandbox(sandbox_id, template, local, metadata, env_vars, start,
-                              start + dt.timedelta(seconds=timeout_s))
+                              start + dt.timedelta(seconds=timeout_s), machine=machine)
         self.sandboxes[sandbox_id] = sandbox
         return sandbox
 
@@ -86,6 +175,8 @@ class Registry:
         sandbox = self.sandboxes.pop(sandbox_id, None)
         if sandbox is None:
             return False
+        if sandbox.machine is not None:
+            await sandbox.machine.stop()
         await sandbox.local.close()
         return True
 
