@@ -25,10 +25,10 @@ missing() {  # what: the thing missing, fix: the command that provides it
 # floors' 1.6, verifiers' 0.6, docker's images ~3.7, pytest's folders up to ~6 GB during the
 # run); short of it, tests fail with ENOSPC all over, so say it first.
 for dir in . "${TMPDIR:-/tmp}"; do
-  free_gb=$(df -Pk "$dir" | awk 'NR == 2 {print int($4 / 1048576)}')
-  if [ "$free_gb" -lt 20 ]; then
-    say "warning: ${free_gb} GB free on $(df -P "$dir" | awk 'NR == 2 {print $6}') (for $dir);" \
-      "a full run needs ~20 GB: expect 'No space left on device' failures"
+  free_gb=$(df -Pk "$dir" 2>/dev/null | awk 'NR == 2 {print int($4 / 1048576)}' || true)
+  if [ -n "$free_gb" ] && [ "$free_gb" -lt 20 ]; then
+    say "warning: ${free_gb} GB free for $dir; a full run needs ~20 GB:" \
+      "expect 'No space left on device' failures"
   fi
 done
 

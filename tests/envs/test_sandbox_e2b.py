@@ -78,13 +78,15 @@ def test_timeout_kills_the_tree(box) -> None:
 
 def test_a_sandbox_is_one_machine_for_its_commands(e2b_env: str) -> None:
     """As in E2B's microVM (and the fake, as root), a process a command leaves behind is there
-    for the next command: end_processes() is what kills it, and closing the sandbox ends
-    whatever is left (on the host too)."""
+    for the next command: end_processes() is what kills it; a command killing every process it
+    can does not end the sandbox; closing it ends whatever is left (on the host too)."""
     import os
     import subprocess
 
     if os.geteuid() != 0:
         pytest.skip("the fake joins one sandbox's namespaces with nsenter, as root only")
+    require_tool("nsenter")
+    require_tool("setpriv")
 
     def count(box, name: str) -> str:
         return run(box.exec(f"ps -eo args | grep -c '^sleep {name[:-1]}[{name[-1]}]' || true")
@@ -98,6 +100,8 @@ def test_a_sandbox_is_one_machine_for_its_commands(e2b_env: str) -> None:
         assert run(box.exec("cat /tmp/one")).stdout == "shared\n"
         run(box.end_processes())
         assert count(box, "303") == "0\n"
+        run(box.exec("kill -9 -1"))
+        assert run(box.exec("echo alive")).stdout == "alive\n"
         run(box.exec("setsid sleep 304 >/dev/null 2>&1 &"))
         assert count(box, "304") == "1\n"
     finally:

@@ -5,9 +5,12 @@ As in E2B's microVM, a sandbox is one machine for all its commands: as root with
 bwrap per sandbox holds its namespaces (pid, mount, network, ipc, uts, cgroup: one /tmp, one
 process table) and every command joins them, capabilities dropped. A process a command leaves
 behind (setsid, a double fork) lives on beside later commands until something kills it or the
-sandbox ends, so the client's own clean-up is what is tested. Without root or nsenter each
-command gets fresh namespaces of its own (LocalSandbox's isolation per call), said once in the
-log: then nothing a command starts outlives it, whatever the client does.
+sandbox ends, so the client's own clean-up is what is tested. The holder is the pid namespace's
+init, which the kernel shields from the sandbox's own signals (`kill -9 -1` inside leaves it,
+as E2B's envd survives its commands); it reaps orphans. Should it die all the same, the sandbox
+is gone, as a crashed microVM is: "not found" from then on. Without root, nsenter or setpriv
+each command gets fresh namespaces of its own (LocalSandbox's isolation per call), said once in
+the log: then nothing a command starts outlives it, whatever the client does.
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ class FakeSandbox:
             return self.local._argv(cmd, cwd, env)
         return ["nsenter", "-t", str(self.machine.pid), "-m", "-u", "-i", "-n", "-p", "-C",
                 "-r", "--", "setpriv", "--no-new-privs", "--bounding-set=-all",
-                "--inh-caps=-all", "--", "env", "-i", "-C", cwd,
+                "--inh-caps=-all", "--", "env", "-i", "-C", cwd, "--",
                 *(f"{k}={v}" for k, v in env.items()), *self.local.limits(), *shell_argv(cmd)]
 
     def to_local(self, path: str) -> str:
@@ -86,26 +89,36 @@ class FakeSandbox:
         return {**self.listed(), "envdAccessToken": self.access_token, "domain": None}
 
 
+# pid 1 of the sandbox: dash reaps any child while it waits for its own `sleep`
+INIT = "echo up; exec >/dev/null; while :; do sleep 3600; done"
+
+
 @dataclass
 class Machine:
-    """The bwrap holding one sandbox's namespaces; `pid` is its init (nsenter's target)."""
+    """The bwrap holding one sandbox's namespaces; `pid` is its init (nsenter's target), a
+    child of `proc` (bwrap's outer process, ours: it cannot be another's pid while unreaped)."""
     proc: asyncio.subprocess.Process
     pid: int
 
+    @property
+    def alive(self) -> bool:
+        # bwrap's outer process ends when its init does (and is reaped by us only then)
+        return self.proc.returncode is None
+
     @classmethod
     async def start(cls, local: LocalSandbox) -> Machine | None:
-        if local.bwrap is None or os.geteuid() != 0 or not shutil.which("nsenter"):
+        if (local.bwrap is None or os.geteuid() != 0
+                or not all(shutil.which(t) for t in ("nsenter", "setpriv"))):
             if not Registry.said_per_call:
                 Registry.said_per_call = True
-                log.warning("fake E2B: no bwrap, root or nsenter; each command gets namespaces "
-                            "of its own, so nothing a command starts outlives it")
+                log.warning("fake E2B: no bwrap, root, nsenter or setpriv; each command gets "
+                            "namespaces of its own, so nothing a command starts outlives it")
             return None
-        argv = local._argv("", HOME, dict(BASE_ENV),
-                           program=["sh", "-c", "echo up; exec sleep infinity >/dev/null"])
+        argv = local._argv("", HOME, dict(BASE_ENV), program=["sh", "-c", INIT])
         info_r, info_w = os.pipe()
         try:
             proc = await asyncio.create_subprocess_exec(
-                argv[0], "--info-fd", str(info_w), *argv[1:], pass_fds=(info_w,),
+                argv[0], "--as-pid-1", "--info-fd", str(info_w), *argv[1:], pass_fds=(info_w,),
                 stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
                 start_new_session=True)
         except BaseException:
@@ -131,10 +144,11 @@ class Machine:
         return cls(proc, pid)
 
     async def stop(self) -> None:
-        """Kill the init: the kernel then kills every process of the pid namespace."""
-        if self.proc.returncode is None:  # else `pid` may be another process's by now
+        """Kill bwrap's outer process (our child: no pid reuse); its init dies with it
+        (`--die-with-parent`), and the kernel then kills every process of the pid namespace."""
+        if self.proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signal.SIGKILL)
+                self.proc.kill()
         await self.proc.wait()
 
 
@@ -169,15 +183,22 @@ class Registry:
 
     async def get(self, sandbox_id: str) -> FakeSandbox | None:
         await self.expire()
-        return self.sandboxes.get(sandbox_id)
+        sandbox = self.sandboxes.get(sandbox_id)
+        if sandbox is not None and sandbox.machine is not None and not sandbox.machine.alive:
+            log.warning("fake E2B: sandbox %s's machine died; it is gone", sandbox_id)
+            await self.kill(sandbox_id)
+            return None
+        return sandbox
 
     async def kill(self, sandbox_id: str) -> bool:
         sandbox = self.sandboxes.pop(sandbox_id, None)
         if sandbox is None:
             return False
-        if sandbox.machine is not None:
-            await sandbox.machine.stop()
-        await sandbox.local.close()
+        try:
+            if sandbox.machine is not None:
+                await sandbox.machine.stop()
+        finally:
+            await sandbox.local.close()
         return True
 
     async def close(self) -> None:
