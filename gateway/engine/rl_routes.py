@@ -38,6 +38,7 @@ class PauseGate:
     def __init__(self) -> None:
         self.paused = False
         self.running = 0
+        self.held = 0  # completions waiting at the gate (`requests_held` in /stats, /metrics)
         self._open = asyncio.Event()
         self._open.set()
         self._idle = asyncio.Event()
@@ -45,8 +46,13 @@ class PauseGate:
 
     @asynccontextmanager
     async def admit(self) -> AsyncIterator[None]:
-        while self.paused:
-            await self._open.wait()
+        if self.paused:
+            self.held += 1
+            try:
+                while self.paused:
+                    await self._open.wait()
+            finally:
+                self.held -= 1
         self.running += 1
         self._idle.clear()
         try:

@@ -3,8 +3,9 @@
 Routes: `POST /v1/completions` (prompt = token ids or lists of them; `return_token_ids` puts
 `token_ids` and `prompt_token_ids` on each choice, as vLLM does), `GET /v1/models`,
 `GET /health`, `POST /update_weights_from_disk` and `GET /get_weight_version` /
-`GET /model_info` (SGLang's names and shapes), `GET /stats` (batching counters, also as
-Prometheus text on `GET /metrics`) and
+`GET /model_info` (SGLang's names and shapes), `GET /stats` (batching counters and
+`requests_held`, the completions waiting at a /pause, also as Prometheus text on `GET /metrics`)
+and
 `GET /debug/requests?limit=N` (the prompt ids received, newest last), and vLLM's RL routes
 (`/pause`, `/resume`, `/collective_rpc` reload_weights, `/update_weight_version`,
 `/weight_info`: gateway/engine/rl_routes.py). Every completion carries
@@ -167,13 +168,16 @@ def create_app(engine: ServedEngine, *, log_size: int = 1000,
         return _json({"success": True, "message": f"loaded {body.model_path}",
                       "weight_version": new, "num_paused_requests": 0})
 
+    def counters() -> dict[str, Any]:
+        return {**engine.stats(), "requests_held": gate.held}
+
     @app.get("/stats")
     async def stats() -> Response:
-        return _json(engine.stats())
+        return _json(counters())
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(prometheus_text(engine.stats()), media_type="text/plain; version=0.0.4")
+        return Response(prometheus_text(counters()), media_type="text/plain; version=0.0.4")
 
     @app.get("/debug/requests")
     async def debug_requests(limit: int = 50, request_id: str | None = None) -> Response:

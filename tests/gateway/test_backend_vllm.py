@@ -143,10 +143,16 @@ def test_engine_serves_vllms_rl_routes(zero: EngineProcess, tmp_path: Path) -> N
             assert (await http.post("/pause?mode=wait")).json() == {"status": "paused"}
             assert (await http.get("/is_paused")).json() == {"is_paused": True}
             held = asyncio.ensure_future(http.post("/v1/completions", json=body))
-            await asyncio.sleep(0.5)
-            assert not held.done()  # waiting at the gate
+            for _ in range(300):  # it reached the engine and waits at the gate
+                if (await http.get("/stats")).json()["requests_held"] == 1:
+                    break
+                await asyncio.sleep(0.02)
+            assert (await http.get("/stats")).json()["requests_held"] == 1
+            assert "envhub_engine_requests_held 1.0" in (await http.get("/metrics")).text
+            assert not held.done()
             assert (await http.post("/resume")).json() == {"status": "resumed"}
             assert (await held).status_code == 200
+            assert (await http.get("/stats")).json()["requests_held"] == 0
             bad = await http.post("/pause?mode=abort")
             assert bad.status_code == 400 and "mode=wait" in bad.json()["error"]["message"]
             rpc = await http.post("/collective_rpc", json={"method": "sleep"})
