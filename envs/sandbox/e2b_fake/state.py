@@ -31,6 +31,7 @@ from envhub.envs.sandbox.local import BASE_ENV, LocalSandbox, shell_argv
 
 log = logging.getLogger(__name__)
 HOLDER_START_S = 20.0
+STOP_S = 20.0  # for a machine's processes to be killed and reaped
 
 HOME = "/home/user"
 ENVD_VERSION = "0.6.4"  # newest envd features the SDK gates on (octet-stream upload, ...)
@@ -96,9 +97,11 @@ INIT = "echo up; exec >/dev/null; while :; do sleep 3600; done"
 @dataclass
 class Machine:
     """The bwrap holding one sandbox's namespaces; `pid` is its init (nsenter's target), a
-    child of `proc` (bwrap's outer process, ours: it cannot be another's pid while unreaped)."""
+    child of `proc` (bwrap's outer process, ours: it cannot be another's pid while unreaped),
+    `pidfd` a handle on the init that never names another process."""
     proc: asyncio.subprocess.Process
     pid: int
+    pidfd: int
 
     @property
     def alive(self) -> bool:
@@ -134,6 +137,7 @@ class Machine:
             if up != b"up\n":
                 raise RuntimeError(f"the sandbox's bwrap did not start: {up!r}")
             pid = int(json.loads(os.read(info_r, 1 << 16).decode())["child-pid"])
+            pidfd = os.pidfd_open(pid)  # the init is up (it said so): `pid` is still its
         except BaseException:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -141,15 +145,36 @@ class Machine:
             raise
         finally:
             os.close(info_r)
-        return cls(proc, pid)
+        return cls(proc, pid, pidfd)
 
     async def stop(self) -> None:
-        """Kill bwrap's outer process (our child: no pid reuse); its init dies with it
-        (`--die-with-parent`), and the kernel then kills every process of the pid namespace."""
-        if self.proc.returncode is None:
+        """Kill bwrap's outer process and the init, and wait until the init's exit is reported:
+        by then the kernel has killed and reaped every other process of the pid namespace (the
+        outer process's death alone ends the init a moment later, which a check right after
+        close could beat: seen once in CI)."""
+        loop = asyncio.get_running_loop()
+        gone = loop.create_future()
+        try:
+            if self.proc.returncode is None:  # the init gets SIGKILL with it (PDEATHSIG)
+                with contextlib.suppress(ProcessLookupError):
+                    self.proc.kill()
             with contextlib.suppress(ProcessLookupError):
-                self.proc.kill()
-        await self.proc.wait()
+                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+
+            def ended() -> None:
+                if not gone.done():
+                    gone.set_result(None)
+
+            loop.add_reader(self.pidfd, ended)
+            try:
+                await asyncio.wait_for(gone, STOP_S)
+            except TimeoutError:
+                log.warning("fake E2B: a sandbox's init did not end within %gs", STOP_S)
+            finally:
+                loop.remove_reader(self.pidfd)
+        finally:
+            os.close(self.pidfd)
+            await self.proc.wait()
 
 
 class Registry:
