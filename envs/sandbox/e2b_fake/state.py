@@ -25,6 +25,7 @@ import secrets
 import shutil
 import signal
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from envhub.envs.manifest import SandboxSpec
 from envhub.envs.sandbox.local import BASE_ENV, LocalSandbox, shell_argv
@@ -102,6 +103,7 @@ class Machine:
     proc: asyncio.subprocess.Process
     pid: int
     pidfd: int
+    said_per_call: ClassVar[bool] = False
 
     @property
     def alive(self) -> bool:
@@ -112,8 +114,8 @@ class Machine:
     async def start(cls, local: LocalSandbox) -> Machine | None:
         if (local.bwrap is None or os.geteuid() != 0
                 or not all(shutil.which(t) for t in ("nsenter", "setpriv"))):
-            if not Registry.said_per_call:
-                Registry.said_per_call = True
+            if not Machine.said_per_call:
+                Machine.said_per_call = True
                 log.warning("fake E2B: no bwrap, root, nsenter or setpriv; each command gets "
                             "namespaces of its own, so nothing a command starts outlives it")
             return None
@@ -179,8 +181,6 @@ class Machine:
 
 class Registry:
     """All live sandboxes of one fake server; expired ones are removed lazily on access."""
-
-    said_per_call = False
 
     def __init__(self, allow_network: bool = False) -> None:
         self.sandboxes: dict[str, FakeSandbox] = {}
