@@ -16,7 +16,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, Field, RootModel
 
-from envhub.gateway.errors import Forbidden, Unauthorized
+from envhub.gateway.errors import POOL_RETRY_AFTER_S, Forbidden, Unauthorized
 from envhub.gateway.models.base import OPENAI_ERRORS, body_of, parse
 from envhub.gateway.openai_api import json_response, read_json
 from envhub.gateway.pool.declared import Declaration
@@ -81,9 +81,18 @@ async def _session_for(request: Request, session_id: str) -> LiveSession:
 
 @router.get("/health")
 async def health(request: Request) -> Response:
+    """200 `ok` while the gateway can serve and record; 503 `not_ready` naming the pool's
+    fault (disk full, database unreachable) while its writes fail: a write probe (one at a
+    time) decides, so readiness comes back by itself once the pool can write again."""
     gw = request.app.state.gw
     backend = await gw.backend.health()
-    return json_response({"status": "ok", "model": gw.config.served_name(), "backend": backend})
+    body = {"status": "ok", "model": gw.config.served_name(), "backend": backend}
+    if gw.store.fault is not None:
+        fault = await gw.store.probe()
+        if fault is not None:
+            return json_response({**body, "status": "not_ready", "pool": fault}, status=503,
+                                 headers={"retry-after": str(round(POOL_RETRY_AFTER_S))})
+    return json_response(body)
 
 
 @router.get("/metrics", responses={200: {"content": {"text/plain": {}}}})

@@ -45,7 +45,13 @@ from envhub.gateway.anthropic_convert import (
     tool_choice,
 )
 from envhub.gateway.backends.base import SamplingParams
-from envhub.gateway.errors import BodyTooLarge, GatewayError, Overloaded, internal_error
+from envhub.gateway.errors import (
+    BodyTooLarge,
+    GatewayError,
+    Overloaded,
+    PoolFault,
+    internal_error,
+)
 from envhub.gateway.models.anthropic import CountTokensRequest, MessagesRequest
 from envhub.gateway.models.base import ANTHROPIC_ERRORS, STREAMS, body_of, ignored_header, parse
 from envhub.gateway.openai_api import ClientGone, check_model, read_json, until_disconnect
@@ -82,7 +88,7 @@ def error_response(exc: GatewayError, request: Request | None = None) -> Respons
     status = exc.status_code
     kind = _ERROR_TYPES.get(status, "api_error" if status < 529 else "overloaded_error")
     headers = {}
-    if isinstance(exc, Overloaded):
+    if isinstance(exc, Overloaded | PoolFault):
         headers["retry-after"] = str(max(1, round(exc.retry_after)))
     if request is not None:
         request.app.state.gw.metrics.requests.labels(request.url.path, str(status)).inc()

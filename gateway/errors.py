@@ -8,6 +8,8 @@ import uuid
 # One MissingExtra for every component (an `as` import: an explicit re-export).
 from envhub.sdk.errors import MissingExtra as MissingExtra
 
+POOL_RETRY_AFTER_S = 5.0  # what a client is told to wait while the pool cannot write
+
 
 class GatewayError(Exception):
     status_code = 400
@@ -62,6 +64,22 @@ class BackendUnavailable(GatewayError):
     type = "server_error"
 
 
+class PoolFault(GatewayError):
+    """The data pool cannot record (or read) right now through no fault of the request: its
+    disk is full, its database unreachable. A 503 naming the pool, with Retry-After; nothing
+    of the call was recorded and its answer was not returned, so the client's retry is safe."""
+
+    status_code = 503
+    type = "server_error"
+
+    def __init__(self, reason: str, retry_after: float = POOL_RETRY_AFTER_S):
+        super().__init__(f"the gateway's data pool cannot record this call: {reason}; nothing "
+                         "of it was recorded and no answer was kept. Retry after "
+                         f"{round(retry_after)} s (the gateway's /health says when the pool "
+                         "is ready again)", code="pool_unavailable")
+        self.retry_after = retry_after
+
+
 class InternalError(GatewayError):
     """A 500 that tells the client nothing of its cause: a generic message and an error id.
     Build it with `internal_error`, which logs the id with the full traceback."""
@@ -81,13 +99,24 @@ class BodyTooLarge(Exception):
 
 
 def internal_error(exc: BaseException, where: str,
-                   logger: logging.Logger | None = None) -> InternalError:
+                   logger: logging.Logger | None = None) -> GatewayError:
     """An unexpected exception as a client-safe 500: the exception text, its type and any
     paths stay in the log (with the traceback and `where`, under a fresh error id); the
-    body carries only the id."""
-    err = InternalError("err_" + uuid.uuid4().hex[:16])
-    (logger or logging.getLogger("envhub.gateway")).error(
-        "internal error %s on %s", err.error_id, where, exc_info=exc)
+    body carries only the id. A failure of the data pool itself (full disk, database gone)
+    is a PoolFault (503 + Retry-After) instead, logged as one line under its id."""
+    from envhub.gateway.pool.store import fault_reason
+
+    error_id = "err_" + uuid.uuid4().hex[:16]
+    logger = logger or logging.getLogger("envhub.gateway")
+    reason = fault_reason(exc)
+    if reason is not None:
+        logger.warning("pool unavailable %s on %s: %s (%s)", error_id, where, reason,
+                       str(getattr(exc, "orig", exc))[:300])
+        fault = PoolFault(reason)
+        fault.error_id = error_id
+        return fault
+    err = InternalError(error_id)
+    logger.error("internal error %s on %s", err.error_id, where, exc_info=exc)
     return err
 
 

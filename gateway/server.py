@@ -30,6 +30,7 @@ from envhub.gateway.errors import (
     BodyTooLarge,
     GatewayError,
     Overloaded,
+    PoolFault,
     internal_error,
 )
 from envhub.gateway.metrics import Metrics
@@ -239,7 +240,7 @@ def create_app(config: GatewayConfig, backend: Backend | None = None) -> FastAPI
         if request.url.path.startswith("/v1/messages"):
             return anthropic_api.error_response(exc, request)
         headers = {}
-        if isinstance(exc, Overloaded):
+        if isinstance(exc, Overloaded | PoolFault):
             headers["retry-after"] = str(max(1, round(exc.retry_after)))
         if exc.error_id is not None:  # a 500, or an engine failure (cause in the log)
             headers["x-envhub-error-id"] = exc.error_id

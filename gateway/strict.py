@@ -42,6 +42,7 @@ from jsonschema import Draft202012Validator, validators
 from referencing import Registry
 
 from envhub.gateway.errors import BadRequest
+from envhub.sdk.limits import too_deep
 
 log = logging.getLogger("envhub.gateway")
 
@@ -50,6 +51,13 @@ _UNSUPPORTED = ("allOf", "oneOf", "not", "if", "then", "else", "dependentRequire
 _FIX = {"oneOf": "use anyOf", "allOf": "merge the schemas into one"}
 _SCHEMA_MAPS = ("properties", "$defs", "definitions")  # name → subschema
 _SCHEMA_LISTS = ("anyOf", "prefixItems")
+# Levels of JSON objects and arrays a strict schema may nest (an object property is two: the
+# `properties` map and the property's schema), counted before anything recurses into it, so
+# the answer does not depend on the interpreter's recursion limit (sdk/limits.py). 64 is 31
+# nested objects, far past OpenAI's documented 10; the metaschema check of a schema this deep
+# stays well inside Python's default limit (measured: 333 frames from an empty stack, of
+# the default 1,000). Arguments are bounded alike (a recursive `$ref` admits any depth).
+MAX_SCHEMA_DEPTH = 64
 
 
 def strict_schema(schema: dict[str, Any], what: str, param: str, *,
@@ -58,6 +66,9 @@ def strict_schema(schema: dict[str, Any], what: str, param: str, *,
     required); 400 (`param`) naming what strict mode does not support. `what` names the schema
     in the message ("response_format's schema", "function 'f' parameters"). `require_all`
     False keeps each object's `required` as the schema says (StrictArguments)."""
+    if too_deep(schema, MAX_SCHEMA_DEPTH):
+        raise BadRequest(f"{what}: nested too deeply to check (more than {MAX_SCHEMA_DEPTH} "
+                         "levels of objects and arrays); flatten it", param=param)
     root = _resolve_root(schema)
     if "anyOf" in root or not _is_object(root):
         raise BadRequest(f"{what}: with strict true the root must be an object schema "
@@ -190,6 +201,9 @@ class StrictArguments:
             value = orjson.loads(arguments)
         except orjson.JSONDecodeError:
             return "the arguments are not valid JSON"
+        if too_deep(value, MAX_SCHEMA_DEPTH):
+            return (f"the arguments nest more than {MAX_SCHEMA_DEPTH} levels of objects and "
+                    "arrays, too deeply to check")
         try:
             err = next(iter(check.iter_errors(value)), None)
         except RecursionError:

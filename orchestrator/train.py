@@ -81,6 +81,7 @@ def train(cfg: TrainLoopConfig, log: Callable[[str], Any] = print,
     from envhub.orchestrator.training.loop import Loop
     from envhub.orchestrator.training.model import build_trainer, placement
     from envhub.orchestrator.training.producer import Producer
+    from envhub.orchestrator.training.provenance import provenance, write_json
     from envhub.orchestrator.training.ranks import RankLeader, follow
     from envhub.orchestrator.training.source import LaunchOrderSource
     from envhub.orchestrator.training.tasks import LaunchMix, task_stream
@@ -131,6 +132,9 @@ def train(cfg: TrainLoopConfig, log: Callable[[str], Any] = print,
         # Before anything is written: a cluster that cannot be reached leaves no OUT behind.
         host = producer.start_executor(refs, served)
         cfg.out.mkdir(parents=True, exist_ok=True)
+        write_json(cfg.out / "run.json", provenance(
+            cfg.model_dump(mode="json"), [(e.ref, e.name, e.folder) for e in envs],
+            gw_config.model_path(), where))
         (cfg.out / "metrics.jsonl").write_text("")
         gw = run_in_thread(engine.model_copy(update={"host": host}))
         stack.callback(gw.close)
@@ -187,5 +191,6 @@ def load_training_envs(cfg: TrainLoopConfig, served: dict[str, Any] | None = Non
                              f"{loaded.name!r} too; rename one (envhub.toml's name), since "
                              "rows, metrics and the launch mix count by name")
         envs.append(EnvTasks(choice.ref, loaded.name, choice.weight, train_tasks, held,
-                             stratify, loaded.manifest.reward_weights(), agent))
+                             stratify, loaded.manifest.reward_weights(), agent,
+                             str(loaded.folder)))
     return envs

@@ -31,10 +31,16 @@ def train_main(cfg: TrainLoopConfig) -> None:
     from envhub.orchestrator.groups.scheduling import make_policy
     from envhub.orchestrator.train import load_training_envs, torchrun_argv, train
     from envhub.orchestrator.training.engines import EngineError, check_devices, check_engine
+    from envhub.orchestrator.training.provenance import clear_run, held_run
     from envhub.trainer.errors import TrainerError
 
     if cfg.model is not None and not Path(cfg.model).is_dir():
         fail(f"--model {cfg.model} is not a folder; pass a Hugging Face model folder")
+    held = held_run(cfg.out) if "WORLD_SIZE" not in os.environ else []
+    if held and not cfg.overwrite:  # before anything is read or written
+        fail(f"--out {cfg.out} holds a run ({', '.join(held)}); nothing was changed. Train "
+             "into a fresh folder, or add --overwrite to replace that run (resuming one is "
+             "not supported yet)")
     try:
         make_agent(cfg.agent, cfg.agent_install, cfg.agent_on_host)
         make_executor(cfg.executor)  # only loads it: reaching its machines is train's first act
@@ -44,6 +50,8 @@ def train_main(cfg: TrainLoopConfig) -> None:
         check_devices(cfg)  # a GPU the machine lacks: said now, not deep inside torch
     except Exception as e:  # unknown env, agent, executor or engine, bad manifest, bad split:
         fail(str(e))  # the fix is in it
+    if held:  # --overwrite, and everything else checked: the old run goes now
+        clear_run(cfg.out)
     if cfg.nproc_per_node > 1 and "WORLD_SIZE" not in os.environ:
         # the same command line again, each rank sees WORLD_SIZE and trains its shard
         raise typer.Exit(subprocess.call(torchrun_argv(cfg.nproc_per_node, sys.argv[1:])))
@@ -59,4 +67,4 @@ def train_main(cfg: TrainLoopConfig) -> None:
 
 
 train_command = config_command(TrainLoopConfig, train_main, arguments=("envs",), flags=FLAGS,
-                               envvars=ENVVARS)
+                               envvars=ENVVARS, config_file="--config")

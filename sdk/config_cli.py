@@ -18,6 +18,11 @@ parses), with its default and its `description` as help; `envvars` lets an optio
 an environment variable. A field that may be None but defaults to a value takes `none` for
 None (`--tau none`). Invalid values print `error: --flag: <pydantic's message>` and exit with
 code 2, before `run` is called.
+
+`config_file="--config"` adds that option: a TOML file whose keys are the fields (snake_case or
+the flags' kebab-case; a run's own `run.json` "config" table written as TOML reads back), read
+first; a flag or argument given on the command line (or by its environment variable) overrides
+its key. An unknown key, or a file that is not TOML, is exit 2 naming it.
 """
 
 from __future__ import annotations
@@ -45,9 +50,11 @@ NONE = "none"  # the text that means None for a field whose default is not None
 def config_command(config_type: type[C], run: Callable[[C], None], *,
                    flags: Mapping[str, str | tuple[str, ...]] | None = None,
                    envvars: Mapping[str, str] | None = None,
-                   arguments: tuple[str, ...] = ()) -> Callable[..., None]:
+                   arguments: tuple[str, ...] = (),
+                   config_file: str | None = None) -> Callable[..., None]:
     """A typer command: one option per field of `config_type` (`arguments`: positional, in
-    this order, before the options); calls `run(config)`."""
+    this order, before the options; `config_file`: the flag of a TOML file of fields, which
+    the command line overrides); calls `run(config)`."""
     import typer
 
     flags, envvars = dict(flags or {}), dict(envvars or {})
@@ -58,13 +65,25 @@ def config_command(config_type: type[C], run: Callable[[C], None], *,
     params = [_parameter(name, fields[name], flags.get(name), envvars.get(name),
                          positional=name in arguments) for name in order]
     names = {p.name: _flag_name(p) for p in params}
+    if config_file is not None:
+        assert not {CONFIG_PARAM, CONTEXT_PARAM} & set(fields), "a field named like ours"
+        params.append(inspect.Parameter(
+            CONFIG_PARAM, inspect.Parameter.KEYWORD_ONLY, annotation=Path | None,
+            default=typer.Option(None, config_file, help="a TOML file of these options (keys: "
+                                 "the flags' names); flags given here override its values")))
+        # typer hands the command its context (which says where each value came from)
+        params.append(inspect.Parameter(CONTEXT_PARAM, inspect.Parameter.KEYWORD_ONLY,
+                                        annotation=typer.Context))
 
     @functools.wraps(run)
     def command(**values: Any) -> None:
+        path, ctx = values.pop(CONFIG_PARAM, None), values.pop(CONTEXT_PARAM, None)
+        from_file = _read_config(path, fields) if path is not None else {}
         given = {name: _none(value, fields[name]) for name, value in values.items()
-                 if not (name in arguments and value in (None, []))}  # none given: the default
+                 if not (name in arguments and value in (None, []))  # none given: the default
+                 and (name not in from_file or _typed(ctx, name))}
         try:
-            config = config_type(**given)
+            config = config_type(**{**from_file, **given})
         except ValidationError as e:
             typer.echo(f"error: {_message(e, names)}", err=True)
             raise typer.Exit(2) from e
@@ -76,6 +95,39 @@ def config_command(config_type: type[C], run: Callable[[C], None], *,
     command.__annotations__ = {}
     del command.__wrapped__  # inspect.signature would follow it back to `run`
     return command
+
+
+CONFIG_PARAM = "config_file"
+CONTEXT_PARAM = "config_cli_context"
+
+
+def _typed(ctx: Any, name: str) -> bool:
+    """Whether the option `name` was given on the command line or by its environment variable
+    (not left at its default). `ctx`: the command's click context (typer's own click)."""
+    source = ctx.get_parameter_source(name) if ctx is not None else None
+    return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
+
+
+def _read_config(path: Path, fields: Mapping[str, FieldInfo]) -> dict[str, Any]:
+    """The fields a TOML config file sets; exit 2 naming what is wrong."""
+    import tomllib
+
+    import typer
+
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        typer.echo(f"error: --config {path}: {e}", err=True)
+        raise typer.Exit(2) from None
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        name = key.replace("-", "_")
+        if name not in fields or name == CONFIG_PARAM:
+            typer.echo(f"error: --config {path}: unknown key {key!r}; the keys are the "
+                       "options' names (see --help)", err=True)
+            raise typer.Exit(2)
+        out[name] = _none(value, fields[name])
+    return out
 
 
 def _message(error: ValidationError, names: Mapping[str, str]) -> str:

@@ -44,10 +44,19 @@ class PostgresServer:
     def start(self) -> PostgresServer:
         self._run(f"{self.bindir}/initdb", "-D", self.data, "-U", "postgres", "-A", "trust",
                   "--no-sync")
+        self.restart()
+        return self
+
+    def restart(self) -> None:
+        """Start the server (again, after `halt`) on the same data and port; returns once it
+        accepts connections (pg_ctl -w)."""
         self._run(f"{self.bindir}/pg_ctl", "-D", self.data, "-l", f"{self.root}/log", "-w",
                   "-o", f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 "
                   "-c fsync=off -c max_connections=300", "start")
-        return self
+
+    def halt(self) -> None:
+        """Stop the server as a crash would (immediate mode), keeping its data for `restart`."""
+        self._run(f"{self.bindir}/pg_ctl", "-D", self.data, "-m", "immediate", "-w", "stop")
 
     def create_database(self) -> str:
         """A fresh database; returns its SQLAlchemy-style URL."""

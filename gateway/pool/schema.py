@@ -36,6 +36,14 @@ sessions = Table(
     Column("metadata", Text, nullable=False, default="{}"),
 )
 
+# /health's write probe while the pool is failing (store.Store.probe): a row written and
+# removed in one transaction, so the table stays empty
+pool_probe = Table(
+    "pool_probe", metadata,
+    Column("id", String(16), primary_key=True),
+    Column("body", LargeBinary, nullable=False),
+)
+
 turns = Table(
     "turns", metadata,
     Column("session_id", String(128), primary_key=True),

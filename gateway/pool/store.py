@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import queue
+import secrets
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from typing import Any, TypeVar
 import orjson
 from sqlalchemy import create_engine, event, func, select, update
 from sqlalchemy.engine import Connection, Dialect, Engine
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
 from sqlalchemy.sql.schema import ScalarElementColumnDefault
 
 from envhub.gateway.pool import schema as t
@@ -43,6 +44,33 @@ class Insert:
 
     table: str
     row: dict[str, Any]
+
+
+class PoolUnavailable(Exception):
+    """The pool cannot record or read right now, through no fault of the request (`reason`:
+    its disk is full, its database unreachable): the server answers 503 with Retry-After and
+    reports not ready on /health until a write succeeds again."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def fault_reason(exc: BaseException) -> str | None:
+    """Why the pool failed `exc`'s operation when the pool itself is at fault (its storage or
+    its server), else None (a write's own error, e.g. a duplicate key, or a bug)."""
+    if isinstance(exc, PoolUnavailable):
+        return exc.reason
+    if not isinstance(exc, DBAPIError) or isinstance(exc, IntegrityError):
+        return None
+    text = str(getattr(exc, "orig", exc)).lower()
+    if "full" in text or "no space" in text or "quota" in text:
+        return "the pool's disk is full"
+    if "disk i/o" in text or "read-only" in text or "readonly" in text:
+        return "the pool's storage failed (disk I/O error or read-only)"
+    if exc.connection_invalidated or isinstance(exc, OperationalError | InterfaceError):
+        return "the pool's database is unreachable"
+    return None
 
 
 WriteOp = Callable[[Connection], Any] | Insert
@@ -92,6 +120,8 @@ class Store:
         self._writer = threading.Thread(target=self._write_loop, name="pool-writer", daemon=True)
         self._writer.start()
         self._commits = 0  # SQLite: transactions committed, for the checkpointer
+        self.fault: str | None = None  # why the last write failed, if the pool is at fault
+        self._probing: asyncio.Future[str | None] | None = None
         self._closing = threading.Event()
         self._checkpointer: threading.Thread | None = None
         if url.startswith("sqlite"):
@@ -113,15 +143,52 @@ class Store:
             pending.append((list(ops), loop, fut))
         else:
             self._queue.put((list(ops), loop, fut))
-        return await fut
+        try:
+            result = await fut
+        except Exception as e:
+            self._failed(e)
+            raise
+        self.fault = None
+        return result
+
+    def _failed(self, exc: BaseException) -> None:
+        """Remember a fault of the pool's own (/health reports it until a write succeeds) and
+        raise it as PoolUnavailable; any other error is left to the caller."""
+        reason = fault_reason(exc)
+        if reason is not None:
+            self.fault = reason
+            raise PoolUnavailable(reason) from exc
+
+    async def probe(self) -> str | None:
+        """Whether the pool can write now (None) or why not: a probe row of PROBE_BYTES written
+        and removed again in one transaction, grouped like any write. At most one probe runs at
+        a time; callers meanwhile share its answer."""
+        if self._probing is not None:
+            return await asyncio.shield(self._probing)
+        shared = self._probing = asyncio.get_running_loop().create_future()
+        answer: str | None = None
+        try:
+            await self.write(_probe_write)
+        except PoolUnavailable as e:
+            answer = e.reason
+        except Exception as e:  # noqa: BLE001  a probe that fails otherwise still says so
+            answer = f"the pool cannot write ({type(e).__name__})"
+        finally:
+            self._probing = None
+            shared.set_result(answer)
+        return answer
 
     async def read(self, fn: Callable[..., _R], *args: Any) -> _R:
         """`fn(*args)`, one of the reads below: on SQLite right here (an indexed read takes
         tens of microseconds, less than a thread hop, and a WAL reader never waits for a
         writer), on PostgreSQL on a thread (a round trip to the server)."""
-        if self._on_loop:
-            return fn(*args)
-        return await asyncio.to_thread(fn, *args)
+        try:
+            if self._on_loop:
+                return fn(*args)
+            return await asyncio.to_thread(fn, *args)
+        except Exception as e:
+            self._failed(e)
+            raise
 
     def _write_loop(self) -> None:
         while True:
@@ -295,6 +362,15 @@ class Store:
                 "sessions": c.execute(select(func.count()).select_from(t.sessions)).scalar_one(),
                 "turns": c.execute(select(func.count()).select_from(t.turns)).scalar_one(),
             }
+
+
+PROBE_BYTES = 64 << 10  # about a long turn's token arrays: a disk that takes it takes turns
+
+
+def _probe_write(conn: Connection) -> None:
+    conn.execute(t.pool_probe.insert().values(id=secrets.token_hex(8),
+                                              body=b"\0" * PROBE_BYTES))
+    conn.execute(t.pool_probe.delete())
 
 
 def _run(conn: Connection, ops: list[WriteOp]) -> None:

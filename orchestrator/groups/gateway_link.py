@@ -15,12 +15,17 @@ from envhub.envs.errors import RunConfigError
 from envhub.orchestrator.groups.plan import RolloutKey
 
 CLOSE_TIMEOUT_S = 120.0  # a loaded machine's gateway may answer slowly; the run waits on it
+# Launches wait while the gateway's /health says not ready (its pool cannot write: a full disk,
+# a database restarting), up to this long; then the rollout is env_failure with the reason.
+READY_WAIT_S = 600.0
+READY_FRESH_S = 1.0  # a ready answer this recent is taken as it is (one look per second)
 PROVIDER_URLS = {"openai": "https://api.openai.com/v1", "anthropic": "https://api.anthropic.com"}
 
 
 class GatewayLink:
     def __init__(self, url: str, admin_key: str, handle: Any = None) -> None:
         self.url, self.admin_key, self._handle = url.rstrip("/"), admin_key, handle
+        self._ready_at = -READY_FRESH_S  # when /health last said ready (monotonic)
 
     @classmethod
     async def start(cls, model: str | None, db_path: Path, host: str = "127.0.0.1"
@@ -47,9 +52,46 @@ class GatewayLink:
     def connect(cls, url: str, admin_key: str) -> GatewayLink:
         return cls(url, admin_key)
 
+    async def ready(self, limit_s: float = READY_WAIT_S) -> None:
+        """Return once the gateway is ready for a new rollout: its /health not 503 (a pool that
+        cannot write says so there, and recovers by itself); waits as its Retry-After says,
+        up to `limit_s`, then raises RuntimeError with the gateway's reason. An unreachable
+        gateway is left to the call that follows (it fails with its own error)."""
+        import time
+
+        import httpx
+
+        if time.monotonic() - self._ready_at < READY_FRESH_S:
+            return
+        deadline = time.monotonic() + limit_s
+        async with httpx.AsyncClient(timeout=30) as http:
+            while True:
+                try:
+                    r = await http.get(f"{self.url}/health")
+                except httpx.TransportError:
+                    return
+                if r.status_code != 503:
+                    self._ready_at = time.monotonic()
+                    return
+                try:
+                    why = str(r.json().get("pool") or r.text[:200])
+                except ValueError:
+                    why = r.text[:200]
+                if time.monotonic() >= deadline:
+                    raise RuntimeError(f"the gateway was not ready for {limit_s:g} s: {why}")
+                try:
+                    wait = float(r.headers.get("retry-after", "1"))
+                except ValueError:  # an HTTP date: not ours
+                    wait = 1.0
+                left = max(0.0, deadline - time.monotonic())
+                await asyncio.sleep(min(max(wait, 0.2), 10.0, left))
+
     async def open_session(self, group_id: str, key: RolloutKey) -> Any:
+        """A session for one rollout, once the gateway is ready (launches pause while its
+        pool cannot write)."""
         from envhub.sdk import AsyncSession
 
+        await self.ready()
         return await AsyncSession.open(
             self.url, admin_key=self.admin_key, group_id=group_id, task_id=key.task_id,
             env=key.env, sample_index=key.sample)

@@ -24,7 +24,11 @@ class TrainLoopConfig(ServicesOptions):
                                   "default: arith)")
     steps: int = Field(20, ge=1, description="optimizer steps")
     seed: int = Field(0, description="seeds torch, task order and sampling")
-    out: Path = Field(Path("runs/train"), description="metrics.jsonl, pool.db, weights/")
+    out: Path = Field(Path("runs/train"), description="run.json (the resolved config and "
+                      "provenance), metrics.jsonl, pool.db, weights/; a folder that holds a run "
+                      "is refused (exit 2) unless --overwrite")
+    overwrite: bool = Field(False, description="train into an --out that holds a run: its "
+                            "run.json, metrics, pool, weights and rollouts are removed first")
     groups: int = Field(16, ge=1, description="groups (tasks x k samples) per optimizer step")
     k: int = Field(4, ge=2, description="samples per task (group size)")
     concurrency: int = Field(16, ge=1, description="rollouts in flight")

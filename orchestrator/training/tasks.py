@@ -34,6 +34,7 @@ class EnvTasks:
     # its manifest's [rewards] table: the trainer's composite weights for its sessions
     reward_weights: dict[str, float] = field(default_factory=dict)
     agent: str = "tool"  # the --agent value its rollouts run (envs.agents.agent_for)
+    folder: str = ""  # its package folder (run.json's digest)
 
 
 def split_tasks(tasks: list[Task], limit: int | None, heldout: int,

@@ -93,6 +93,72 @@ def test_train_rejects_bad_input_with_exit_2(tmp_path):
     assert not (tmp_path / "a").exists() and not (tmp_path / "runs").exists()  # nothing written
 
 
+def tree(folder):
+    """Every file under `folder` (path -> bytes) and every folder: what "left as it was" means."""
+    return {str(p.relative_to(folder)): (p.read_bytes() if p.is_file() else None)
+            for p in sorted(folder.rglob("*"))}
+
+
+CONFIG = """# a small synchronous run, every option by its flag's name
+steps = 1
+seed = 5
+groups = 1
+k = 2
+tasks = 1
+max-turns = 2
+sync = true
+eval_every = 0
+tau = "none"
+"""
+FLAGS = ["--steps", "1", "--seed", "5", "--groups", "1", "--k", "2", "--tasks", "1",
+         "--max-turns", "2", "--sync", "--eval-every", "0", "--tau", "none"]
+
+
+def test_a_run_writes_run_json_reads_a_config_file_and_never_overwrites_a_run(tmp_path):
+    """`--config FILE.toml` gives the run the flags would (the resolved config in run.json is
+    the same but for --out), with the provenance beside it; a second `envhub train` into a
+    folder that holds a run exits 2 and leaves it byte for byte as it was; `--overwrite`
+    replaces it, and a flag overrides the file."""
+    (tmp_path / "run.toml").write_text(CONFIG)
+    from_file = envhub("train", "arith", "--config", str(tmp_path / "run.toml"), "--out",
+                       str(tmp_path / "a"), cwd=tmp_path)
+    assert from_file.returncode == 0, from_file.stderr[-3000:]
+    from_flags = envhub("train", "arith", *FLAGS, "--out", str(tmp_path / "b"), cwd=tmp_path)
+    assert from_flags.returncode == 0, from_flags.stderr[-3000:]
+    a, b = (json.loads((tmp_path / x / "run.json").read_text()) for x in "ab")
+    assert {**a["config"], "out": None} == {**b["config"], "out": None}
+    assert a["config"]["tau"] is None and a["config"]["steps"] == 1 and a["config"]["sync"]
+    for run in (a, b):
+        assert run["git"] is None or len(run["git"]["commit"]) == 40
+        assert run["lock"].startswith("sha256:") and run["model"]["digest"].startswith("sha256:")
+        [arith] = run["environments"]
+        assert arith["name"] == "arith" and arith["digest"].startswith("sha256:")
+        assert run["torch"] and run["transformers"] and run["device"]["train_device"] == "cpu"
+    assert a["environments"] == b["environments"] and a["model"] == b["model"]
+    assert len((tmp_path / "a" / "metrics.jsonl").read_text().splitlines()) == 1
+
+    before = tree(tmp_path / "a")
+    again = envhub("train", "arith", *FLAGS, "--out", str(tmp_path / "a"), cwd=tmp_path)
+    assert again.returncode == 2, again.stderr[-2000:]
+    assert "holds a run" in again.stderr and "--overwrite" in again.stderr
+    assert "Traceback" not in again.stderr
+    assert tree(tmp_path / "a") == before
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text("steps = 1\nno_such_option = 3\n")
+    unknown = envhub("train", "arith", "--config", str(bad), "--out", str(tmp_path / "c"),
+                     cwd=tmp_path)
+    assert unknown.returncode == 2 and "no_such_option" in unknown.stderr, unknown.stderr
+    assert not (tmp_path / "c").exists()
+
+    over = envhub("train", "arith", "--config", str(tmp_path / "run.toml"), "--seed", "6",
+                  "--overwrite", "--out", str(tmp_path / "a"), cwd=tmp_path)
+    assert over.returncode == 0, over.stderr[-3000:]
+    c = json.loads((tmp_path / "a" / "run.json").read_text())
+    assert c["config"]["seed"] == 6 and c["config"]["groups"] == 1  # the flag, then the file
+    assert len((tmp_path / "a" / "metrics.jsonl").read_text().splitlines()) == 1
+
+
 @pytest.mark.slow
 def test_train_on_two_ranks_with_lora_in_bf16_pushes_merged_weights(tmp_path):
     """`--nproc-per-node 2` re-runs the command under torchrun: rank 0 runs the gateway and

@@ -56,6 +56,35 @@ def test_answers_too_large_to_parse_cheaply_are_not_numbers(answer):
 
 def test_answers_with_small_exponents_still_parse():
     assert parse_answer("4.2e1") == 42 and parse_answer("1e2") == 100
+    assert parse_answer("-7/2") == Fraction(-7, 2) and parse_answer(".5") == Fraction(1, 2)
+
+
+# Forms Python's number parsers accept that hid a huge exponent from the old regex check (it
+# read "1_0e9_9999_999" as exponent 9; Fraction built 10^999,999,999 on the runner's loop), or
+# that use digits other than ASCII's (int() reads them); none is an answer.
+HIDDEN_EXPONENTS = ["1_0e9_9999_999", "1e9_999_999_999", "1_000", "\u0661e99999999",
+                    "\uff11\uff10e999999999", "1e99999999/3", "3/1e99999999", "1.5e2/3"]
+
+
+@pytest.mark.parametrize("answer", HIDDEN_EXPONENTS)
+def test_answers_the_bound_cannot_read_are_not_numbers(answer):
+    assert parse_answer(answer) is None
+
+
+def test_a_hidden_exponent_submitted_scores_zero_at_once(tmp_path):
+    """The filed answer, through the environment: submitted, graded 0 (before: still running
+    after 60 s)."""
+    loaded = load_env("arith")
+    env, task = loaded.env, loaded.env.load_tasks()[0]
+
+    async def go():
+        box = MemorySandbox()
+        ctx = RunContext("r", "none", lambda spec: None, tmp_path)  # type: ignore[arg-type]
+        sent = await env.call_tool(task, "submit", '{"answer": "1_0e9_9999_999"}', box, {})
+        assert sent.submitted
+        verdict = await env.verify(task, box, ctx)
+        assert (verdict.outcome, verdict.resolved, verdict.env_failure) == (0.0, False, None)
+    asyncio.run(go())
 
 
 def test_tools_oracle_and_verifier_meet_at_the_answer_file(tmp_path):

@@ -11,14 +11,16 @@ checks. A slide that hangs the grader's browser scores 0 with ungradable_output.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import time
 
 import pytest
 
 from envhub.envs.builtin.slides.layout import CHECKS
 from envhub.envs.environment import UNGRADABLE
-from tests.envs.browser_boxes import require_kind
-from tests.envs.test_slides import TASKS, gold_deck, grade_in
+from tests.envs.browser_boxes import Boxes, require_kind
+from tests.envs.test_slides import LOADED, TASKS, gold_deck, grade, grade_in
 
 pytestmark = pytest.mark.browser
 
@@ -117,6 +119,61 @@ def test_honest_styling_still_passes(name, tmp_path):
     assert verdict.info["checks"] == dict.fromkeys(CHECKS, 1.0)
 
 
+# render.js with its first screenshot refused, as Chromium refused one in a loaded CI run
+# ("Protocol error (Page.captureScreenshot): Unable to capture screenshot")
+SHOT = "async function shot(page, clip) {"
+REFUSED = ("let refused = false;\n" + SHOT + "\n  if (!refused) { refused = true; throw new "
+           "Error('Protocol error (Page.captureScreenshot): Unable to capture screenshot'); }")
+
+
+class FirstScreenshotFails:
+    """A real sandbox whose render.js, as the grader writes it, refuses its first screenshot:
+    the fault is injected into what runs in the sandbox, nothing of ours is replaced."""
+
+    def __init__(self, box):
+        self.box = box
+
+    def __getattr__(self, name):
+        return getattr(self.box, name)
+
+    async def write_file(self, path, data, *args, **kwargs):
+        if path.endswith("render.js"):
+            assert SHOT.encode() in data, "render.js changed: update the fault"
+            data = data.replace(SHOT.encode(), REFUSED.encode())
+        return await self.box.write_file(path, data, *args, **kwargs)
+
+
+def test_a_screenshot_the_grader_fails_once_is_retried_not_blamed_on_the_deck(tmp_path):
+    """The grader's browser failing once on an honest deck (a refused screenshot, which a loaded
+    machine gave) is retried in a fresh sandbox and graded from there: 1.0, with the retry
+    counted, not 0 with ungradable_output."""
+    require_kind("local")
+    styled = [_restyle(html, HONEST["gradient_and_shadow"]) for html in gold_deck(TASK.id)]
+
+    async def main():
+        boxes = Boxes(LOADED, "local", tmp_path)
+        opened = 0
+
+        async def open_flaky(spec):
+            nonlocal opened
+            opened += 1
+            box = await boxes.open(spec)
+            return FirstScreenshotFails(box) if opened == 2 else box  # 1: the agent's
+
+        ctx = dataclasses.replace(boxes.ctx, open_sandbox=open_flaky)
+        try:
+            return await grade(TASK, styled, ctx)
+        finally:
+            await boxes.close()
+
+    verdict = asyncio.run(main())
+    assert verdict.env_failure is None and not verdict.signals, verdict
+    assert verdict.resolved and verdict.outcome == 1.0, verdict.info
+    assert verdict.info["grader_retries"] == 1
+    [failure] = verdict.info["grader_failures"]
+    assert "Unable to capture screenshot" in failure, failure
+
+
 def test_a_phrase_partly_covered_is_not_shown_but_the_rest_counts(tmp_path):
     """One phrase of four hidden under an opaque box: required_content 0.75, the outcome
     scaled by it (not the old mean of six checks), and the detail names the phrase."""
@@ -155,7 +212,8 @@ def test_a_slide_that_hangs_the_browser_scores_zero_not_env_failure(tmp_path):
     assert [s.name for s in verdict.signals] == [UNGRADABLE], verdict
     why = verdict.info["ungradable"]  # its deadline, or under load the renderer crashing first
     assert "slide 2" in why and ("timed out" in why or "crashed" in why), why
-    assert time.monotonic() - started < 90
+    assert verdict.info["grader_retries"] == 1  # it hung in the retry's fresh sandbox too
+    assert time.monotonic() - started < 150  # two renders to their deadline, and the control
 
 
 def test_a_browser_that_fails_on_its_own_is_env_failure_not_zero(tmp_path, monkeypatch):

@@ -8,6 +8,7 @@ a schema is fetched or run as a regex."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -259,6 +260,34 @@ def test_a_schema_too_deep_to_check_is_a_400_when_strict_is_said(gw: GatewayHand
     r = chat(gw, "sa-deep-resp").responses.create(model="m", input=ASK[0]["content"], tools=[
         {"type": "function", "name": "get_weather", "parameters": nested(120)}])
     assert [item.type for item in r.output] == ["function_call"]
+
+
+@pytest.mark.parametrize("limit", [None, 20_000])
+def test_the_depth_refusal_is_the_same_whatever_the_recursion_limit(gw: GatewayHandle,
+                                                                    limit: int | None) -> None:
+    """The same schema gets the same answer in any process: the check counts levels before
+    anything recurses, so a limit raised by other code (torch's inductor sets 2,000 or more,
+    hypothesis raises it while it runs) no longer lets a deep schema through (before: no 400
+    after such code ran in the worker). 30 nested objects are checked; 31 and 120 refused,
+    in the chat and Anthropic APIs alike."""
+    before = sys.getrecursionlimit()
+    if limit is not None:
+        sys.setrecursionlimit(limit)
+    try:
+        for depth in (31, 120):
+            with pytest.raises(openai.BadRequestError, match="nested too deeply to check"):
+                chat(gw, f"sa-limit-{limit}-{depth}").chat.completions.create(
+                    model="m", messages=ASK, tools=[strict_tool(nested(depth))])
+            with pytest.raises(anthropic.BadRequestError, match="nested too deeply to check"):
+                anthropic_client(gw, f"sa-limit-a-{limit}-{depth}").messages.create(
+                    model="m", max_tokens=16, messages=ASK,
+                    output_config={"format": {"type": "json_schema",
+                                              "schema": nested(depth)}})
+        r = chat(gw, f"sa-limit-{limit}-30").chat.completions.create(
+            model="m", messages=ASK, tools=[strict_tool(nested(30))])
+        assert r.choices[0].finish_reason  # checked, answered
+    finally:
+        sys.setrecursionlimit(before)
 
 
 def test_references_by_encoded_pointer_resolve_and_anchors_are_refused(tmp_path: Path) -> None:

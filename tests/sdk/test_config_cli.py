@@ -106,3 +106,26 @@ def test_every_gateway_config_field_has_a_flag() -> None:
     flags = {opt for p in command.params for opt in p.opts}
     for name in GatewayConfig.model_fields:
         assert GATEWAY_FLAGS.get(name, "--" + name.replace("_", "-")) in flags, name
+
+
+def test_a_config_file_gives_the_fields_and_flags_typed_override_it(tmp_path) -> None:
+    seen: list[Loop] = []
+    app = typer.Typer()
+    app.command("loop")(config_command(Loop, seen.append, arguments=("envs",),
+                                       flags={"agent": ("--agent", "-a")},
+                                       config_file="--config"))
+    app.command("other")(lambda: None)
+    cfg = tmp_path / "loop.toml"
+    cfg.write_text('envs = ["x", "y"]\ntau = "none"\nreset = true\nagent = "from-file"\n')
+    r = CliRunner().invoke(app, ["loop", "--config", str(cfg)])
+    assert r.exit_code == 0, r.output
+    assert seen[-1] == Loop(envs=["x", "y"], tau=None, reset=True, agent="from-file")
+    r = CliRunner().invoke(app, ["loop", "z", "--config", str(cfg), "-a", "typed", "--tau", "2"])
+    assert r.exit_code == 0, r.output
+    assert seen[-1] == Loop(envs=["z"], tau=2, reset=True, agent="typed")
+    cfg.write_text("no-such = 1\n")
+    r = CliRunner().invoke(app, ["loop", "--config", str(cfg)])
+    assert r.exit_code == 2 and "unknown key 'no-such'" in r.output
+    cfg.write_text("tau = [\n")
+    r = CliRunner().invoke(app, ["loop", "--config", str(cfg)])
+    assert r.exit_code == 2 and "--config" in r.output and len(seen) == 2

@@ -19,6 +19,11 @@ MAX_MAGNITUDE = Fraction(10) ** 30
 # Fraction("1e20000000") would build a 20-million-digit integer (17 s of the runner's loop).
 MAX_ANSWER_CHARS = 100
 MAX_ANSWER_EXPONENT = 100
+# The answers parse_answer reads: a subset of what Fraction() parses (no underscores, no
+# non-ASCII digits, no exponent on a numerator/denominator pair), so that checking `exp` bounds
+# the value Fraction builds. Python's parsers take "1_0e9_9999_999" (10^999,999,999).
+ANSWER = re.compile(r"[+-]?(?:\d+\s*/\s*\d+|(?:\d+(?:\.\d*)?|\.\d+)(?:[eE](?P<exp>[+-]?\d+))?)",
+                    re.ASCII)
 
 _BINARY = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
@@ -84,11 +89,17 @@ def format_number(value: Fraction) -> str:
 def parse_answer(text: str) -> Fraction | None:
     """A submitted answer as a number: tolerates spaces, thousands separators, a leading '$'
     and a trailing period; anything else, and anything too long or with an exponent too large to
-    parse cheaply, is not a number (None)."""
+    parse cheaply, is not a number (None). What is bounded is what is parsed: an answer is read
+    only when it matches ANSWER (ASCII digits, no underscores, an exponent only on a decimal),
+    whose exponent group is then the number's own exponent."""
     cleaned = text.strip().replace(",", "").removeprefix("$").rstrip(".").strip()
-    exponent = re.search(r"[eE]([+-]?\d+)", cleaned)
-    if len(cleaned) > MAX_ANSWER_CHARS or (
-            exponent is not None and abs(int(exponent.group(1))) > MAX_ANSWER_EXPONENT):
+    found = ANSWER.fullmatch(cleaned) if len(cleaned) <= MAX_ANSWER_CHARS else None
+    if found is None or (found["exp"] is not None
+                         and abs(int(found["exp"])) > MAX_ANSWER_EXPONENT):
+        return None
+    try:
+        return Fraction(cleaned)
+    except (ValueError, ZeroDivisionError):
         return None
     try:
         return Fraction(cleaned)

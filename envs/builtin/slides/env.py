@@ -9,8 +9,10 @@ of layout.py on the host from what the render shows (on-screen sizes, and requir
 judged from the pixels their glyphs change). The outcome is the share of required phrases shown
 times the mean of the layout checks (resolved: all pass); each failed check is also a process
 signal `layout_<check>` worth 1 - score, weighted by the manifest's `process.layout_<check>`.
-A deck that breaks the grader's browser (crashes or hangs it) while a blank slide renders scores
-0 with the `ungradable_output` signal; env_failure only when the browser fails on its own.
+A deck that breaks the grader's browser (crashes or hangs it) in two fresh sandboxes in a row
+while a blank slide renders scores 0 with the `ungradable_output` signal; a failure that does
+not repeat is the grader's (graded from the retry, counted in info's `grader_retries`);
+env_failure only when the browser fails on its own.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ SLIDES_DIR = "/workspace/slides"
 MAX_SLIDES = 20
 # the grader's own slide, rendered when the agent's deck broke the browser: tells whose fault
 BLANK_SLIDE = "<!doctype html><html><body><p>envhub</p></body></html>"
+# renders of the deck, each in a fresh sandbox, that must all fail before the deck is blamed
+GRADER_ATTEMPTS = 2
 
 INSTRUCTION = """Write a slide deck as HTML, one file per slide.
 
@@ -149,36 +153,59 @@ class SlidesEnv:
 
     async def verify(self, task: Task, sandbox: Sandbox, ctx: RunContext) -> Verdict:
         """Graded in a fresh sandbox holding only a copy of the deck: whatever rendering the
-        agent's slides did during the rollout (check_slides) cannot touch the grader's browser."""
+        agent's slides did during the rollout (check_slides) cannot touch the grader's browser.
+        A render that fails is done again in another fresh sandbox before anyone is blamed (a
+        loaded machine makes Chromium fail now and then: a screenshot refused, a page slow past
+        its deadline); a failure that does not repeat is graded from the retry."""
         brief = brief_of(task.data)
         try:
             htmls = await read_deck(sandbox)
-            fresh = await ctx.open_sandbox(await self.spec(ctx))
         except (EnvFailure, SandboxError) as e:
             return Verdict(0.0, False, env_failure=str(e))
-        failed = None
-        try:
-            slides = await render(htmls, brief, fresh)
-            failed = next((f"slide {i}: {m.error}" for i, m in enumerate(slides, 1) if m.broke),
-                          None)
-        except (EnvFailure, SandboxError) as e:
-            failed = str(e)
-        finally:
-            await fresh.close()
-        if failed is not None:
-            return await self.blame(failed, brief, ctx)
+        failures: list[str] = []
+        while True:
+            try:
+                slides, failed = await self.render_fresh(htmls, brief, ctx)
+            except (EnvFailure, SandboxError) as e:  # no sandbox to grade in: ours
+                return Verdict(0.0, False, {"grader_retries": len(failures)},
+                               env_failure=str(e))
+            if failed is None:
+                break
+            failures.append(failed)
+            if len(failures) == GRADER_ATTEMPTS:
+                return await self.blame(failures, brief, ctx)
         report = score_deck(slides, brief)
         signals = [Signal(name=f"layout_{check}", value=1.0 - report.scores[check],
                           info={"details": report.details[check]})
                    for check in CHECKS if report.scores[check] < 1.0]
-        return Verdict(report.outcome, report.passed,
-                       {"checks": report.scores, "details": report.details}, signals=signals)
+        info: dict[str, Any] = {"checks": report.scores, "details": report.details,
+                                "grader_retries": len(failures)}
+        if failures:
+            info["grader_failures"] = failures  # did not repeat: the grader's, not the deck's
+        return Verdict(report.outcome, report.passed, info, signals=signals)
 
-    async def blame(self, error: str, brief: Brief, ctx: RunContext) -> Verdict:
-        """The browser failed on the agent's deck (died, or a slide hung or crashed its page):
-        a blank slide of the grader's own, rendered the same way in another fresh sandbox, tells
-        whose fault. It renders: the deck broke the browser (0, ungradable_output). It fails
-        too: the infrastructure (env_failure)."""
+    async def render_fresh(self, htmls: list[str | None], brief: Brief, ctx: RunContext
+                           ) -> tuple[list[Measurement], str | None]:
+        """The deck rendered in a sandbox opened for it alone, and what failed there (None when
+        every slide rendered). Opening the sandbox failing raises."""
+        fresh = await ctx.open_sandbox(await self.spec(ctx))
+        try:
+            slides = await render(htmls, brief, fresh)
+            return slides, next((f"slide {i}: {m.error}" for i, m in enumerate(slides, 1)
+                                 if m.broke), None)
+        except (EnvFailure, SandboxError) as e:
+            return [], str(e)
+        finally:
+            await fresh.close()
+
+    async def blame(self, failures: list[str], brief: Brief, ctx: RunContext) -> Verdict:
+        """The browser failed on the agent's deck in each of GRADER_ATTEMPTS fresh sandboxes
+        (died, or a slide hung or crashed its page): a blank slide of the grader's own,
+        rendered the same way in another fresh sandbox, tells whose fault. It renders: the deck
+        broke the browser (0, ungradable_output). It fails too: the infrastructure
+        (env_failure)."""
+        error, info = failures[-1], {"grader_retries": len(failures) - 1,
+                                     "grader_failures": failures}
         try:
             probe = await ctx.open_sandbox(await self.spec(ctx))
             try:
@@ -186,12 +213,14 @@ class SlidesEnv:
             finally:
                 await probe.close()
         except (EnvFailure, SandboxError) as e:
-            return Verdict(0.0, False, env_failure=f"{error} (a blank slide fails too: {e})")
+            return Verdict(0.0, False, info,
+                           env_failure=f"{error} (a blank slide fails too: {e})")
         if deck.slides[0].error:
-            return Verdict(0.0, False, env_failure=f"{error} (a blank slide fails too: "
-                                                   f"{deck.slides[0].error})")
-        why = f"the deck broke the grader's browser, which renders a blank slide: {error}"
-        return Verdict(0.0, False, {"ungradable": why},
+            return Verdict(0.0, False, info, env_failure=f"{error} (a blank slide fails too: "
+                                                         f"{deck.slides[0].error})")
+        why = (f"the deck broke the grader's browser {len(failures)} times in fresh sandboxes, "
+               f"which render a blank slide: {error}")
+        return Verdict(0.0, False, {"ungradable": why, **info},
                        signals=[Signal(name=UNGRADABLE, info={"error": why})])
 
 

@@ -1,0 +1,124 @@
+"""`OUT/run.json`: what a training run was, written before it starts, so that it can be told
+apart from another and run again: the resolved configuration (every option, defaults included),
+envhub's version and git commit, the lock's digest, each environment's digest, the model
+folder's digest, and the versions and device that trained.
+
+A folder that holds a run (any of RUN_FILES) is never written over unasked: `envhub train
+--out` into one exits 2 and leaves it as it was (`check_out`); `--overwrite` clears exactly
+those entries first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+# What `envhub train` writes under OUT (a vLLM's log too, when it starts one)
+RUN_FILES = ("run.json", "metrics.jsonl", "pool.db", "pool.db-wal", "pool.db-shm", "weights",
+             "rollouts", "vllm.log")
+SOURCE = Path(__file__).resolve().parents[2]  # the checkout (or site-packages' envhub/..)
+
+
+def held_run(out: Path) -> list[str]:
+    """The entries of a run that `out` holds (empty: none, or no such folder)."""
+    found = []
+    for name in RUN_FILES:
+        path = out / name
+        if path.is_dir() and not any(path.iterdir()):
+            continue  # an empty folder holds nothing of a run
+        if path.exists() or path.is_symlink():
+            found.append(name)
+    return found
+
+
+def clear_run(out: Path) -> None:
+    """Remove the entries of RUN_FILES under `out` (--overwrite), nothing else."""
+    for name in RUN_FILES:
+        path = out / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+
+
+def folder_digest(folder: Path) -> str:
+    """sha256 over the folder's files (relative path and content, sorted; symlinks by their
+    target text): equal folders give equal digests wherever they lie."""
+    total = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() or p.is_symlink()):
+        rel = path.relative_to(folder).as_posix()
+        if "__pycache__" in rel.split("/"):
+            continue
+        total.update(rel.encode() + b"\0")
+        if path.is_symlink():
+            total.update(b"link:" + os.readlink(path).encode())
+        else:
+            with open(path, "rb") as f:
+                total.update(hashlib.file_digest(f, "sha256").digest())
+    return "sha256:" + total.hexdigest()
+
+
+def git_commit(folder: Path = SOURCE) -> dict[str, Any] | None:
+    """The commit of the checkout envhub runs from, and whether it has local changes; None
+    outside a git checkout (an installed wheel)."""
+    if not (folder / ".git").exists():
+        return None
+    try:
+        head = subprocess.run(["git", "-C", str(folder), "rev-parse", "HEAD"], check=True,
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(folder), "status", "--porcelain",
+                                "--untracked-files=no"], check=True, capture_output=True,
+                               text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"commit": head, "dirty": bool(dirty)}
+
+
+def lock_digest(folder: Path = SOURCE) -> str | None:
+    lock = folder / "locks" / "envhub.txt"
+    if not lock.is_file():
+        return None
+    return "sha256:" + hashlib.sha256(lock.read_bytes()).hexdigest()
+
+
+def provenance(config: dict[str, Any], envs: list[Any], model: str | Path,
+               device: dict[str, Any]) -> dict[str, Any]:
+    """run.json's content. `envs`: (reference, name, folder) of each environment."""
+    import torch
+    import transformers
+
+    from envhub import __version__
+
+    return {
+        "config": config,
+        "envhub": __version__,
+        "git": git_commit(),
+        "lock": lock_digest(),
+        "environments": [{"ref": ref, "name": name, "digest": folder_digest(Path(folder))}
+                         for ref, name, folder in envs],
+        "model": {"path": str(model), "digest": folder_digest(Path(model))},
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "device": device,
+        "argv": sys.argv[1:],
+    }
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Written whole or not at all (a temporary file renamed into place)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=2, sort_keys=True, default=str)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,187 @@
+"""A pool that cannot write says so: every call it cannot record is a 503 naming the pool, with
+Retry-After, in each API's own error shape; `/health` is not ready while it lasts and ready
+again after, without a restart; and no answered call is missing from the pool. Real gateways
+(their own processes, the zero-work engine) with the official clients: a SQLite pool on a
+tmpfs filled to the last byte, and a PostgreSQL server stopped and started again."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+from pathlib import Path
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from tests.support import free_port, require, start_gateway, until
+
+SESSIONS = 16
+
+
+class Drive:
+    """SESSIONS agents calling one gateway in a loop: each answered call is kept (session,
+    seq), each refused one must be a 503 that names the pool."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.answered: list[tuple[str, int]] = []
+        self.refused: list[str] = []
+        self.other: list[str] = []  # anything else: a failure of the test
+        self.stop = asyncio.Event()
+
+    async def agent(self, key: str) -> None:
+        client = openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key=key, max_retries=0,
+                                    timeout=30)
+        msgs: list = [{"role": "user", "content": f"session {key}"}]
+        while not self.stop.is_set():
+            try:
+                resp = await client.chat.completions.create(model="default", messages=msgs)
+            except openai.APIStatusError as e:
+                if e.status_code == 503 and "data pool" in e.message \
+                        and e.response.headers.get("retry-after"):
+                    self.refused.append(e.message)
+                else:
+                    self.other.append(f"{e.status_code}: {e.message}")
+                await asyncio.sleep(0.05)
+                continue
+            except openai.APIError as e:
+                self.other.append(f"{type(e).__name__}: {e}")
+                return
+            self.answered.append((key, resp.model_extra["envhub"]["seqs"][0]))
+            msgs += [resp.choices[0].message.model_dump(exclude_none=True),
+                     {"role": "user", "content": "again"}]
+
+    async def run(self, fault) -> None:
+        """Agents running; `fault(self)` (a coroutine) breaks and mends the pool meanwhile."""
+        tasks = [asyncio.create_task(self.agent(f"pf-{i}")) for i in range(SESSIONS)]
+        try:
+            await fault(self)
+        finally:
+            self.stop.set()
+            await asyncio.wait_for(asyncio.gather(*tasks), timeout=120)
+
+    async def until_answered(self, more: int, within_s: float = 120) -> None:
+        goal = len(self.answered) + more
+        for _ in range(int(within_s / 0.05)):
+            if len(self.answered) >= goal:
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"{len(self.answered)} answered, waited for {goal}: {self.other}")
+
+    async def until_refused(self, more: int, within_s: float = 120) -> None:
+        goal = len(self.refused) + more
+        for _ in range(int(within_s / 0.05)):
+            if len(self.refused) >= goal:
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"{len(self.refused)} refused, waited for {goal}: {self.other}")
+
+    def check_recorded(self) -> None:
+        """Every answered call is in the pool, read back through the gateway."""
+        recorded = set()
+        for i in range(SESSIONS):
+            t = httpx.get(f"{self.url}/sessions/pf-{i}/trajectory", timeout=30)
+            if t.status_code == 404:
+                continue  # never got a call through
+            recorded |= {(f"pf-{i}", turn["seq"]) for turn in t.json()["turns"]}
+        missing = [a for a in self.answered if a not in recorded]
+        assert missing == [] and len(set(self.answered)) == len(self.answered)
+
+
+def health(url: str) -> httpx.Response:
+    return httpx.get(f"{url}/health", timeout=30)
+
+
+def anthropic_refusal(url: str) -> anthropic.APIStatusError:
+    c = anthropic.Anthropic(base_url=url, api_key="pf-anthropic", max_retries=0)
+    with pytest.raises(anthropic.APIStatusError) as e:
+        c.messages.create(model="default", max_tokens=8,
+                          messages=[{"role": "user", "content": "hi"}])
+    return e.value
+
+
+def test_a_full_disk_is_a_503_naming_the_pool_and_health_recovers_by_itself(tmp_path: Path):
+    require(os.geteuid() == 0, "root (to mount a tmpfs of a fixed size)")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(disk)], check=True)
+    port = free_port()
+    proc = start_gateway(f"sqlite:///{disk / 'pool.db'}", port)
+    url = f"http://127.0.0.1:{port}"
+    filler = disk / "filler"
+
+    async def fault(drive: Drive) -> None:
+        await drive.until_answered(4 * SESSIONS)
+        fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:  # the rest of the disk, to the last byte
+            for size in (1 << 16, 1):
+                try:
+                    while os.write(fd, b"\0" * size):
+                        pass
+                except OSError:
+                    pass
+        finally:
+            os.close(fd)
+        await drive.until_refused(2 * SESSIONS)
+        during = await asyncio.to_thread(health, url)
+        assert during.status_code == 503, during.text
+        assert during.json()["status"] == "not_ready" and "disk is full" in during.json()["pool"]
+        refused = await asyncio.to_thread(anthropic_refusal, url)  # Anthropic's own shape
+        assert refused.status_code == 503 and "data pool" in refused.message
+        assert refused.response.headers["retry-after"]
+        assert refused.body["type"] == "error"
+        filler.unlink()
+        assert await asyncio.to_thread(until, lambda: health(url).status_code == 200, 60)
+        await drive.until_answered(4 * SESSIONS)
+
+    try:
+        drive = Drive(url)
+        asyncio.run(drive.run(fault))
+        assert drive.other == []
+        assert all("disk is full" in m for m in drive.refused), drive.refused[:3]
+        drive.check_recorded()
+        print(f"full disk: {len(drive.answered)} answered, all recorded; "
+              f"{len(drive.refused)} refused with 503")
+    finally:
+        proc.kill()
+        proc.wait()
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+@pytest.mark.postgres
+def test_a_postgres_restart_is_a_503_naming_the_pool_and_health_recovers(tmp_path: Path):
+    from tests.postgres import PostgresServer
+
+    server = PostgresServer().start()
+    port = free_port()
+    try:
+        proc = start_gateway(server.create_database(), port)
+        url = f"http://127.0.0.1:{port}"
+
+        async def fault(drive: Drive) -> None:
+            await drive.until_answered(4 * SESSIONS)
+            await asyncio.to_thread(server.halt)
+            await drive.until_refused(2 * SESSIONS)
+            during = await asyncio.to_thread(health, url)
+            assert during.status_code == 503, during.text
+            assert "unreachable" in during.json()["pool"], during.text
+            await asyncio.to_thread(server.restart)
+            assert await asyncio.to_thread(until, lambda: health(url).status_code == 200, 60)
+            await drive.until_answered(4 * SESSIONS)
+
+        try:
+            drive = Drive(url)
+            asyncio.run(drive.run(fault))
+            assert drive.other == []
+            assert all("unreachable" in m for m in drive.refused), drive.refused[:3]
+            drive.check_recorded()
+            print(f"postgres restart: {len(drive.answered)} answered, all recorded; "
+                  f"{len(drive.refused)} refused with 503")
+        finally:
+            proc.kill()
+            proc.wait()
+    finally:
+        server.stop()
