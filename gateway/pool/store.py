@@ -58,19 +58,29 @@ class PoolUnavailable(Exception):
 
 def fault_reason(exc: BaseException) -> str | None:
     """Why the pool failed `exc`'s operation when the pool itself is at fault (its storage or
-    its server), else None (a write's own error, e.g. a duplicate key, or a bug)."""
+    its server), else None (a write's own error, e.g. a duplicate key, a missing table, or a
+    bug: those stay 500s)."""
     if isinstance(exc, PoolUnavailable):
         return exc.reason
     if not isinstance(exc, DBAPIError) or isinstance(exc, IntegrityError):
         return None
     text = str(getattr(exc, "orig", exc)).lower()
-    if "full" in text or "no space" in text or "quota" in text:
+    if any(word in text for word in _FULL):
         return "the pool's disk is full"
-    if "disk i/o" in text or "read-only" in text or "readonly" in text:
-        return "the pool's storage failed (disk I/O error or read-only)"
-    if exc.connection_invalidated or isinstance(exc, OperationalError | InterfaceError):
+    if any(word in text for word in _STORAGE):
+        return "the pool's storage failed (disk I/O error, or it became read-only)"
+    if exc.connection_invalidated or (isinstance(exc, OperationalError | InterfaceError)
+                                      and any(word in text for word in _UNREACHABLE)):
         return "the pool's database is unreachable"
     return None
+
+
+# what the drivers say (sqlite3, psycopg) of a full disk, failed storage, a server gone
+_FULL = ("database or disk is full", "no space left", "disk quota", "could not extend file")
+_STORAGE = ("disk i/o error", "attempt to write a readonly database", "read-only file system",
+            "unable to open database file")
+_UNREACHABLE = ("connection", "connect to server", "server closed", "terminating",
+                "shutting down", "starting up", "in recovery mode", "the database system is")
 
 
 WriteOp = Callable[[Connection], Any] | Insert
