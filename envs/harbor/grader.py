@@ -11,7 +11,9 @@ or of the verifier's env (PATH, PYTHONPATH, LD_LIBRARY_PATH, ...) is refused wit
 
 Attribution: the grader failing to start, or a container error, is `env_failure`; output past
 the task's size cap is 0 with the `ungradable_output` signal; test.sh running past its timeout
-is 0 with that signal when the same tests finish in time on the pristine image (nothing
+is graded once more in another fresh grader (a loaded machine slows a run now and then: a
+failure that does not repeat is the grader's, and that second verdict stands), then, timing out
+again, 0 with that signal when the same tests finish in time on the pristine image (nothing
 carried), and env_failure when they time out there too (the task or the machine).
 
 For task authors: the grader is pristine, but whatever the tests execute of the agent's output
@@ -70,9 +72,34 @@ async def run_verifier(task: HarborTask, sandbox: Sandbox, open_grader: OpenGrad
             verdict = failed or await _grade(task, grader, archives, carried)
         finally:
             await grader.close()
+        if verdict.info.get("timed_out") and not verdict.env_failure and failed is None:
+            verdict = await _retry(task, open_grader, archives, carried, verdict)
     if verdict.info.get("timed_out") and not verdict.env_failure:
         verdict = await _attribute_timeout(task, open_grader, verdict)
     verdict.info["verifier_s"] = round(time.monotonic() - start, 3)
+    return verdict
+
+
+async def _retry(task: HarborTask, open_grader: OpenGrader, archives: dict[str, IO[bytes]],
+                 carried: Carried, first: Verdict) -> Verdict:
+    """test.sh ran past its timeout on the agent's output: the same artifacts graded once more
+    in another fresh grader before anyone is blamed (a loaded machine slows a run past its
+    limit now and then). Finishing there, that verdict stands; timing out again, the pristine
+    control decides (`_attribute_timeout`). Counted in info's `grader_retries`."""
+    failures = [str(first.info.get("ungradable", "timed out"))]
+    try:
+        grader = await open_grader()
+    except (SandboxError, EnvFailure) as e:
+        return Verdict(0.0, False, {**first.info, "grader_retries": 1},
+                       env_failure=f"the grader container did not start for a retry: {e}")
+    try:
+        for archive in archives.values():
+            archive.seek(0)
+        verdict = await _grade(task, grader, archives, carried)
+    finally:
+        await grader.close()
+    verdict.info["grader_retries"] = 1
+    verdict.info["grader_failures"] = failures
     return verdict
 
 

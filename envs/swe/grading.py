@@ -17,7 +17,8 @@ Contract of `grade`:
 * each test has a time limit (it fails when exceeded); a run that cannot complete (sandbox
   error, test_patch not applying to the pristine repository) is `env_failure`, never 0; the
   whole command timing out is `env_failure` only when it times out without the patch too,
-  else 0 with `ungradable_output` (the patch made it hang).
+  else 0 with `ungradable_output` (the patch made it hang) — after a second run in another
+  fresh sandbox hung too (a run that finishes there is graded from it).
 """
 
 from __future__ import annotations
@@ -117,7 +118,27 @@ async def grade(
     *, with_canaries: bool = True,
 ) -> Verdict:
     """Grade `patch` (the agent's diff) in a fresh sandbox from `open_pristine`.
-    `with_canaries=False` exists only to measure what they cost (bench/); never grade so."""
+    `with_canaries=False` exists only to measure what they cost (bench/); never grade so.
+    A run that does not finish is run once more in another fresh sandbox before anyone is
+    blamed (a loaded machine slows a run past its limit now and then): a failure that does
+    not repeat is the grader's, and the retry's verdict stands (info's `grader_retries`);
+    one that repeats goes to the pristine control (`_timed_out`)."""
+    first = await _grade(task, patch, open_pristine, with_canaries, control=False)
+    if HUNG not in first.info:
+        return first
+    retry = await _grade(task, patch, open_pristine, with_canaries, control=True)
+    retry.info["grader_retries"] = 1
+    retry.info["grader_failures"] = [first.info[HUNG]]
+    return retry
+
+
+HUNG = "hung"  # info key of a first run that did not finish (its reason); never returned
+
+
+async def _grade(task: SWETask, patch: str, open_pristine: Callable[[], Awaitable[Sandbox]],
+                 with_canaries: bool, control: bool) -> Verdict:
+    """One grading run; `control` False: a run that does not finish is returned as is, marked
+    with HUNG, instead of going to the pristine control."""
     start = time.monotonic()
     kept, dropped = filter_patch(patch, frozenset(changed_paths(task.test_patch)))
     info: dict[str, Any] = {"dropped_files": dropped, "patch_bytes": len(patch)}
@@ -172,18 +193,22 @@ async def grade(
     info["test_log_tail"] = (watched.stdout + result.stderr)[-LOG_TAIL:]
     info["grading_s"] = round(time.monotonic() - start, 3)
     if result.timed_out:
-        return await _timed_out(task, open_pristine, info, (
-            f"the test command did not finish within {task.timeout:g}s although every test "
-            "has its own time limit"))
+        why = (f"the test command did not finish within {task.timeout:g}s although every "
+               "test has its own time limit")
+        if not control:
+            return Verdict(0.0, False, {**info, HUNG: why})
+        return await _timed_out(task, open_pristine, info, why)
     if not watched.started:
         return Verdict(0.0, False, info, env_failure=(
             f"the grading wrapper did not start (exit {result.exit_code}): "
             f"{(result.stderr or result.stdout).strip()[-500:]}"))
     if watched.killed:
-        return await _timed_out(task, open_pristine, info, (
-            f"the test {watched.killed} ran past its {task.test_timeout:g}s limit without "
-            "the in-process alarm stopping it (spinning outside Python), so the grading "
-            "wrapper killed the run"))
+        why = (f"the test {watched.killed} ran past its {task.test_timeout:g}s limit without "
+               "the in-process alarm stopping it (spinning outside Python), so the grading "
+               "wrapper killed the run")
+        if not control:
+            return Verdict(0.0, False, {**info, HUNG: why})
+        return await _timed_out(task, open_pristine, info, why)
     log = parse_log(task.log_parser, watched.stdout)
     resolved, judged = judge(task, log, result.exit_code, record)
     info.update(judged)

@@ -188,6 +188,7 @@ def test_a_hang_caused_by_the_output_is_zero_and_one_of_the_task_is_env_failure(
     assert verdict.env_failure is None and verdict.outcome == 0.0, verdict
     assert [s.name for s in verdict.signals] == [UNGRADABLE]
     assert verdict.info.get("pristine_finished") is True
+    assert verdict.info["grader_retries"] == 1  # it hung in a second fresh grader too
 
     always_hangs = harbor_folder(tmp_path / "b", "sleep 600\n")
     (always_hangs / "task.toml").write_text(

@@ -542,6 +542,46 @@ if _os.path.exists(_os.path.join(_os.path.dirname(__file__), "tests", "test_dict
     assert verdict.env_failure is None and verdict.outcome == 0.0, verdict
     assert [s.name for s in verdict.signals] == [UNGRADABLE], verdict
     assert "without the patch it finishes" in verdict.info["problems"][0]
+    assert verdict.info["grader_retries"] == 1  # it hung in a second fresh sandbox too
+
+
+class FirstGradingRunStalls:
+    """A real sandbox whose first grading run (the call that carries the grade's nonce) gets
+    half a second, as a machine too loaded to finish it would: a fault of the grader's, which
+    the agent's patch did not cause."""
+
+    stalled = False
+
+    def __init__(self, box: Sandbox) -> None:
+        self.box = box
+
+    def __getattr__(self, name: str):
+        return getattr(self.box, name)
+
+    async def exec(self, cmd, timeout=None, cwd=None, env=None):
+        if env and "ENVHUB_GRADE_NONCE" in env and not FirstGradingRunStalls.stalled:
+            FirstGradingRunStalls.stalled = True
+            timeout = 0.5
+        return await self.box.exec(cmd, timeout=timeout, cwd=cwd, env=env)
+
+
+def test_a_grading_run_that_stalls_once_is_run_again_not_blamed_on_the_patch(
+        tmp_path: Path) -> None:
+    """The gold patch's first grading run does not finish (the grader's machine stalled): it
+    is run again in a fresh sandbox and graded from there, resolved, with the retry counted;
+    before, the pristine control finishing made it 0 with ungradable_output."""
+    kind_available("local")
+    FirstGradingRunStalls.stalled = False
+
+    class Stalling(SWEHarness):
+        async def open(self, spec):
+            return FirstGradingRunStalls(await super().open(spec))
+
+    verdict = asyncio.run(Stalling("local", tmp_path).rollout(TASK, oracle))
+    assert FirstGradingRunStalls.stalled
+    assert verdict.env_failure is None and verdict.resolved and not verdict.signals, verdict
+    assert verdict.info["grader_retries"] == 1
+    assert "did not finish" in verdict.info["grader_failures"][0]
 
 
 @pytest.mark.parametrize("kind", ["local", pytest.param("docker", marks=pytest.mark.docker)])
@@ -567,6 +607,7 @@ def get_in(*args, **kwargs):
     problem = verdict.info["problems"][0]
     assert "ran past its 2s limit" in problem and "wrapper killed the run" in problem, problem
     assert "without the patch it finishes" in problem
+    assert verdict.info["grader_retries"] == 1
 
 
 @pytest.mark.docker
