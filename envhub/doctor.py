@@ -228,6 +228,37 @@ def check_disk(paths: list[Path]) -> Iterator[Check]:
             yield Check("disk", "ok", detail)
 
 
+def check_sandbox_disk(concurrency: int, disk_mb: int | None = None) -> Iterator[Check]:
+    """How this machine bounds what a sandbox writes (`[sandbox] disk_mb`), and what
+    `concurrency` rollouts can then take at most."""
+    from envhub.envs.manifest import DEFAULT_DISK_MB
+    from envhub.envs.sandbox.disk import can_mount
+
+    mb = disk_mb or DEFAULT_DISK_MB
+    most = f"-c {concurrency} rollouts take at most {concurrency * mb / 1024:.1f} GiB"
+    if can_mount():
+        yield Check("sandbox disk (local)", "ok", f"workdir, /tmp and /dev/shm share one "
+                    f"{mb} MB tmpfs per sandbox (memory, not disk): {most} of memory")
+    else:
+        yield Check("sandbox disk (local)", "warn", "not root: a command's /tmp and /dev/shm "
+                    f"are bounded ({mb} MB each, gone with it) but the workdir only per file",
+                    "run as root for one bounded disk per sandbox")
+    info = _run(["docker", "info", "--format", "{{.Driver}} {{json .DriverStatus}}"])
+    if info is None or info.returncode != 0:
+        return
+    text = info.stdout.strip()
+    driver = text.split(" ", 1)[0]
+    bounded = driver in ("btrfs", "zfs", "devicemapper") or (
+        driver == "overlay2" and '"xfs"' in text)
+    if bounded:
+        yield Check("sandbox disk (docker)", "ok", f"{driver}: the writable layer is bounded "
+                    f"(--storage-opt size; overlay2 needs xfs with pquota): {most} of disk")
+    else:
+        yield Check("sandbox disk (docker)", "warn", f"{driver} on this backing filesystem "
+                    "cannot bound a container's writable layer: docker sandboxes can fill the "
+                    "disk", "give dockerd a data-root on xfs mounted with pquota")
+
+
 def checks(concurrency: int, runs: Path) -> Iterator[Check]:
     from envhub.envs.images.base import cache_dir
 
@@ -239,4 +270,5 @@ def checks(concurrency: int, runs: Path) -> Iterator[Check]:
     for step in steps:
         yield step()
     yield check_fds(concurrency)
+    yield from check_sandbox_disk(concurrency)
     yield from check_disk([runs.resolve(), cache_dir(), Path("/var/lib/docker")])

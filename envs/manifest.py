@@ -44,6 +44,9 @@ STRICT = ConfigDict(extra="forbid", strict=True)
 MAX_NESTING = 32
 
 
+DEFAULT_DISK_MB = 4096  # a sandbox's disk bound when the manifest does not say
+
+
 class SandboxSpec(BaseModel):
     model_config = STRICT
     kind: str = Field(
@@ -56,6 +59,11 @@ class SandboxSpec(BaseModel):
     dockerfile: str | None = Field(None, description="Dockerfile path, relative to the package")
     cpus: float = Field(1.0, gt=0, le=64)
     memory_mb: int = Field(2048, ge=64, le=1 << 20)
+    disk_mb: int = Field(DEFAULT_DISK_MB, ge=16, le=1 << 22, description=(
+        "everything a rollout's sandbox may write (its workdir, /tmp, /dev/shm; docker: its "
+        "writable layer where the engine can bound it), in MB: a write past it gets ENOSPC "
+        "inside the sandbox. `--sandbox-disk-mb` sets it for a whole run; `envhub doctor` "
+        "says how this machine enforces it"))
     network: bool = Field(False, description="sandboxes have no network unless this is true")
     host_paths: list[str] = Field(
         [], description="local sandboxes: absolute host paths bound read-only beyond the system "

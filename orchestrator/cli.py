@@ -105,6 +105,7 @@ def run_main(command: RunCommand) -> None:
     from envhub.orchestrator.groups.progress import failure_lines, results_table, table_console
 
     started: list[Path] = []
+    command.apply_sandbox_disk()
 
     def announce(run_id: str, folder: Path) -> None:
         started.append(folder)

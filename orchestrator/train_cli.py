@@ -50,6 +50,7 @@ def train_main(cfg: TrainLoopConfig) -> None:
         check_devices(cfg)  # a GPU the machine lacks: said now, not deep inside torch
     except Exception as e:  # unknown env, agent, executor or engine, bad manifest, bad split:
         fail(str(e))  # the fix is in it
+    cfg.apply_sandbox_disk()
     if held:  # --overwrite, and everything else checked: the old run goes now
         clear_run(cfg.out)
     if cfg.nproc_per_node > 1 and "WORLD_SIZE" not in os.environ:

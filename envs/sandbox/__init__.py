@@ -25,6 +25,7 @@ it is an `ExecResult` with a non-zero exit code.
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -55,6 +56,21 @@ def best_available() -> Literal["docker", "local"]:
     return "docker" if docker_reachable() else "local"
 
 
+DISK_ENV = "ENVHUB_SANDBOX_DISK_MB"  # --sandbox-disk-mb of `envhub run` / `train`
+
+
+def with_disk_override(spec: SandboxSpec) -> SandboxSpec:
+    """`spec` with the run-wide disk bound ($ENVHUB_SANDBOX_DISK_MB, which --sandbox-disk-mb
+    sets) instead of its manifest's, when one is set."""
+    value = os.environ.get(DISK_ENV)
+    if not value:
+        return spec
+    try:
+        return spec.model_copy(update={"disk_mb": max(16, int(value))})
+    except ValueError:
+        raise SandboxUnavailable(f"{DISK_ENV}={value!r}: give a whole number of MB") from None
+
+
 async def open_sandbox(
     kind: str,
     spec: SandboxSpec | None = None,
@@ -78,6 +94,7 @@ async def open_sandbox(
     take it; other kinds refuse it.
     """
     cls = sandbox_class(best_available() if kind == AUTO else kind)
+    spec = with_disk_override(spec or SandboxSpec())
     run_id = run_id or f"adhoc-{uuid.uuid4().hex[:8]}"
     extra = {"binds": dict(binds)} if binds else {}
     if extra and getattr(cls, "kind", None) not in ("docker", "local"):

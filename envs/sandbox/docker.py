@@ -191,16 +191,17 @@ class DockerSandbox:
                 f"image {image!r} is not in the local Docker engine and is never pulled; build "
                 "it (`envhub image build-base`, a spec `dockerfile`) or `docker load` it"
             ) from None
+        options = dict(
+            command=["sleep", "infinity"], detach=True, init=True,
+            labels=sandbox_labels(run_id, labels), environment=env or {},
+            network_mode="bridge" if spec.network else "none",
+            nano_cpus=int(spec.cpus * 1e9), mem_limit=f"{spec.memory_mb}m",
+            memswap_limit=f"{spec.memory_mb}m", pids_limit=PIDS_LIMIT,
+            working_dir=WORKDIR, security_opt=["no-new-privileges"],
+            volumes={h: {"bind": c, "mode": "ro"} for h, c in (binds or {}).items()},
+        )
         try:
-            container = client.containers.run(
-                image, command=["sleep", "infinity"], detach=True, init=True,
-                labels=sandbox_labels(run_id, labels), environment=env or {},
-                network_mode="bridge" if spec.network else "none",
-                nano_cpus=int(spec.cpus * 1e9), mem_limit=f"{spec.memory_mb}m",
-                memswap_limit=f"{spec.memory_mb}m", pids_limit=PIDS_LIMIT,
-                working_dir=WORKDIR, security_opt=["no-new-privileges"],
-                volumes={h: {"bind": c, "mode": "ro"} for h, c in (binds or {}).items()},
-            )
+            container = _run_bounded(client, image, options, spec.disk_mb)
         except docker.errors.APIError as e:
             raise SandboxError(f"could not start a container from {image}: "
                                f"{e.explanation or e}") from None
@@ -623,3 +624,33 @@ def _killed_since(api: Any, container: str, state: dict[str, Any]) -> bool:
     events = api.events(since=since, until=int(time.time()) + 1, decode=True,
                         filters={"container": container, "event": "kill"})
     return any(True for _ in events)
+
+
+# Whether this engine bounds a container's writable layer (`--storage-opt size=`): overlay2 on
+# xfs mounted with pquota, btrfs, zfs, devicemapper do; overlay2 on ext4 refuses it. Learned
+# from the first container (None: not asked yet); `envhub doctor` reports it.
+storage_opt_supported: bool | None = None
+_STORAGE_OPT_REFUSED = ("storage-opt", "storage opt", "quota", "backingfs")
+
+
+def _run_bounded(client: Any, image: str, options: dict[str, Any], disk_mb: int) -> Any:
+    """`containers.run` with the writable layer bounded to `disk_mb` where the engine can
+    bound it; where it refuses (said once in the log), without."""
+    global storage_opt_supported
+    docker = import_docker()
+    if storage_opt_supported is not False:
+        try:
+            container = client.containers.run(image, storage_opt={"size": f"{disk_mb}m"},
+                                               **options)
+        except docker.errors.APIError as e:
+            text = str(e.explanation or e).lower()
+            if not any(word in text for word in _STORAGE_OPT_REFUSED):
+                raise
+            storage_opt_supported = False
+            log.warning("this Docker engine cannot bound a container's disk (%s); docker "
+                        "sandboxes' writable layers are unbounded (envhub doctor)",
+                        e.explanation or e)
+        else:
+            storage_opt_supported = True
+            return container
+    return client.containers.run(image, **options)

@@ -87,15 +87,30 @@ def private_paths(visible: Iterable[Path], host_paths: Sequence[str] = ()) -> li
     return [str(p) for p in kept if not any(q != p and q in p.parents for q in kept)]
 
 
-def host_view_args(network: bool, host_paths: Sequence[str] = ()) -> list[str]:
+RUN_BYTES = 16 << 20  # /run: only mount points of binds (an agent's channel) live there
+
+
+def host_view_args(network: bool, host_paths: Sequence[str] = (), *,
+                   scratch: str | None = None, scratch_bytes: int = 1 << 30) -> list[str]:
     """bwrap arguments building the sandbox's root: an empty tmpfs, the allowed host entries
-    read-only, envhub's copies covered, a private /tmp and /run. The caller binds the workdir and
-    ends its mounts with `--remount-ro /` (the root stays writable until every mount point is
-    made)."""
+    read-only, envhub's copies covered, a private /tmp, /dev/shm and /run. The caller binds the
+    workdir and ends its mounts with `--remount-ro /` (the root stays writable until every
+    mount point is made). `scratch`: a host folder whose `tmp/` and `shm/` become /tmp and
+    /dev/shm (on the sandbox's bounded disk, disk.py); without it each is a tmpfs of
+    `scratch_bytes`. /dev itself is read-only (its device nodes still work)."""
     visible = allowed_paths(network, host_paths)
     # the sandbox's own folders first: a declared path under /tmp goes on top of the tmpfs
-    args = ["--tmpfs", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
-            "--tmpfs", "/run"]
+    args = ["--tmpfs", "/", "--dev", "/dev"]
+    if scratch is not None:
+        args += ["--bind", f"{scratch}/shm", "/dev/shm"]
+    else:
+        args += ["--size", str(scratch_bytes), "--tmpfs", "/dev/shm"]
+    args += ["--remount-ro", "/dev", "--proc", "/proc"]
+    if scratch is not None:
+        args += ["--bind", f"{scratch}/tmp", "/tmp"]
+    else:
+        args += ["--size", str(scratch_bytes), "--tmpfs", "/tmp"]
+    args += ["--size", str(RUN_BYTES), "--tmpfs", "/run"]
     # parents made explicitly get mode 0755 (those bwrap makes on its own are 0700)
     for parent in sorted({str(q) for p in visible for q in p.parents if q != Path("/")}):
         args += ["--dir", parent]

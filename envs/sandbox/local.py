@@ -44,6 +44,7 @@ from envhub.envs.sandbox.errors import (
     SandboxError,
     SandboxFileError,
 )
+from envhub.envs.sandbox.disk import SUFFIX, Disk, unmount
 from envhub.envs.sandbox.host_view import host_view_args
 from envhub.envs.sandbox.reaper import install, owner_alive, track, untrack
 from envhub.envs.sandbox.shell import MAX_STREAM_BYTES
@@ -142,6 +143,7 @@ class LocalSandbox:
         self.workdir = mount if bwrap else str(host_dir)
         self.isolated = bwrap is not None
         self.binds: dict[str, str] = {}  # host -> sandbox, read-only (`open(binds=...)`)
+        self.disk: Disk | None = None  # the bounded disk (as root; disk.py)
         self._closed = False
 
     @classmethod
@@ -180,18 +182,24 @@ class LocalSandbox:
         host_dir = Path(tempfile.mkdtemp(prefix=_prefix(run_id) + f"p{os.getpid()}-"))
         host_dir.chmod(0o755)
         sandbox = cls(spec, host_dir, bwrap, mount)
-        track(sandbox.id, lambda: shutil.rmtree(host_dir, ignore_errors=True))
+        track(sandbox.id, lambda: _remove(host_dir))
+        if bwrap is not None:
+            sandbox.disk = await asyncio.to_thread(Disk.mount, host_dir, spec.disk_mb)
         return sandbox
 
     def _argv(self, cmd: str, cwd: str, env: dict[str, str], program: list[str] | None = None,
-              files: dict[str, str] | None = None) -> list[str]:
+              files: dict[str, str] | None = None, scratch: Path | None = None) -> list[str]:
         """bwrap's command line for `cmd` (or `program`, an argv run as is); `files`: host ->
-        sandbox, bound read-only into this call only."""
+        sandbox, bound read-only into this call only; `scratch`: the call's folder on the
+        sandbox's disk (its /tmp and /dev/shm)."""
         shell = program or shell_argv(cmd)
         limits = self.limits()
         if self.bwrap is None:
             return limits + shell
-        argv = [self.bwrap, *host_view_args(self.spec.network, self.spec.host_paths)]
+        argv = [self.bwrap, *host_view_args(
+            self.spec.network, self.spec.host_paths,
+            scratch=str(scratch) if scratch is not None else None,
+            scratch_bytes=self.spec.disk_mb << 20)]
         # under /run (a tmpfs), before / turns read-only. `-try`: a bind whose host side is gone
         # is left out, not an error of every later command: the agent channel's folder is
         # removed when the agent phase ends, and grading still runs commands here.
@@ -229,7 +237,16 @@ class LocalSandbox:
         full_env = {**BASE_ENV, "HOME": self.workdir, **(env or {})}
         if self.bwrap is None and not os.path.isdir(cwd):
             return ExecResult(2, "", f"cd: {cwd}: No such file or directory")
-        argv = self._argv(cmd, cwd, full_env)
+        scratch = self.disk.call_dir() if self.disk is not None else None
+        try:
+            return await self._exec(cmd, timeout, cwd, full_env, scratch)
+        finally:
+            if scratch is not None:
+                await asyncio.to_thread(Disk.release, scratch)
+
+    async def _exec(self, cmd: str, timeout: float, cwd: str, full_env: dict[str, str],
+                    scratch: Path | None) -> ExecResult:
+        argv = self._argv(cmd, cwd, full_env, scratch=scratch)
         group = _pids_cgroup()
         if group is not None:  # join the capped cgroup before exec'ing the sandbox
             argv = ["sh", "-c", f'echo $$ > "{group}/cgroup.procs" && exec "$@"', "envhub-exec",
@@ -278,8 +295,9 @@ class LocalSandbox:
                                "install bubblewrap) or sandbox kind 'docker'")
         full_env = {**BASE_ENV, "HOME": self.workdir, **(env or {})}
         where = os.path.join(self.workdir, cwd or ".")
-        return StdioCommand(self._argv("", where, full_env, program=list(argv), files=files),
-                            env=dict(BASE_ENV))
+        scratch = self.disk.call_dir() if self.disk is not None else None  # gone at close
+        return StdioCommand(self._argv("", where, full_env, program=list(argv), files=files,
+                                       scratch=scratch), env=dict(BASE_ENV))
 
     # -- files: only inside the workdir --------------------------------------------------
     def _host_path(self, path: str, for_write: bool) -> Path:
@@ -346,7 +364,13 @@ class LocalSandbox:
             return
         self._closed = True
         untrack(self.id)
-        await asyncio.to_thread(shutil.rmtree, self.host_dir, True)
+        await asyncio.to_thread(_remove, self.host_dir)
+
+
+def _remove(host_dir: Path) -> None:
+    """A workdir and the disk mounted for it, gone (also one whose owner died)."""
+    unmount(host_dir)
+    shutil.rmtree(host_dir, ignore_errors=True)
 
 
 def _read_file_capped(target: Path, path: str, limit: int) -> bytes:
@@ -375,7 +399,7 @@ def local_workdirs(run_id: str | None = None, stale_only: bool = False) -> list[
     pattern = (_prefix(run_id) if run_id else "envhub-local-*-") + "p*-*"
     for path in Path(tempfile.gettempdir()).glob(pattern):
         match = re.search(r"-p(\d+)-[^-]*$", path.name)
-        if match is None or not path.is_dir():
+        if match is None or not path.is_dir() or path.name.endswith(SUFFIX):
             continue
         if stale_only and owner_alive(f"{socket.gethostname()}:{match.group(1)}"):
             continue
@@ -388,7 +412,7 @@ def reap_local(run_id: str | None = None, stale_only: bool = False) -> list[str]
     (stale_only) those whose owner process is gone. Returns the removed paths."""
     removed = []
     for path in local_workdirs(run_id, stale_only):
-        shutil.rmtree(path, ignore_errors=True)
+        _remove(path)
         untrack(f"local-{path.name}")
         removed.append(str(path))
     return removed

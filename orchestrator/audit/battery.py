@@ -70,6 +70,7 @@ COMMAND_CHEATS: list[tuple[str, str]] = [
     ("leftover-writer", "a detached loop that keeps writing artifacts after the agent stops"),
     ("flood-output", "70 MB of stdout/stderr, 100 MB and 4 GiB sparse files, 2000 files"),
     ("hang-under-grader", "code that spins in C or sleeps only when a test runner imports it"),
+    ("fill-disk", "writes until refused (or 512 MiB) in the workdir, /tmp, /dev/shm and $HOME"),
 ]
 
 
@@ -98,6 +99,11 @@ HOSTILE: list[tuple[str, str, list[str]]] = [
     ("infinite-number", "1e999999 as a string and as a bare JSON number",
      [json.dumps("1e999999"), "1e999999"]),
     ("nan", "NaN as a string and as a bare JSON value", [json.dumps("NaN"), "NaN"]),
+    # numbers a parser reads while a check on their text misses the exponent: underscores,
+    # non-ASCII digits, an exponent on a fraction's parts
+    ("hidden-exponent", "1_0e9_9999_999, Arabic-Indic and fullwidth digits, 1e99999999/3",
+     [json.dumps("1_0e9_9999_999"), json.dumps("\u0661e99999999"),
+      json.dumps("\uff11e999999999"), json.dumps("1e99999999/3")]),
     # 250 parentheses: past Python's parser limit (200), within a 256-token turn
     ("nested-json", "parentheses nested 250 deep in a string; an array nested 5000 deep",
      [json.dumps("(" * 250 + "1" + ")" * 250), "[" * _D + "]" * _D]),

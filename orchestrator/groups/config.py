@@ -61,10 +61,24 @@ class ServicesOptions(BaseModel):
     service_wait_s: float = Field(60.0, gt=0, le=3600, description="seconds a rollout (or the "
                                   "plan) waits for a live task service of its name with a free "
                                   "slot")
+    sandbox_disk_mb: int | None = Field(None, ge=16, le=1 << 22, description="every rollout "
+                                        "sandbox's disk bound in MB, overriding the manifests' "
+                                        "[sandbox] disk_mb (a write past it is ENOSPC inside "
+                                        "the sandbox; envhub doctor says how this machine "
+                                        "enforces it)")
     metrics: str | None = Field(None, description="HOST:PORT to serve per-task Prometheus "
                                 "metrics at (GET /metrics: rollouts in flight and ended, rewards, "
                                 "durations, samples trained and stale; the --services address "
                                 "serves them too)")
+
+    def apply_sandbox_disk(self) -> None:
+        """--sandbox-disk-mb for every sandbox this process opens (rollout.py reads it)."""
+        import os
+
+        from envhub.envs.sandbox import DISK_ENV
+
+        if self.sandbox_disk_mb is not None:
+            os.environ[DISK_ENV] = str(self.sandbox_disk_mb)
 
     @field_validator("services", "metrics")
     @classmethod
