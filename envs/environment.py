@@ -100,6 +100,17 @@ class Environment(Protocol):
 
 
 @runtime_checkable
+class GradingBudget(Protocol):
+    """Optional: an environment whose grading may take longer than its sandbox spec's
+    `setup_timeout_s` (the runner's default bound on `verify`) says how long it may take for a
+    task: a grader that retries a failed run in a fresh sandbox and then runs a control needs
+    up to three runs. A verify past the budget is env_failure, so a budget too short would let
+    a patch that hangs the grader escape its 0."""
+
+    def verify_budget_s(self, task: Task) -> float: ...
+
+
+@runtime_checkable
 class ToolProvider(Protocol):
     """Optional second face of an environment: tools of its own. The agent offers these schemas
     (OpenAI function-tool format) for the names they cover and routes those calls here; every

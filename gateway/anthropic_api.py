@@ -90,6 +90,8 @@ def error_response(exc: GatewayError, request: Request | None = None) -> Respons
     headers = {}
     if isinstance(exc, Overloaded | PoolFault):
         headers["retry-after"] = str(max(1, round(exc.retry_after)))
+    if isinstance(exc, PoolFault) and request is not None:
+        request.app.state.gw.store.fault = exc.reason
     if request is not None:
         request.app.state.gw.metrics.requests.labels(request.url.path, str(status)).inc()
     body = {"type": "error", "error": {"type": kind, "message": exc.message}}

@@ -67,16 +67,17 @@ class BackendUnavailable(GatewayError):
 class PoolFault(GatewayError):
     """The data pool cannot record (or read) right now through no fault of the request: its
     disk is full, its database unreachable. A 503 naming the pool, with Retry-After; nothing
-    of the call was recorded and its answer was not returned, so the client's retry is safe."""
+    of the call reached the client."""
 
     status_code = 503
     type = "server_error"
 
     def __init__(self, reason: str, retry_after: float = POOL_RETRY_AFTER_S):
-        super().__init__(f"the gateway's data pool cannot record this call: {reason}; nothing "
-                         "of it was recorded and no answer was kept. Retry after "
-                         f"{round(retry_after)} s (the gateway's /health says when the pool "
-                         "is ready again)", code="pool_unavailable")
+        super().__init__(f"the gateway's data pool cannot record this call: {reason}; its "
+                         f"answer was not returned. Retry after {round(retry_after)} s (the "
+                         "gateway's /health says when the pool is ready again)",
+                         code="pool_unavailable")
+        self.reason = reason
         self.retry_after = retry_after
 
 

@@ -237,6 +237,8 @@ def create_app(config: GatewayConfig, backend: Backend | None = None) -> FastAPI
 
     @app.exception_handler(GatewayError)
     async def _gateway_error(request: Request, exc: GatewayError) -> Response:
+        if isinstance(exc, PoolFault):  # /health reports it until a write gets through
+            request.app.state.gw.store.fault = exc.reason
         if request.url.path.startswith("/v1/messages"):
             return anthropic_api.error_response(exc, request)
         headers = {}

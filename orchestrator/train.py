@@ -81,7 +81,7 @@ def train(cfg: TrainLoopConfig, log: Callable[[str], Any] = print,
     from envhub.orchestrator.training.loop import Loop
     from envhub.orchestrator.training.model import build_trainer, placement
     from envhub.orchestrator.training.producer import Producer
-    from envhub.orchestrator.training.provenance import provenance, write_json
+    from envhub.orchestrator.training.provenance import NOT_RECORDED, provenance, write_json
     from envhub.orchestrator.training.ranks import RankLeader, follow
     from envhub.orchestrator.training.source import LaunchOrderSource
     from envhub.orchestrator.training.tasks import LaunchMix, task_stream
@@ -133,8 +133,8 @@ def train(cfg: TrainLoopConfig, log: Callable[[str], Any] = print,
         host = producer.start_executor(refs, served)
         cfg.out.mkdir(parents=True, exist_ok=True)
         write_json(cfg.out / "run.json", provenance(
-            cfg.model_dump(mode="json"), [(e.ref, e.name, e.folder) for e in envs],
-            gw_config.model_path(), where))
+            cfg.model_dump(mode="json", exclude=NOT_RECORDED),
+            [(e.ref, e.name, e.folder) for e in envs], gw_config.model_path(), where))
         (cfg.out / "metrics.jsonl").write_text("")
         gw = run_in_thread(engine.model_copy(update={"host": host}))
         stack.callback(gw.close)

@@ -14,6 +14,7 @@ from envhub.sdk.config_cli import config_command
 FLAGS: dict[str, str | tuple[str, ...]] = {"service_wait_s": "--service-wait",
                                            "precision": ("--precision", "--dtype")}
 ENVVARS = {"services_token": "ENVHUB_SERVICES_TOKEN"}
+SPAWNED = "ENVHUB_TRAIN_RANKS_SPAWNED"  # set for the torchrun `--nproc-per-node` starts
 
 
 def train_main(cfg: TrainLoopConfig) -> None:
@@ -36,7 +37,10 @@ def train_main(cfg: TrainLoopConfig) -> None:
 
     if cfg.model is not None and not Path(cfg.model).is_dir():
         fail(f"--model {cfg.model} is not a folder; pass a Hugging Face model folder")
-    held = held_run(cfg.out) if "WORLD_SIZE" not in os.environ else []
+    # the run's first process looks: this one, or rank 0 of a torchrun of the user's own (the
+    # ranks this command starts itself were looked for already)
+    first = os.environ.get(SPAWNED) is None and os.environ.get("RANK", "0") == "0"
+    held = held_run(cfg.out) if first else []
     if held and not cfg.overwrite:  # before anything is read or written
         fail(f"--out {cfg.out} holds a run ({', '.join(held)}); nothing was changed. Train "
              "into a fresh folder, or add --overwrite to replace that run (resuming one is "
@@ -55,7 +59,8 @@ def train_main(cfg: TrainLoopConfig) -> None:
         clear_run(cfg.out)
     if cfg.nproc_per_node > 1 and "WORLD_SIZE" not in os.environ:
         # the same command line again, each rank sees WORLD_SIZE and trains its shard
-        raise typer.Exit(subprocess.call(torchrun_argv(cfg.nproc_per_node, sys.argv[1:])))
+        raise typer.Exit(subprocess.call(torchrun_argv(cfg.nproc_per_node, sys.argv[1:]),
+                                         env={**os.environ, SPAWNED: "1"}))
     try:
         train(cfg, log=typer.echo)
     # e.g. LoRA targets the model does not have; no Ray to reach, or none of its nodes can run

@@ -19,10 +19,11 @@ an environment variable. A field that may be None but defaults to a value takes 
 None (`--tau none`). Invalid values print `error: --flag: <pydantic's message>` and exit with
 code 2, before `run` is called.
 
-`config_file="--config"` adds that option: a TOML file whose keys are the fields (snake_case or
-the flags' kebab-case; a run's own `run.json` "config" table written as TOML reads back), read
-first; a flag or argument given on the command line (or by its environment variable) overrides
-its key. An unknown key, or a file that is not TOML, is exit 2 naming it.
+`config_file="--config"` adds that option: a TOML file whose keys are the fields (snake_case,
+or any of the field's long flags without the dashes: `max-turns`, `dtype`), read first; a flag
+or argument given on the command line (or by its environment variable) overrides its key.
+TOML has no null: `"none"` is None, as on the command line. An unknown key, or a file that is
+not TOML, is exit 2 naming it.
 """
 
 from __future__ import annotations
@@ -65,6 +66,13 @@ def config_command(config_type: type[C], run: Callable[[C], None], *,
     params = [_parameter(name, fields[name], flags.get(name), envvars.get(name),
                          positional=name in arguments) for name in order]
     names = {p.name: _flag_name(p) for p in params}
+    keys = {name: name for name in fields}  # what a config file may call each field
+    for p in params:
+        for decl in getattr(p.default, "param_decls", None) or ():
+            for flag in decl.split("/"):
+                if flag.startswith("--") and not flag.startswith("--no-"):
+                    keys.setdefault(flag[2:], p.name)
+                    keys.setdefault(flag[2:].replace("-", "_"), p.name)
     if config_file is not None:
         assert not {CONFIG_PARAM, CONTEXT_PARAM} & set(fields), "a field named like ours"
         params.append(inspect.Parameter(
@@ -78,7 +86,7 @@ def config_command(config_type: type[C], run: Callable[[C], None], *,
     @functools.wraps(run)
     def command(**values: Any) -> None:
         path, ctx = values.pop(CONFIG_PARAM, None), values.pop(CONTEXT_PARAM, None)
-        from_file = _read_config(path, fields) if path is not None else {}
+        from_file = _read_config(path, fields, keys) if path is not None else {}
         given = {name: _none(value, fields[name]) for name, value in values.items()
                  if not (name in arguments and value in (None, []))  # none given: the default
                  and (name not in from_file or _typed(ctx, name))}
@@ -108,8 +116,10 @@ def _typed(ctx: Any, name: str) -> bool:
     return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
 
 
-def _read_config(path: Path, fields: Mapping[str, FieldInfo]) -> dict[str, Any]:
-    """The fields a TOML config file sets; exit 2 naming what is wrong."""
+def _read_config(path: Path, fields: Mapping[str, FieldInfo],
+                 keys: Mapping[str, str]) -> dict[str, Any]:
+    """The fields a TOML config file sets (`keys`: key -> field); exit 2 naming what is
+    wrong."""
     import tomllib
 
     import typer
@@ -121,8 +131,8 @@ def _read_config(path: Path, fields: Mapping[str, FieldInfo]) -> dict[str, Any]:
         raise typer.Exit(2) from None
     out: dict[str, Any] = {}
     for key, value in data.items():
-        name = key.replace("-", "_")
-        if name not in fields or name == CONFIG_PARAM:
+        name = keys.get(key)
+        if name is None:
             typer.echo(f"error: --config {path}: unknown key {key!r}; the keys are the "
                        "options' names (see --help)", err=True)
             raise typer.Exit(2)

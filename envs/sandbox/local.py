@@ -38,13 +38,13 @@ from envhub.envs.sandbox.base import (
     close_pipes,
     process_exited,
 )
+from envhub.envs.sandbox.disk import SUFFIX, Disk, unmount
 from envhub.envs.sandbox.errors import (
     FileTooLarge,
     SandboxClosed,
     SandboxError,
     SandboxFileError,
 )
-from envhub.envs.sandbox.disk import SUFFIX, Disk, unmount
 from envhub.envs.sandbox.host_view import host_view_args
 from envhub.envs.sandbox.reaper import install, owner_alive, track, untrack
 from envhub.envs.sandbox.shell import MAX_STREAM_BYTES

@@ -32,6 +32,7 @@ import orjson
 from sqlalchemy import create_engine, event, func, select, update
 from sqlalchemy.engine import Connection, Dialect, Engine
 from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.sql.schema import ScalarElementColumnDefault
 
 from envhub.gateway.pool import schema as t
@@ -62,6 +63,8 @@ def fault_reason(exc: BaseException) -> str | None:
     bug: those stay 500s)."""
     if isinstance(exc, PoolUnavailable):
         return exc.reason
+    if isinstance(exc, PoolTimeout):  # every connection of the engine's pool in use
+        return "the pool's database has no free connection (its server is slow or stuck)"
     if not isinstance(exc, DBAPIError) or isinstance(exc, IntegrityError):
         return None
     text = str(getattr(exc, "orig", exc)).lower()
@@ -69,6 +72,8 @@ def fault_reason(exc: BaseException) -> str | None:
         return "the pool's disk is full"
     if any(word in text for word in _STORAGE):
         return "the pool's storage failed (disk I/O error, or it became read-only)"
+    if "database is locked" in text:  # SQLite, past its busy timeout
+        return "the pool's database is locked by another writer"
     if exc.connection_invalidated or (isinstance(exc, OperationalError | InterfaceError)
                                       and any(word in text for word in _UNREACHABLE)):
         return "the pool's database is unreachable"
@@ -131,7 +136,8 @@ class Store:
         self._writer.start()
         self._commits = 0  # SQLite: transactions committed, for the checkpointer
         self.fault: str | None = None  # why the last write failed, if the pool is at fault
-        self._probing: asyncio.Future[str | None] | None = None
+        # per event loop, the write probe under way (/health while the pool is failing)
+        self._probing: dict[asyncio.AbstractEventLoop, asyncio.Task[str | None]] = {}
         self._closing = threading.Event()
         self._checkpointer: threading.Thread | None = None
         if url.startswith("sqlite"):
@@ -171,22 +177,23 @@ class Store:
 
     async def probe(self) -> str | None:
         """Whether the pool can write now (None) or why not: a probe row of PROBE_BYTES written
-        and removed again in one transaction, grouped like any write. At most one probe runs at
-        a time; callers meanwhile share its answer."""
-        if self._probing is not None:
-            return await asyncio.shield(self._probing)
-        shared = self._probing = asyncio.get_running_loop().create_future()
-        answer: str | None = None
+        and removed again in one transaction, grouped like any write. At most one probe runs
+        at a time per event loop; callers on that loop meanwhile share its answer."""
+        loop = asyncio.get_running_loop()
+        running = self._probing.get(loop)
+        if running is None:
+            running = self._probing[loop] = loop.create_task(self._probe_once())
+            running.add_done_callback(lambda _: self._probing.pop(loop, None))
+        return await asyncio.shield(running)
+
+    async def _probe_once(self) -> str | None:
         try:
             await self.write(_probe_write)
         except PoolUnavailable as e:
-            answer = e.reason
+            return e.reason
         except Exception as e:  # noqa: BLE001  a probe that fails otherwise still says so
-            answer = f"the pool cannot write ({type(e).__name__})"
-        finally:
-            self._probing = None
-            shared.set_result(answer)
-        return answer
+            return f"the pool cannot write ({type(e).__name__})"
+        return None
 
     async def read(self, fn: Callable[..., _R], *args: Any) -> _R:
         """`fn(*args)`, one of the reads below: on SQLite right here (an indexed read takes

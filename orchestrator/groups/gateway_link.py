@@ -68,19 +68,18 @@ class GatewayLink:
             while True:
                 try:
                     r = await http.get(f"{self.url}/health")
-                except httpx.TransportError:
+                except httpx.TimeoutException:  # answering nothing in time: not ready
+                    r = None
+                except httpx.TransportError:  # not there at all: the call says so itself
                     return
-                if r.status_code != 503:
+                if r is not None and r.status_code != 503:
                     self._ready_at = time.monotonic()
                     return
-                try:
-                    why = str(r.json().get("pool") or r.text[:200])
-                except ValueError:
-                    why = r.text[:200]
+                why = "its /health did not answer" if r is None else _not_ready_reason(r)
                 if time.monotonic() >= deadline:
                     raise RuntimeError(f"the gateway was not ready for {limit_s:g} s: {why}")
                 try:
-                    wait = float(r.headers.get("retry-after", "1"))
+                    wait = float(r.headers.get("retry-after", "1")) if r is not None else 1.0
                 except ValueError:  # an HTTP date: not ours
                     wait = 1.0
                 left = max(0.0, deadline - time.monotonic())
@@ -123,6 +122,17 @@ class GatewayLink:
         if self._handle is not None:
             handle, self._handle = self._handle, None
             await asyncio.to_thread(handle.close)
+
+
+def _not_ready_reason(r: Any) -> str:
+    """What a 503 from /health says is wrong (its `pool` field, else its text)."""
+    try:
+        body = r.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and body.get("pool"):
+        return str(body["pool"])
+    return str(r.text[:200])
 
 
 def model_options(model: str | None) -> dict[str, Any]:

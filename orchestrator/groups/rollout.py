@@ -19,7 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from envhub.envs.agents.base import Agent, AgentContext
-from envhub.envs.environment import UNGRADABLE, EnvFailure, RunContext, Task, Verdict
+from envhub.envs.environment import (
+    UNGRADABLE,
+    EnvFailure,
+    GradingBudget,
+    RunContext,
+    Task,
+    Verdict,
+)
 from envhub.envs.errors import AgentError, AgentOutputError
 from envhub.envs.loader import LoadedEnv
 from envhub.envs.manifest import AgentLimits, SandboxSpec
@@ -215,10 +222,13 @@ async def _run_phases(p: PendingRollout, loaded: LoadedEnv, task: Task, rs: Roll
         return
 
     t2 = time.monotonic()
+    budget = spec.setup_timeout_s
+    if isinstance(env, GradingBudget):  # a grader that may retry and run a control
+        budget = max(budget, env.verify_budget_s(task))
     try:
-        verdict = await asyncio.wait_for(env.verify(task, sandbox, ctx), spec.setup_timeout_s)
+        verdict = await asyncio.wait_for(env.verify(task, sandbox, ctx), budget)
     except TimeoutError:
-        p.fail("env_failure", f"grading timed out after {spec.setup_timeout_s:g}s")
+        p.fail("env_failure", f"grading timed out after {budget:g}s")
         return
     except AgentOutputError as e:  # the agent's output is what cannot be graded: 0, not dropped
         verdict = Verdict(0.0, False, {"ungradable": str(e)},

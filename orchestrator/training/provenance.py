@@ -20,9 +20,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-# What `envhub train` writes under OUT (a vLLM's log too, when it starts one)
+# What `envhub train` writes under OUT: a folder holding any of these holds a run ...
 RUN_FILES = ("run.json", "metrics.jsonl", "pool.db", "pool.db-wal", "pool.db-shm", "weights",
-             "rollouts", "vllm.log")
+             "rollouts")
+# ... and what --overwrite clears besides (a vLLM that failed to start leaves only its log)
+CLEARED = (*RUN_FILES, "vllm.log")
+# Options run.json leaves out: a secret, and how this invocation treats OUT (a config file
+# read back must not clear a folder by itself)
+NOT_RECORDED = {"services_token", "overwrite"}
+SECRET_FLAGS = ("--services-token",)
 SOURCE = Path(__file__).resolve().parents[2]  # the checkout (or site-packages' envhub/..)
 
 
@@ -39,8 +45,8 @@ def held_run(out: Path) -> list[str]:
 
 
 def clear_run(out: Path) -> None:
-    """Remove the entries of RUN_FILES under `out` (--overwrite), nothing else."""
-    for name in RUN_FILES:
+    """Remove the entries of CLEARED under `out` (--overwrite), nothing else."""
+    for name in CLEARED:
         path = out / name
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
@@ -48,21 +54,47 @@ def clear_run(out: Path) -> None:
             path.unlink()
 
 
-def folder_digest(folder: Path) -> str:
+def folder_digest(folder: Path) -> str | None:
     """sha256 over the folder's files (relative path and content, sorted; symlinks by their
-    target text): equal folders give equal digests wherever they lie."""
+    target text): equal folders give equal digests wherever they lie. None when a file cannot
+    be read (it is then not a digest of the folder)."""
     total = hashlib.sha256()
-    for path in sorted(p for p in folder.rglob("*") if p.is_file() or p.is_symlink()):
-        rel = path.relative_to(folder).as_posix()
-        if "__pycache__" in rel.split("/"):
-            continue
-        total.update(rel.encode() + b"\0")
-        if path.is_symlink():
-            total.update(b"link:" + os.readlink(path).encode())
-        else:
-            with open(path, "rb") as f:
-                total.update(hashlib.file_digest(f, "sha256").digest())
+    try:
+        for path in sorted(p for p in folder.rglob("*") if p.is_file() or p.is_symlink()):
+            rel = path.relative_to(folder).as_posix()
+            if "__pycache__" in rel.split("/"):
+                continue
+            total.update(rel.encode() + b"\0")
+            if path.is_symlink():
+                total.update(b"link:" + os.readlink(path).encode())
+            else:
+                with open(path, "rb") as f:
+                    total.update(hashlib.file_digest(f, "sha256").digest())
+    except OSError:
+        return None
     return "sha256:" + total.hexdigest()
+
+
+def _env_entry(ref: str, name: str, folder: str) -> dict[str, Any]:
+    """An environment's line: its package folder's digest; a task service's environment has
+    no folder here (it runs elsewhere), so only its reference is recorded."""
+    if folder in ("", "."):  # services/hub.py's LoadedEnv of a served environment
+        return {"ref": ref, "name": name, "digest": None, "served": True}
+    return {"ref": ref, "name": name, "digest": folder_digest(Path(folder))}
+
+
+def _argv() -> list[str]:
+    """This command line with secrets blanked."""
+    argv, hide = [], False
+    for arg in sys.argv[1:]:
+        if hide:
+            argv.append("***")
+        elif any(arg.startswith(flag + "=") for flag in SECRET_FLAGS):
+            argv.append(arg.split("=", 1)[0] + "=***")
+        else:
+            argv.append(arg)
+        hide = arg in SECRET_FLAGS
+    return argv
 
 
 def git_commit(folder: Path = SOURCE) -> dict[str, Any] | None:
@@ -101,14 +133,13 @@ def provenance(config: dict[str, Any], envs: list[Any], model: str | Path,
         "envhub": __version__,
         "git": git_commit(),
         "lock": lock_digest(),
-        "environments": [{"ref": ref, "name": name, "digest": folder_digest(Path(folder))}
-                         for ref, name, folder in envs],
+        "environments": [_env_entry(ref, name, folder) for ref, name, folder in envs],
         "model": {"path": str(model), "digest": folder_digest(Path(model))},
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "device": device,
-        "argv": sys.argv[1:],
+        "argv": _argv(),
     }
 
 

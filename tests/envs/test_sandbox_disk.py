@@ -13,8 +13,6 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import pytest
-
 from envhub.envs.manifest import SandboxSpec
 from envhub.envs.sandbox import open_sandbox
 from tests.support import envhub, require, require_tool

@@ -22,7 +22,7 @@ MAX_ANSWER_EXPONENT = 100
 # The answers parse_answer reads: a subset of what Fraction() parses (no underscores, no
 # non-ASCII digits, no exponent on a numerator/denominator pair), so that checking `exp` bounds
 # the value Fraction builds. Python's parsers take "1_0e9_9999_999" (10^999,999,999).
-ANSWER = re.compile(r"[+-]?(?:\d+\s*/\s*\d+|(?:\d+(?:\.\d*)?|\.\d+)(?:[eE](?P<exp>[+-]?\d+))?)",
+ANSWER = re.compile(r"[+-]?(?:\d+/\d+|(?:\d+(?:\.\d*)?|\.\d+)(?:[eE](?P<exp>[+-]?\d+))?)",
                     re.ASCII)
 
 _BINARY = {
@@ -99,9 +99,5 @@ def parse_answer(text: str) -> Fraction | None:
         return None
     try:
         return Fraction(cleaned)
-    except (ValueError, ZeroDivisionError):
-        return None
-    try:
-        return Fraction(cleaned)
-    except (ValueError, ZeroDivisionError):
+    except (ValueError, ZeroDivisionError):  # 1/0
         return None

@@ -24,7 +24,14 @@ from typing import Any
 from envhub.envs.browser.chromium import BrowserUnavailable
 from envhub.envs.browser.sandbox import browser_spec, resolved_kind
 from envhub.envs.builtin.slides.layout import CHECKS, Brief, LayoutReport, score_deck
-from envhub.envs.builtin.slides.render import MAX_SLIDE_BYTES, Measurement, render_deck
+from envhub.envs.builtin.slides.render import (
+    CLOSE_S,
+    LAUNCH_TIMEOUT_S,
+    MAX_SLIDE_BYTES,
+    RENDER_TIMEOUT_MS,
+    Measurement,
+    render_deck,
+)
 from envhub.envs.environment import (
     UNGRADABLE,
     EnvFailure,
@@ -150,6 +157,14 @@ class SlidesEnv:
         brief = brief_of(task.data)
         return score_deck(await render(await read_deck(sandbox), brief, render_in or sandbox),
                           brief)
+
+    def verify_budget_s(self, task: Task) -> float:
+        """GRADER_ATTEMPTS renders of the whole deck, the blank-slide control, and the
+        sandboxes they open (environment.GradingBudget)."""
+        deck = LAUNCH_TIMEOUT_S + MAX_SLIDES * (RENDER_TIMEOUT_MS / 1000 + CLOSE_S)
+        control = LAUNCH_TIMEOUT_S + RENDER_TIMEOUT_MS / 1000 + CLOSE_S
+        opens = (GRADER_ATTEMPTS + 1) * self.manifest.sandbox.setup_timeout_s
+        return GRADER_ATTEMPTS * deck + control + opens
 
     async def verify(self, task: Task, sandbox: Sandbox, ctx: RunContext) -> Verdict:
         """Graded in a fresh sandbox holding only a copy of the deck: whatever rendering the

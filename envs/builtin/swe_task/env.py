@@ -62,6 +62,11 @@ class SWETaskEnv:
                 setup=SETUP_HINT.format(swe.shell_setup) if swe.shell_setup else "")))
         return tasks
 
+    def verify_budget_s(self, task: Task) -> float:
+        """The grading run, its retry in a fresh sandbox and the pristine control, each up to
+        the task's timeout, and the sandboxes they open (environment.GradingBudget)."""
+        return 3 * self.swe_task(task).timeout + self.manifest.sandbox.setup_timeout_s
+
     def swe_task(self, task: Task) -> SWETask:
         if task.id not in self._tasks:
             self._tasks[task.id] = parse_task(task.data, f"task {task.id}")

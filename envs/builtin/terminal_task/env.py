@@ -39,6 +39,13 @@ class TerminalTaskEnv:
                       "verifier_timeout_sec": harbor.config.verifier.timeout_sec}))
         return tasks
 
+    def verify_budget_s(self, task: Task) -> float:
+        """test.sh, its retry in a fresh grader and the pristine control, each up to the
+        verifier's timeout, and the containers they start (environment.GradingBudget)."""
+        harbor = self.harbor_task(task)
+        return (3 * harbor.config.verifier.timeout_sec
+                + 3 * harbor.config.environment.build_timeout_sec)
+
     def harbor_task(self, task: Task) -> HarborTask:
         if not self._by_name:
             self.load_tasks()
