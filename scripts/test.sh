@@ -92,7 +92,8 @@ if [ ${#failed[@]} -gt 0 ]; then
   echo "FAILED before the tests: ${failed[*]} (output above)" >&2
   exit 1
 fi
-"$bin/python" -m pytest -n "${ENVHUB_TEST_WORKERS:-2}" --dist loadfile "$@"  # set -e: its status
+# --durations: the 20 slowest tests at the end (CI must stay under 60 minutes on 2 cores)
+"$bin/python" -m pytest -n "${ENVHUB_TEST_WORKERS:-2}" --dist loadfile --durations=20 "$@"  # set -e: its status
 if $ci; then
   echo "== floors: the core tests on pyproject's lowest versions (scripts/floors.sh)"
   exec bash scripts/floors.sh
