@@ -456,9 +456,9 @@ def parse_manifest(text: str, source: str = "envhub.toml") -> Manifest:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ManifestError(f"{source}: not valid TOML: {e}") from None
-    except RecursionError:
-        raise ManifestError(f"{source}: arrays or tables nested too deeply for the parser; "
-                            f"keep nesting under {MAX_NESTING} levels") from None
+    except RecursionError:  # deeper than the parser's recursion goes: the same answer as below
+        raise ManifestError(f"{source}: nested more than {MAX_NESTING} levels deep; "
+                            "flatten it") from None
     where = _too_deep(data)
     if where is not None:
         raise ManifestError(f"{source}: field '{where}': nested more than {MAX_NESTING} levels "

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import ast
 import inspect
+import io
 import re
 import sys
+import tokenize
 from functools import lru_cache
 from typing import Any, Literal
 
@@ -91,8 +93,31 @@ def _mode_of(cls: type) -> Mode | None:
     return "eval" if found else None
 
 
+def _tokens_over(text: str, limit: int) -> bool | None:
+    """Whether `text` holds more than `limit` Python tokens (counted no further); None when it
+    does not tokenize. Counted before parsing: a parse deep enough to raise RecursionError
+    needs far more tokens than MAX_NODES, and whether it raises depends on the interpreter's
+    recursion limit at that moment, which must not decide a reward."""
+    count = 0
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(text).readline):
+            if token.type not in _SILENT:
+                count += 1
+                if count > limit:
+                    return True
+    except (tokenize.TokenError, SyntaxError):  # IndentationError is a SyntaxError
+        return None
+    return False
+
+
+_SILENT = frozenset({tokenize.NEWLINE, tokenize.NL, tokenize.ENDMARKER, tokenize.INDENT,
+                     tokenize.DEDENT, tokenize.COMMENT})
+
+
 def refusal(answer: str, mode: Mode) -> str | None:
     """Why `answer` may not reach a scorer of this mode, or None when it may."""
+    if _tokens_over(answer.lstrip(" \t"), MAX_NODES):
+        return "the answer expression is too large for the scorer"
     try:
         tree = ast.parse(answer.lstrip(" \t"), mode="eval")  # eval() strips these too
     except (SyntaxError, ValueError, MemoryError, RecursionError):

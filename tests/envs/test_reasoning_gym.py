@@ -311,3 +311,21 @@ def test_init_from_rg_writes_a_package_that_runs_the_same_tasks(tmp_path):
     bad = CliRunner().invoke(app, ["init", str(tmp_path / "b"), "--from", "rg:chain_sum[x=1]"])
     assert bad.exit_code == 2 and "not a setting" in bad.output
     assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("mode", ["eval", "sympy"])
+def test_the_screen_answers_the_same_whatever_the_recursion_limit(mode):
+    """An answer nested past what the parser recurses through under Python's default limit
+    (3,000 unary minuses, 5,000 additions) got a different answer under a raised limit (the
+    eval screen let the parse failure through): now counted before parsing, refused alike."""
+    deep = ["-" * 3000 + "1", "1" + "+1" * 5000, "~" * 20000 + "1"]
+    before = sys.getrecursionlimit()
+    answers = []
+    for limit in (before, 100_000):
+        sys.setrecursionlimit(limit)
+        try:
+            answers.append([refusal(a, mode) for a in deep])
+        finally:
+            sys.setrecursionlimit(before)
+    assert answers[0] == answers[1], answers
+    assert all(a == "the answer expression is too large for the scorer" for a in answers[0])
