@@ -8,6 +8,7 @@ and nothing fetched from the network.
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -30,9 +31,31 @@ HERE = Path(__file__).parent
 STATUSES = ("done", "env_failure", "agent_error", "open")
 
 
+# Every page: no script of any kind (inline, remote or eval), nothing fetched from elsewhere;
+# the stylesheet is ours and the token shading an inline style attribute (CSS, not code).
+CSP = ("default-src 'none'; script-src 'none'; style-src 'self'; style-src-attr "
+       "'unsafe-inline'; img-src 'self' data:; font-src 'self'; form-action 'self'; "
+       "base-uri 'none'; frame-ancestors 'none'")
+
+
+def readable(info: Any) -> str:
+    """A reward's or signal's info as text a person reads: one `key: value` line each, a
+    string value with its own line breaks kept (a test log), anything else as JSON."""
+    if not isinstance(info, dict):
+        return json.dumps(info, ensure_ascii=False, default=str)
+    lines = []
+    for key, value in info.items():
+        if isinstance(value, str):
+            lines.append(f"{key}:\n{value}" if "\n" in value else f"{key}: {value}")
+        else:
+            lines.append(f"{key}: {json.dumps(value, ensure_ascii=False, default=str)}")
+    return "\n".join(lines)
+
+
 def _templates() -> Environment:
     env = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=True)
     env.filters["num"] = lambda v, d=3: "–" if v is None else f"{v:.{d}f}"
+    env.filters["readable"] = readable
     env.globals["version"] = __version__
     return env
 
@@ -72,6 +95,13 @@ def create_app(source: RunFolders | PoolSource) -> FastAPI:
                   openapi_url=None)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     templates = _templates()
+
+    @app.middleware("http")
+    async def _headers(request: Request, call_next: Any) -> Any:
+        response = await call_next(request)
+        response.headers["content-security-policy"] = CSP
+        response.headers["x-content-type-options"] = "nosniff"
+        return response
     decoders: dict[Path, TokenDecoder] = {}
 
     def page(name: str, status: int = 200, **values: Any) -> HTMLResponse:
@@ -86,11 +116,11 @@ def create_app(source: RunFolders | PoolSource) -> FastAPI:
     async def _bad_filter(_req: Request, exc: BadFilter) -> HTMLResponse:
         return page("error.html", 400, message=str(exc))
 
-    @app.get("/", response_class=HTMLResponse)
+    @app.api_route("/", methods=["GET", "HEAD"], response_class=HTMLResponse)
     async def runs() -> HTMLResponse:
         return page("runs.html", runs=await run_in_threadpool(source.runs))
 
-    @app.get("/sessions", response_class=HTMLResponse)
+    @app.api_route("/sessions", methods=["GET", "HEAD"], response_class=HTMLResponse)
     async def sessions(run: str = "", env: str = "", task: str = "", status: str = "",
                        min_reward: str = "", max_reward: str = "") -> HTMLResponse:
         q = {"run": run, "env": env, "task": task, "status": status,
@@ -104,7 +134,8 @@ def create_app(source: RunFolders | PoolSource) -> FastAPI:
                     runs=sorted({r.run_id for r in rows}), envs=sorted({r.env for r in rows}),
                     statuses=sorted(set(STATUSES) | {r.status for r in rows}))
 
-    @app.get("/runs/{run_id}/sessions/{key}", response_class=HTMLResponse)
+    @app.api_route("/runs/{run_id}/sessions/{key}", methods=["GET", "HEAD"],
+                   response_class=HTMLResponse)
     async def session(run_id: str, key: str) -> HTMLResponse:
         view = await run_in_threadpool(source.session, run_id, key)
         if view is None:

@@ -46,7 +46,8 @@ def record_pool(db: str) -> tuple[str, int]:
                      else [{"role": "user", "content": f"more {k}"}])
         client.chat.completions.create(model="default", messages=msgs[:2] + msgs[4:],
                                        tools=[CALC_TOOL])  # drops the first exchange
-        s.reward("outcome", 1.0, name="verifier", weight=1.0)
+        s.reward("outcome", 1.0, name="verifier", weight=1.0,
+                 info={"test_log": f"collected 3 items\n3 passed {MARKUP}", "tests": 3})
         s.reward("process", -0.5, name="tool_error", weight=0.1)
         sampled = sum(len(t.completion_ids) for t in s.trajectory().turns)
         s.close("done")
@@ -88,6 +89,20 @@ def test_a_pool_url_shows_runs_sessions_and_tokens(pool_url: str) -> None:
                 r'title="sampled[^"]*"[^>]*>(.*?)</span>', page, re.S)))
             assert "The answer is 42, 因为六乘以七" in shown  # split characters decode whole
             assert re.search(r"<th>total</th>.*?0\.950", page, re.S)  # 1.0*1 + (-0.5)*0.1
+
+            # the reward's info as text a person reads: the log's own line breaks, escaped
+            [info] = re.findall(r'<pre class="info">(.*?)</pre>', page, re.S)[:1]
+            assert info.startswith("test_log:\ncollected 3 items\n3 passed &lt;script&gt;")
+            assert info.endswith("tests: 3")
+            # every page forbids script of any kind and is answered to HEAD as to GET
+            for path in ("/", "/sessions", f"/runs/run-a/sessions/{sid}", "/static/view.css"):
+                got, head = httpx.get(server.url + path), httpx.head(server.url + path)
+                assert (got.status_code, head.status_code) == (200, 200), path
+                assert head.content == b"" and head.headers["content-type"] == \
+                    got.headers["content-type"]
+                policy = got.headers["content-security-policy"]
+                assert "script-src 'none'" in policy and "default-src 'none'" in policy
+                assert head.headers["content-security-policy"] == policy
 
             bad = httpx.get(server.url + "/sessions", params={"max_reward": "abc"})
             assert bad.status_code == 400 and "is not a number" in bad.text
