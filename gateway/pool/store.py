@@ -385,9 +385,9 @@ PROBE_BYTES = 64 << 10  # about a long turn's token arrays: a disk that takes it
 
 
 def _probe_write(conn: Connection) -> None:
-    conn.execute(t.pool_probe.insert().values(id=secrets.token_hex(8),
-                                              body=b"\0" * PROBE_BYTES))
-    conn.execute(t.pool_probe.delete())
+    probe = secrets.token_hex(8)  # its own row: gateways sharing a pool probe side by side
+    conn.execute(t.pool_probe.insert().values(id=probe, body=b"\0" * PROBE_BYTES))
+    conn.execute(t.pool_probe.delete().where(t.pool_probe.c.id == probe))
 
 
 def _run(conn: Connection, ops: list[WriteOp]) -> None:
