@@ -65,7 +65,7 @@ class ResultsFolder:
             raise RunConfigError(f"--out {self.out} already holds a run; add --resume to "
                                  "continue it or choose another folder")
         (self.out / "rollouts").mkdir(parents=True, exist_ok=True)
-        _atomic_write(meta, {"run_id": run_id, "options": options})
+        write_json(meta, {"run_id": run_id, "options": options})
         return run_id
 
     def finished(self, key: RolloutKey) -> RolloutRecord | None:
@@ -80,13 +80,15 @@ class ResultsFolder:
         return record if record.status in FINISHED else None
 
     def write(self, key: RolloutKey, record: RolloutRecord) -> None:
-        _atomic_write(self.out / "rollouts" / key.filename, record.model_dump(mode="json"))
+        write_json(self.out / "rollouts" / key.filename, record.model_dump(mode="json"))
 
     def write_summary(self, summary: dict[str, Any]) -> None:
-        _atomic_write(self.out / "summary.json", summary)
+        write_json(self.out / "summary.json", summary)
 
 
-def _atomic_write(path: Path, data: Any) -> None:
+def write_json(path: Path, data: Any) -> None:
+    """`data` as JSON at `path`, written whole or not at all (a temporary file renamed into
+    place)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
     try:

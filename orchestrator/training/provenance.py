@@ -11,14 +11,17 @@ those entries first.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from envhub.orchestrator.groups.results import write_json
+
+__all__ = ["CLEARED", "NOT_RECORDED", "RUN_FILES", "clear_run", "folder_digest", "held_run",
+           "provenance", "write_json"]
 
 # What `envhub train` writes under OUT: a folder holding any of these holds a run ...
 RUN_FILES = ("run.json", "metrics.jsonl", "pool.db", "pool.db-wal", "pool.db-shm", "weights",
@@ -141,15 +144,3 @@ def provenance(config: dict[str, Any], envs: list[Any], model: str | Path,
         "device": device,
         "argv": _argv(),
     }
-
-
-def write_json(path: Path, data: Any) -> None:
-    """Written whole or not at all (a temporary file renamed into place)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2, sort_keys=True, default=str)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

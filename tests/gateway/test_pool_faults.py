@@ -91,6 +91,18 @@ class Drive:
         assert missing == [] and len(set(self.answered)) == len(self.answered)
 
 
+def drive_through(url: str, fault, says: str) -> None:
+    """SESSIONS agents on `url` while `fault` breaks and mends the pool: nothing but answers
+    and 503s that say `says`, and every answer recorded."""
+    drive = Drive(url)
+    asyncio.run(drive.run(fault))
+    assert drive.other == []
+    assert all(says in m for m in drive.refused), drive.refused[:3]
+    drive.check_recorded()
+    print(f"{says}: {len(drive.answered)} answered, all recorded; {len(drive.refused)} "
+          "refused with 503")
+
+
 def health(url: str) -> httpx.Response:
     return httpx.get(f"{url}/health", timeout=30)
 
@@ -138,13 +150,7 @@ def test_a_full_disk_is_a_503_naming_the_pool_and_health_recovers_by_itself(tmp_
         await drive.until_answered(4 * SESSIONS)
 
     try:
-        drive = Drive(url)
-        asyncio.run(drive.run(fault))
-        assert drive.other == []
-        assert all("disk is full" in m for m in drive.refused), drive.refused[:3]
-        drive.check_recorded()
-        print(f"full disk: {len(drive.answered)} answered, all recorded; "
-              f"{len(drive.refused)} refused with 503")
+        drive_through(url, fault, "disk is full")
     finally:
         proc.kill()
         proc.wait()
@@ -173,13 +179,7 @@ def test_a_postgres_restart_is_a_503_naming_the_pool_and_health_recovers(tmp_pat
             await drive.until_answered(4 * SESSIONS)
 
         try:
-            drive = Drive(url)
-            asyncio.run(drive.run(fault))
-            assert drive.other == []
-            assert all("unreachable" in m for m in drive.refused), drive.refused[:3]
-            drive.check_recorded()
-            print(f"postgres restart: {len(drive.answered)} answered, all recorded; "
-                  f"{len(drive.refused)} refused with 503")
+            drive_through(url, fault, "unreachable")
         finally:
             proc.kill()
             proc.wait()
