@@ -76,9 +76,10 @@ def train(cfg: TrainLoopConfig, log: Callable[[str], Any] = print,
     from envhub.orchestrator.groups.services.hub import PREFIX, open_hub, served_envs
     from envhub.orchestrator.groups.setup import new_run_id
     from envhub.orchestrator.groups.task_metrics import run_metrics
+    from envhub.orchestrator.training import resume as rs
     from envhub.orchestrator.training.engines import serving
-    from envhub.orchestrator.training.ledger import GroupLedger
-    from envhub.orchestrator.training.loop import Loop
+    from envhub.orchestrator.training.ledger import GroupJournal, GroupLedger
+    from envhub.orchestrator.training.loop import Loop, LoopStart
     from envhub.orchestrator.training.model import build_trainer, placement
     from envhub.orchestrator.training.producer import Producer
     from envhub.orchestrator.training.provenance import NOT_RECORDED, provenance, write_json
@@ -109,7 +110,11 @@ def train(cfg: TrainLoopConfig, log: Callable[[str], Any] = print,
         gw_config = GatewayConfig(port=0, db=f"sqlite:///{cfg.out / 'pool.db'}",
                                   admin_key=admin, model=cfg.model, device=cfg.rollout_device,
                                   dtype=cfg.rollout_dtype)
+        point = rs.resume_point(cfg.out, [e.name for e in envs]) if cfg.resume else None
         trainer: Any = build_trainer(cfg, gw_config, envs, dp)
+        if point is not None and point.folder is not None:  # every rank loads its part
+            trainer.load_checkpoint(point.folder)
+            rs.python_rng(point.loop.get("python_rng"))
         if dp is not None and dp.rank != 0:  # follow rank 0's steps and pushes until it stops
             follow(trainer, cfg.out / "weights")
             return []
@@ -122,20 +127,33 @@ def train(cfg: TrainLoopConfig, log: Callable[[str], Any] = print,
             "{rollout_dtype} (--device, --dtype, --engine-dtype)".format(**where))
         engine = stack.enter_context(serving(cfg, gw_config, log))  # a vLLM stops at the end
         metrics = run_metrics(cfg.metrics, hub, log, stack)
-        ledger = GroupLedger(new_run_id(), [e.name for e in envs], cfg.k)  # every group's state
+        run_id = point.journal.run_id if point is not None else new_run_id()
+        assert run_id is not None
+        ledger = GroupLedger(run_id, [e.name for e in envs], cfg.k)  # every group's state
+        stopped: list[str] = []  # a resumed run's groups that were running at the crash
+        if point is not None:
+            stopped = ledger.restore(point.journal, point.consumed, point.loop.get("settled"))
         mix = LaunchMix([e.weight for e in envs], ledger, dynamic=cfg.mix == "dynamic")
         executor = RoutedExecutor(make_executor(cfg.executor), {PREFIX: hub} if hub else {})
-        producer = Producer(task_stream(envs, cfg.seed, mix), ledger,
+        launched = ledger.launched_by_env() if point is not None else None
+        producer = Producer(task_stream(envs, cfg.seed, mix, launched), ledger,
                             concurrency=cfg.concurrency, buffer=cfg.buffer_size,
                             schedule=cfg.schedule, executor=executor)
         stack.callback(producer.stop)
         # Before anything is written: a cluster that cannot be reached leaves no OUT behind.
         host = producer.start_executor(refs, served)
         cfg.out.mkdir(parents=True, exist_ok=True)
-        write_json(cfg.out / "run.json", provenance(
-            cfg.model_dump(mode="json", exclude=NOT_RECORDED),
-            [(e.ref, e.name, e.folder) for e in envs], gw_config.model_path(), where))
-        (cfg.out / "metrics.jsonl").write_text("")
+        record = provenance(cfg.model_dump(mode="json", exclude=NOT_RECORDED),
+                            [(e.ref, e.name, e.folder) for e in envs], gw_config.model_path(),
+                            where)
+        start = LoopStart()
+        if point is None:
+            write_json(cfg.out / "run.json", record)
+            (cfg.out / "metrics.jsonl").write_text("")
+        else:
+            start = _resumed(cfg, point, record, log)
+        ledger.journal = GroupJournal(cfg.out / rs.JOURNAL, run_id)
+        stack.callback(ledger.journal.close)
         gw = run_in_thread(engine.model_copy(update={"host": host}))
         stack.callback(gw.close)
         http = stack.enter_context(contextlib.closing(HttpSource(gw.url, admin)))
@@ -144,13 +162,55 @@ def train(cfg: TrainLoopConfig, log: Callable[[str], Any] = print,
                       out=cfg.out, max_turns=cfg.max_turns, agent_install=cfg.agent_install,
                       agent_on_host=cfg.agent_on_host, served=served, metrics=metrics)
         source = LaunchOrderSource(http, ledger)
-        loop = Loop(cfg, trainer, producer, source, GroupWindow(source, cfg.window_size), envs,
+        window = GroupWindow(source, cfg.window_size, consumed=point.consumed if point else ())
+        loop = Loop(cfg, trainer, producer, source, window, envs,
                     push_url=f"{gw.url}/admin/weights", admin_key=admin, log=log,
-                    on_wait=on_wait, metrics=metrics, dtypes=where,
+                    on_wait=on_wait, metrics=metrics, dtypes=where, start=start,
                     # the built-in agent evaluates greedily (evaluate's own); others as they run
                     eval_agent={e.ref: agents[e.ref] for e in envs if e.agent != "tool"})
-        return loop.run()
+        if point is not None:
+            closed = rs.close_stopped_sessions(gw.url, admin)
+            window.skip(stopped)  # never finished: nothing to train, never waited for
+            for gid in ledger.release(stopped):
+                ledger.settle(gid, 0.0)
+            where_from = point.folder.name if point.folder else "no checkpoint yet: the start"
+            log(f"resume: from step {start.step} ({where_from}), {len(stopped)} groups "
+                f"running at the stop passed, {closed} sessions closed as env_failure "
+                f"({rs.STOPPED!r})")
+            if trainer.version > 0:  # the engine serves the checkpoint's weights again
+                loop.push(bump=False)
+        rows = loop.run()
+        if loop.interrupted:
+            raise rs.RunStopped(f"stopped after step {start.step}")
+        return rows
     raise AssertionError("unreachable")  # the stack re-raises or the body returned
+
+
+def _resumed(cfg: TrainLoopConfig, point: Any, record: dict[str, Any],
+             log: Callable[[str], Any]) -> Any:
+    """OUT set back to `point` (resume.py): the inputs checked against run.json, the resume
+    noted there, metrics.jsonl as the checkpoint holds it, newer weights removed; returns
+    where the loop starts."""
+    import json
+
+    from envhub.orchestrator.training import resume as rs
+    from envhub.orchestrator.training.loop import LoopStart
+    from envhub.orchestrator.training.provenance import write_json
+
+    meta = json.loads((cfg.out / "run.json").read_text(encoding="utf-8"))
+    changed = rs.changed_inputs(meta, record)
+    if changed:
+        raise rs.ResumeError(f"--resume {cfg.out}: {'; '.join(changed)} changed since the run "
+                             "started; resume with what it trained on, or train into a fresh "
+                             "folder")
+    meta.setdefault("resumes", []).append({
+        "from_step": point.step, "checkpoint": point.folder.name if point.folder else None,
+        "config": record["config"], "argv": record["argv"], "git": record["git"],
+        "envhub": record["envhub"]})
+    write_json(cfg.out / "run.json", meta)
+    rows = rs.restore_metrics(cfg.out, point)
+    rs.drop_newer_weights(cfg.out, int(point.state.get("version", 0)), log)
+    return LoopStart(point.step, rows, float(point.loop.get("wall_s", 0.0)))
 
 
 def torchrun_argv(nproc: int, argv: list[str]) -> list[str]:

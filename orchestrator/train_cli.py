@@ -3,10 +3,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import typer
 
 from envhub.orchestrator.console import fail
 from envhub.orchestrator.training.config import TrainLoopConfig
+from envhub.orchestrator.training.resume import ResumeError, RunStopped
 from envhub.sdk.config_cli import config_command
 
 # Flag names that differ from the field names (kept from earlier releases).
@@ -24,7 +28,6 @@ def train_main(cfg: TrainLoopConfig) -> None:
     import os
     import subprocess
     import sys
-    from pathlib import Path
 
     from envhub.envs.agents import make_agent
     from envhub.envs.errors import RunConfigError
@@ -41,10 +44,12 @@ def train_main(cfg: TrainLoopConfig) -> None:
     # ranks this command starts itself were looked for already)
     first = os.environ.get(SPAWNED) is None and os.environ.get("RANK", "0") == "0"
     held = held_run(cfg.out) if first else []
-    if held and not cfg.overwrite:  # before anything is read or written
-        fail(f"--out {cfg.out} holds a run ({', '.join(held)}); nothing was changed. Train "
-             "into a fresh folder, or add --overwrite to replace that run (resuming one is "
-             "not supported yet)")
+    if cfg.resume is not None:
+        held = []  # going on with it
+    elif held and not cfg.overwrite:  # before anything is read or written
+        fail(f"--out {cfg.out} holds a run ({', '.join(held)}); nothing was changed. Go on "
+             f"with it (envhub train --resume {cfg.out}), train into a fresh folder, or add "
+             "--overwrite to replace it")
     try:
         make_agent(cfg.agent, cfg.agent_install, cfg.agent_on_host)
         make_executor(cfg.executor)  # only loads it: reaching its machines is train's first act
@@ -63,6 +68,11 @@ def train_main(cfg: TrainLoopConfig) -> None:
                                          env={**os.environ, SPAWNED: "1"}))
     try:
         train(cfg, log=typer.echo)
+    except ResumeError as e:
+        fail(str(e))
+    except RunStopped:  # Ctrl-C: a checkpoint was written
+        typer.echo(f"stopped by Ctrl-C; go on with: envhub train --resume {cfg.out}")
+        raise typer.Exit(130) from None
     # e.g. LoRA targets the model does not have; no Ray to reach, or none of its nodes can run
     # a rollout (before anything is written)
     except (TrainerError, RunConfigError) as e:
@@ -72,5 +82,20 @@ def train_main(cfg: TrainLoopConfig) -> None:
         raise typer.Exit(1) from None
 
 
+def resume_options(out: Path) -> dict[str, Any]:
+    """`--resume OUT`: the options the run in OUT was started with (its run.json), in OUT."""
+    import json
+
+    meta = out / "run.json"
+    try:
+        recorded = json.loads(meta.read_text(encoding="utf-8"))["config"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        fail(f"--resume {out}: cannot read the run's options from {meta} ({e}); point it at "
+             "the --out of an envhub train run")
+    fields = TrainLoopConfig.model_fields
+    return {**{k: v for k, v in recorded.items() if k in fields}, "out": out, "resume": out}
+
+
 train_command = config_command(TrainLoopConfig, train_main, arguments=("envs",), flags=FLAGS,
-                               envvars=ENVVARS, config_file="--config")
+                               envvars=ENVVARS, config_file="--config",
+                               presets={"resume": resume_options})

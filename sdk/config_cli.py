@@ -24,6 +24,10 @@ or any of the field's long flags without the dashes: `max-turns`, `dtype`), read
 or argument given on the command line (or by its environment variable) overrides its key.
 TOML has no null: `"none"` is None, as on the command line. An unknown key, or a file that is
 not TOML, is exit 2 naming it.
+
+`presets={"resume": load}`: when that option is given, `load(value)` returns field values read
+first (over the config file's), which the flags typed on the command line override
+(`envhub train --resume OUT`: the run's own options).
 """
 
 from __future__ import annotations
@@ -52,14 +56,18 @@ def config_command(config_type: type[C], run: Callable[[C], None], *,
                    flags: Mapping[str, str | tuple[str, ...]] | None = None,
                    envvars: Mapping[str, str] | None = None,
                    arguments: tuple[str, ...] = (),
-                   config_file: str | None = None) -> Callable[..., None]:
+                   config_file: str | None = None,
+                   presets: Mapping[str, Callable[[Any], dict[str, Any]]] | None = None
+                   ) -> Callable[..., None]:
     """A typer command: one option per field of `config_type` (`arguments`: positional, in
     this order, before the options; `config_file`: the flag of a TOML file of fields, which
-    the command line overrides); calls `run(config)`."""
+    the command line overrides; `presets`: options whose value names field values to start
+    from); calls `run(config)`."""
     import typer
 
-    flags, envvars = dict(flags or {}), dict(envvars or {})
-    unknown = (set(flags) | set(envvars) | set(arguments)) - set(config_type.model_fields)
+    flags, envvars, presets = dict(flags or {}), dict(envvars or {}), dict(presets or {})
+    unknown = (set(flags) | set(envvars) | set(arguments) | set(presets)) - set(
+        config_type.model_fields)
     assert not unknown, f"{config_type.__name__} has no fields {sorted(unknown)}"
     fields = config_type.model_fields
     order = [*arguments, *(name for name in fields if name not in arguments)]
@@ -73,12 +81,13 @@ def config_command(config_type: type[C], run: Callable[[C], None], *,
                 if flag.startswith("--") and not flag.startswith("--no-"):
                     keys.setdefault(flag[2:], p.name)
                     keys.setdefault(flag[2:].replace("-", "_"), p.name)
+    assert not {CONFIG_PARAM, CONTEXT_PARAM} & set(fields), "a field named like ours"
     if config_file is not None:
-        assert not {CONFIG_PARAM, CONTEXT_PARAM} & set(fields), "a field named like ours"
         params.append(inspect.Parameter(
             CONFIG_PARAM, inspect.Parameter.KEYWORD_ONLY, annotation=Path | None,
             default=typer.Option(None, config_file, help="a TOML file of these options (keys: "
                                  "the flags' names); flags given here override its values")))
+    if config_file is not None or presets:
         # typer hands the command its context (which says where each value came from)
         params.append(inspect.Parameter(CONTEXT_PARAM, inspect.Parameter.KEYWORD_ONLY,
                                         annotation=typer.Context))
@@ -87,6 +96,9 @@ def config_command(config_type: type[C], run: Callable[[C], None], *,
     def command(**values: Any) -> None:
         path, ctx = values.pop(CONFIG_PARAM, None), values.pop(CONTEXT_PARAM, None)
         from_file = _read_config(path, fields, keys) if path is not None else {}
+        for name, load in presets.items():
+            if values.get(name) is not None:
+                from_file.update(load(values[name]))
         given = {name: _none(value, fields[name]) for name, value in values.items()
                  if not (name in arguments and value in (None, []))  # none given: the default
                  and (name not in from_file or _typed(ctx, name))}

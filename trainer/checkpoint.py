@@ -4,7 +4,9 @@ Layout of a checkpoint folder:
   .metadata, __*_*.distcp          DCP: model + optimizer state (`get_state_dict`), each rank
                                    writing its own shards (one process: the whole state)
   rng-rank{R}.safetensors          rank R's torch RNG states (CPU, and CUDA when present)
-  trainer_state.json               version, step, consumed groups, config, world size
+  trainer_state.json               version, step, consumed groups, config, world size, and
+                                   what the caller adds (`envhub train`: its loop's state)
+  other files                      copied in by the caller (`envhub train`: metrics.jsonl)
 
 DCP reshards on load, so a checkpoint can resume on another world size; the RNG streams
 then restart from rank 0's. The folder is written under a sibling temp name and renamed into
@@ -14,11 +16,15 @@ checkpoint under the final name.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from envhub.sdk import failpoints
 from envhub.trainer.errors import TrainerError
 
 if TYPE_CHECKING:
@@ -39,6 +45,15 @@ def save_model_weights(model: Any, folder: Path) -> None:
         save_model(model, str(folder / "model.safetensors"))
 
 
+@contextlib.contextmanager
+def _one_process(dp: DataParallel | None) -> Iterator[None]:
+    """DCP warns that it assumes one process when there is no process group: that is meant."""
+    with warnings.catch_warnings():
+        if dp is None:
+            warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        yield
+
+
 def _rng_state() -> dict[str, torch.Tensor]:
     import torch
 
@@ -57,9 +72,11 @@ def _set_rng_state(state: dict[str, torch.Tensor]) -> None:
 
 
 def write_checkpoint(folder: str | Path, model: Any, optimizer: torch.optim.Optimizer,
-                     state: dict[str, Any], dp: DataParallel | None = None) -> Path:
+                     state: dict[str, Any], dp: DataParallel | None = None,
+                     files: dict[str, Path] | None = None) -> Path:
     """Write a checkpoint folder (replacing an older one of the same name); collective under
-    data parallelism."""
+    data parallelism. `files`: name -> path of files rank 0 copies into it (whole, before the
+    folder takes its name)."""
     import torch.distributed.checkpoint as dcp
     from safetensors.torch import save_file
     from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -75,14 +92,18 @@ def write_checkpoint(folder: str | Path, model: Any, optimizer: torch.optim.Opti
         dp.barrier()
     try:
         model_sd, optim_sd = get_state_dict(model, optimizer)
-        dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(tmp),
-                 no_dist=dp is None)
+        with _one_process(dp):
+            dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(tmp),
+                     no_dist=dp is None)
         save_file(_rng_state(), str(tmp / f"rng-rank{rank}.safetensors"))
         if rank == 0:
             world = dp.world if dp else 1
             (tmp / STATE_FILE).write_text(json.dumps({**state, "world_size": world}, indent=1))
+            for name, src in (files or {}).items():
+                shutil.copyfile(src, tmp / name)
         if dp:
             dp.barrier()
+        failpoints.hit("checkpoint.write")  # everything written, nothing renamed yet
         if rank == 0:
             if final.exists():
                 old = final.with_name(f".{final.name}.old")
@@ -116,7 +137,8 @@ def read_checkpoint(folder: str | Path, model: Any, optimizer: torch.optim.Optim
     model_sd, optim_sd = get_state_dict(model, optimizer)
     loaded: dict[str, Any] = {"model": model_sd, "optimizer": optim_sd}
     try:
-        dcp.load(loaded, checkpoint_id=str(path), no_dist=dp is None)
+        with _one_process(dp):
+            dcp.load(loaded, checkpoint_id=str(path), no_dist=dp is None)
     except Exception as exc:  # DCP raises plain RuntimeErrors/KeyErrors on a mismatch
         raise TrainerError(f"checkpoint {path} does not match this model/optimizer ({exc}); "
                            "load it into the architecture (and LoRA setup) it was saved "

@@ -256,15 +256,19 @@ class Trainer:
 
     # -- weights, checkpoints ---------------------------------------------------------------
 
-    def sync(self, root: str | Path, push: Callable[[str], None] | None = None) -> Path | None:
-        """Export weights as version+1 under `root`, push them, bump the version.
+    def sync(self, root: str | Path, push: Callable[[str], None] | None = None, *,
+             bump: bool = True) -> Path | None:
+        """Export weights as version+1 under `root`, push them, bump the version. Without
+        `bump`, the weights as they are, as the current version (a resumed run serves its
+        checkpoint's weights again); the optimizer is then left as it is.
 
         Collective under FSDP2: the full state is gathered to rank 0, which alone writes and
         pushes; a failed push raises on every rank. Returns the folder on rank 0 and None
         elsewhere. Resets the optimizer when `reset_optimizer_on_sync`.
         """
         is_rank0 = self.dp is None or self.dp.rank == 0
-        path = export_weights(self.model, root, self.version + 1, self.tokenizer,
+        version = self.version + 1 if bump else self.version
+        path = export_weights(self.model, root, version, self.tokenizer,
                               is_rank0=is_rank0, merge=self._merge)
         error: Exception | None = None
         if path is not None and push is not None:
@@ -279,23 +283,32 @@ class Trainer:
                                  "the weight version was not bumped")
         if error is not None:
             raise error
+        if not bump:
+            return path
         self.version += 1
         if self.config.optim.reset_optimizer_on_sync:
             self.optimizer.state.clear()
         return path
 
-    def save_checkpoint(self, folder: str | Path, window: GroupWindow | None = None) -> Path:
-        state = {"version": self.version, "steps": self.steps,
+    def save_checkpoint(self, folder: str | Path, window: GroupWindow | None = None, *,
+                        extra: dict[str, Any] | None = None,
+                        files: dict[str, Path] | None = None) -> Path:
+        """Model, optimizer, RNG, version, steps and the window's consumed groups; `extra`
+        (JSON) goes into trainer_state.json beside them, `files` are copied in."""
+        state = {**(extra or {}), "version": self.version, "steps": self.steps,
                  "config": self.config.model_dump(mode="json"),
                  "consumed_groups": sorted(window.consumed) if window else []}
-        return write_checkpoint(folder, self.model, self.optimizer, state, self.dp)
+        return write_checkpoint(folder, self.model, self.optimizer, state, self.dp, files)
 
-    def load_checkpoint(self, folder: str | Path, window: GroupWindow | None = None) -> None:
+    def load_checkpoint(self, folder: str | Path, window: GroupWindow | None = None
+                        ) -> dict[str, Any]:
+        """Load a `save_checkpoint` folder in place; returns its trainer_state.json."""
         state = read_checkpoint(folder, self.model, self.optimizer, self.dp)
         self.version = int(state["version"])
         self.steps = int(state["steps"])
         if window is not None:
             window.restore(state.get("consumed_groups", []))
+        return state
 
 
 def _flat_index(seqs: list[TrainSequence], seq_index: torch.Tensor,

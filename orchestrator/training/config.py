@@ -28,7 +28,17 @@ class TrainLoopConfig(ServicesOptions):
                       "provenance), metrics.jsonl, pool.db, weights/; a folder that holds a run "
                       "is refused (exit 2) unless --overwrite")
     overwrite: bool = Field(False, description="train into an --out that holds a run: its "
-                            "run.json, metrics, pool, weights and rollouts are removed first")
+                            "run.json, metrics, pool, weights, checkpoints and rollouts are "
+                            "removed first")
+    resume: Path | None = Field(None, description="go on with the run in this folder after a "
+                                "crash or Ctrl-C: its run.json's options (flags given here "
+                                "override them), its newest checkpoint, the groups it finished "
+                                "and did not train (orchestrator/training/resume.py)")
+    checkpoint_every: int | None = Field(None, ge=1, description="write a checkpoint every N "
+                                         "optimizer steps (None: after every weight push); "
+                                         "also after the last step and on Ctrl-C")
+    keep_checkpoints: int = Field(2, ge=1, description="checkpoints kept in OUT/checkpoints "
+                                  "(the newest)")
     groups: int = Field(16, ge=1, description="groups (tasks x k samples) per optimizer step")
     k: int = Field(4, ge=2, description="samples per task (group size)")
     concurrency: int = Field(16, ge=1, description="rollouts in flight")
@@ -133,6 +143,15 @@ class TrainLoopConfig(ServicesOptions):
         "weights are shares of trained samples, and launches are paced by what each "
         "environment's groups yield (orchestrator/training/tasks.py, LaunchMix)")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _resume_out(cls, data: Any) -> Any:
+        """--resume DIR without --out: the run goes on in DIR."""
+        if isinstance(data, dict) and data.get("resume") is not None and data.get(
+                "out") is None:
+            data = {**data, "out": data["resume"]}
+        return data
+
     @field_validator("lora_targets", mode="before")
     @classmethod
     def _lora_targets(cls, v: Any) -> Any:
@@ -180,6 +199,11 @@ class TrainLoopConfig(ServicesOptions):
         if self.services and self.nproc_per_node > 1:
             raise ValueError("--services runs rollouts on one trainer rank: drop "
                              "--nproc-per-node, or run the environments in this process")
+        if self.resume is not None and self.out.resolve() != self.resume.resolve():
+            raise ValueError(f"--resume {self.resume} goes on in that folder: drop --out "
+                             f"{self.out} (or give the same folder)")
+        if self.resume is not None and self.overwrite:
+            raise ValueError("--resume goes on with a run, --overwrite replaces it: give one")
         if self.buffer is not None and self.buffer < self.groups:
             raise ValueError(f"buffer {self.buffer} < groups {self.groups}: the trainer needs "
                              "`groups` finished groups per step; raise buffer")

@@ -17,13 +17,23 @@ trainer/window.py); the loop releases here what the window consumed.
 
 Thread-safe: the producer's thread launches and finishes, the trainer's thread releases and
 settles and waits (`wait_finished`) for the next group to finish.
+
+With a `GroupJournal` (OUT/groups.jsonl) every launch and every finish (with its records) is
+also appended to disk, flushed and fsynced before the ledger moves on, so a run killed at any
+moment knows on `--resume` which groups it launched, which finished (and what they scored) and
+which were still running (orchestrator/training/resume.py). What the trainer had settled comes
+from the checkpoint (`restore`).
 """
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from envhub.orchestrator.groups.results import RolloutRecord
 
@@ -38,8 +48,60 @@ class EnvCounts:
     stale: int  # samples dropped as stale
 
 
+@dataclass
+class Journal:
+    """What a groups.jsonl holds: the run id, every launch in order, every finish."""
+
+    run_id: str | None = None
+    launches: list[tuple[str, str]] = field(default_factory=list)  # (group id, environment)
+    finished: dict[str, list[RolloutRecord]] = field(default_factory=dict)
+
+
+class GroupJournal:
+    """OUT/groups.jsonl, append-only: `{"run": id}` first, then `{"launch": gid, "env",
+    "task"}` and `{"finish": gid, "records": [...]}` lines, each flushed and fsynced. A line
+    torn by a kill is the last one, and `read` leaves it out (its group counts as not
+    launched, or not finished)."""
+
+    def __init__(self, path: Path, run_id: str) -> None:
+        self.path = path
+        fresh = not path.is_file() or path.stat().st_size == 0
+        self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 (open for the run)
+        if not fresh:
+            self._file.write("\n")  # ends a line a kill tore, if any (read skips blank lines)
+        self.write({"run": run_id})
+
+    def write(self, entry: dict[str, Any]) -> None:
+        self._file.write(json.dumps(entry) + "\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        self._file.close()
+
+    @staticmethod
+    def read(path: Path) -> Journal:
+        journal = Journal()
+        if not path.is_file():
+            return journal
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue  # blank, or torn by a kill
+            if "run" in entry:
+                journal.run_id = journal.run_id or str(entry["run"])
+            elif "launch" in entry:
+                journal.launches.append((str(entry["launch"]), str(entry["env"])))
+            elif "finish" in entry:
+                journal.finished[str(entry["finish"])] = [
+                    RolloutRecord.model_validate(r) for r in entry["records"]]
+        return journal
+
+
 class GroupLedger:
-    def __init__(self, run_id: str, envs: Sequence[str], k: int) -> None:
+    def __init__(self, run_id: str, envs: Sequence[str], k: int,
+                 journal: GroupJournal | None = None) -> None:
         self.run_id, self.envs, self.k = run_id, list(envs), k
         if len(set(self.envs)) != len(self.envs):
             raise ValueError(f"environment names repeat ({', '.join(self.envs)}): each "
@@ -55,6 +117,7 @@ class GroupLedger:
         self._trained, self._stale = [0.0] * n, [0] * n
         self._changed = threading.Condition()
         self._on_release: list[Callable[[], None]] = []
+        self.journal = journal
 
     # -- the producer -------------------------------------------------------------------------
 
@@ -62,6 +125,8 @@ class GroupLedger:
         """A new group of `env` on task `task_id`; returns its id (unique in the run)."""
         with self._changed:
             gid = f"{self.run_id}:{env}:{task_id}:g{len(self._order):06d}"
+            if self.journal is not None:
+                self.journal.write({"launch": gid, "env": env, "task": task_id})
             self._order.append(gid)
             self._env[gid] = self._index[env]
             self._launched[self._index[env]] += 1
@@ -70,6 +135,9 @@ class GroupLedger:
     def finish(self, gid: str, records: list[RolloutRecord]) -> None:
         """Every sample of `gid` is scored and its session closed."""
         with self._changed:
+            if self.journal is not None:
+                self.journal.write({"finish": gid,
+                                    "records": [r.model_dump(mode="json") for r in records]})
             self._records[gid] = records
             self._changed.notify_all()
 
@@ -112,6 +180,39 @@ class GroupLedger:
         with self._changed:
             self._changed.wait_for(lambda: len(self._records) != seen or stop(), timeout)
             return len(self._records)
+
+    # -- resume -------------------------------------------------------------------------------
+
+    def restore(self, journal: Journal, consumed: Iterable[str],
+                settled: list[dict[str, float]] | None) -> list[str]:
+        """A resumed run's ledger: every group the journal launched (in order) and finished,
+        the checkpoint's `consumed` groups released and settled with its per-environment
+        `settled` counts. Returns the groups launched and never finished (in flight at the
+        crash), for the caller to close and pass."""
+        with self._changed:
+            for gid, env in journal.launches:
+                self._order.append(gid)
+                self._env[gid] = self._index[env]
+                self._launched[self._index[env]] += 1
+            self._records.update({g: r for g, r in journal.finished.items() if g in self._env})
+            done = set(consumed)
+            self._released |= done
+            self._settled |= done
+            for i, counts in enumerate(settled or []):
+                self._settled_n[i] = int(counts["settled"])
+                self._trained[i] = float(counts["trained"])
+                self._stale[i] = int(counts["stale"])
+            return [g for g in self._order if g not in self._records]
+
+    def settled_counts(self) -> list[dict[str, float]]:
+        """Per environment (in `envs` order): groups settled, samples trained and dropped as
+        stale (a checkpoint's part of the ledger; the rest is in the journal)."""
+        return [{"settled": c.settled, "trained": c.trained, "stale": c.stale}
+                for c in self.counts()]
+
+    def launched_by_env(self) -> list[int]:
+        """Groups launched from each environment (in `envs` order)."""
+        return [c.launched for c in self.counts()]
 
     # -- reads --------------------------------------------------------------------------------
 

@@ -1,18 +1,29 @@
 """The trainer's side of `envhub train`: per step, take groups (windowed FIFO over the
 producer's generation order), train, push every K steps, write the step's row; held-out
-evaluation before the first step, every E steps and after the last."""
+evaluation before the first step, every E steps and after the last; a checkpoint after every
+push (or every `--checkpoint-every` steps) and after the last step (resume.py).
+
+Ctrl-C (SIGINT) does not cut a step in half: the loop stops at the next step boundary (or
+while it waits for groups), writes a checkpoint and returns; a second Ctrl-C stops at once."""
 
 from __future__ import annotations
 
+import random
+import signal
 import statistics
+import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from envhub.orchestrator.groups.results import RolloutRecord
 from envhub.orchestrator.training.evaluate import evaluate
 from envhub.orchestrator.training.metrics import step_metrics
+from envhub.orchestrator.training.resume import checkpoint_folder, prune_checkpoints
 from envhub.orchestrator.training.source import LaunchOrderSource, wait_state
+from envhub.sdk import failpoints
 from envhub.trainer.filters import oldest_version
 from envhub.trainer.source import Group
 
@@ -29,32 +40,85 @@ POLL_S = 2.0  # longest wait between two looks at the window (a safety net: comp
 PUSH_ATTEMPTS = 8  # a weight push the gateway answers 503/429 is retried (about 2.5 min in all)
 
 
+class Interrupted(Exception):
+    """Ctrl-C while the loop waited for groups."""
+
+
+@dataclass
+class LoopStart:
+    """Where the loop begins: step 0, or a resumed run's checkpoint."""
+
+    step: int = 0
+    rows: list[dict[str, Any]] = field(default_factory=list)  # metrics rows so far
+    wall_s: float = 0.0  # the run's wall time before this process
+
+
 class Loop:
     def __init__(self, cfg: TrainLoopConfig, trainer: Trainer, producer: Producer,
                  source: LaunchOrderSource, window: GroupWindow, envs: list[EnvTasks], *,
                  push_url: str, admin_key: str, log: Callable[[str], Any],
                  on_wait: Callable[[Any], None] | None = None, eval_agent: Any = None,
-                 metrics: TaskMetrics | None = None, dtypes: dict[str, str] | None = None
-                 ) -> None:
+                 metrics: TaskMetrics | None = None, dtypes: dict[str, str] | None = None,
+                 start: LoopStart | None = None) -> None:
         self.cfg, self.trainer, self.producer = cfg, trainer, producer
         self.ledger: GroupLedger = producer.ledger
         self.source, self.window, self.envs = source, window, envs
         self.push_url, self.admin_key, self.log = push_url, admin_key, log
         self.on_wait, self.eval_agent, self.metrics = on_wait, eval_agent, metrics
         self.dtypes = dtypes or {}  # train_dtype, rollout_dtype: in every step's row
-        self.rows: list[dict[str, Any]] = []
-        self._started = time.perf_counter()
+        start = start or LoopStart()
+        self.start_step = start.step
+        self.rows: list[dict[str, Any]] = list(start.rows)
+        self._started = time.perf_counter() - start.wall_s
+        self.interrupted = False  # Ctrl-C stopped the run (a checkpoint holds where)
+        self._stop = threading.Event()
+        self._steps_done = start.step
 
     def run(self) -> list[dict[str, Any]]:
+        previous = self._on_sigint()
+        try:
+            self._run()
+        except Interrupted:
+            pass
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+        if self._stop.is_set() and self._steps_done < self.cfg.steps:
+            self.interrupted = True
+            self.log(f"interrupted after step {self._steps_done - 1}: writing a checkpoint")
+            self.checkpoint(self._steps_done)
+        return self.rows
+
+    def _on_sigint(self) -> Any:
+        """The first Ctrl-C asks the loop to stop at the next step boundary; the handler
+        then gives way to Python's own (a second Ctrl-C raises KeyboardInterrupt)."""
+        if threading.current_thread() is not threading.main_thread():
+            return None
+
+        def stop(signum: int, frame: Any) -> None:
+            self._stop.set()
+            self.ledger.wake()
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            self.log("Ctrl-C: stopping after this step with a checkpoint (Ctrl-C again to "
+                     "stop at once)")
+
+        return signal.signal(signal.SIGINT, stop)
+
+    def _run(self) -> None:
         cfg = self.cfg
-        if cfg.eval_every:
+        if cfg.eval_every and self.start_step == 0:
             self.evaluate(after_step=-1)
         if not cfg.sync:
             self.producer.start()
-        for step in range(cfg.steps):
+        for step in range(self.start_step, cfg.steps):
+            if self._stop.is_set():
+                return
             t0 = time.perf_counter()
             if cfg.sync:
-                self.producer.run_groups(cfg.groups)
+                # a resumed run first trains the finished groups it has not trained yet
+                missing = cfg.groups - len(self.window.ready())
+                if missing > 0:
+                    self.producer.run_groups(missing)
                 groups = self.take(cfg.groups, wait=False)
             else:
                 groups = self.take(cfg.groups, wait=True)
@@ -70,7 +134,28 @@ class Loop:
             self.write_step(step, groups, stats, lag, (t0, t1, t2, t3))
             if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step == cfg.steps - 1):
                 self.evaluate(after_step=step)
-        return self.rows
+            self._steps_done = step + 1
+            every = cfg.checkpoint_every
+            if step == cfg.steps - 1 or (pushed if every is None else (step + 1) % every == 0):
+                self.checkpoint(step + 1)
+
+    # -- checkpoints --------------------------------------------------------------------------
+
+    def checkpoint(self, steps: int) -> None:
+        """The run after `steps` optimizer steps, as one checkpoint (resume.py): the trainer's
+        state and the window's consumed groups, the loop's state, metrics.jsonl so far. Only
+        at a step boundary, where every consumed group is settled."""
+        out = self.cfg.out
+        t0 = time.perf_counter()
+        state = {"step": steps, "run_id": self.ledger.run_id, "envs": self.ledger.envs,
+                 "settled": self.ledger.settled_counts(), "python_rng": random.getstate(),
+                 "wall_s": round(time.perf_counter() - self._started, 3),
+                 "rows": len(self.rows)}
+        folder = checkpoint_folder(out, steps)
+        self.trainer.save_checkpoint(folder, self.window, extra={"loop": state},
+                                     files={"metrics.jsonl": out / "metrics.jsonl"})
+        prune_checkpoints(out, self.cfg.keep_checkpoints)
+        self.log(f"checkpoint {folder.name} ({time.perf_counter() - t0:.1f}s)")
 
     # -- taking groups ------------------------------------------------------------------------
 
@@ -84,6 +169,9 @@ class Loop:
             self._release([g.group_id for g in taken])
             if len(taken) >= n or not wait:
                 break
+            if self._stop.is_set():  # Ctrl-C: what this step took goes back to the window
+                self.window.restore(set(self.window.consumed) - {g.group_id for g in taken})
+                raise Interrupted
             if self.on_wait is not None:
                 self.on_wait(wait_state(self.window, self.source.list_groups()))
             self.producer.wait_change(seen, POLL_S)
@@ -112,7 +200,9 @@ class Loop:
 
     # -- weights ------------------------------------------------------------------------------
 
-    def push(self) -> None:
+    def push(self, bump: bool = True) -> None:
+        """Export the weights (as the next version; without `bump`, as the current one: a
+        resumed run serves its checkpoint's again), push them, keep the newest few."""
         import httpx
         from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
@@ -125,11 +215,13 @@ class Loop:
         @retry(retry=retry_if_exception(busy), stop=stop_after_attempt(PUSH_ATTEMPTS),
                wait=wait_exponential(min=2, max=30), reraise=True)
         def post(path: str) -> None:
-            r = httpx.post(self.push_url, json={"path": path},
+            failpoints.hit("weights.push")  # exported, not yet served
+            version = int(Path(path).name.lstrip("v"))
+            r = httpx.post(self.push_url, json={"path": path, "version": version},
                            headers={"authorization": f"Bearer {self.admin_key}"}, timeout=600)
             r.raise_for_status()
 
-        self.trainer.sync(self.cfg.out / "weights", push=post)
+        self.trainer.sync(self.cfg.out / "weights", push=post, bump=bump)
         prune_weights(self.cfg.out / "weights", self.cfg.keep_weights)
 
     # -- rows ---------------------------------------------------------------------------------

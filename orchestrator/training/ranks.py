@@ -3,7 +3,8 @@
 Rank 0 runs the gateway, the rollouts and the loop (orchestrator/training/loop.py). The trainer is
 FSDP2-sharded, so every rank must join each step's and each push's collectives: rank 0's
 `RankLeader` stands in for the Trainer in the loop and announces every `step(groups)` and
-`sync(root)` to the other ranks (a pickled broadcast), which run the same call in `follow`.
+`sync(root)` and `save_checkpoint(folder)` to the other ranks (a pickled broadcast), which run
+the same call in `follow` (a checkpoint: each rank writes its own DCP shards and RNG).
 A `stop` (always sent, also when rank 0 fails) ends the followers; a follower waits for it
 also after rank 0's weight push failed, so that rank 0 lives to report the error.
 
@@ -67,9 +68,13 @@ class RankLeader:
     def last_fates(self) -> dict[str, Any]:
         return self.trainer.last_fates
 
-    def sync(self, root: str | Path, push: Any = None) -> Path | None:
-        _broadcast(self._commands, ("sync", str(root)))
-        return self.trainer.sync(root, push=push)
+    def sync(self, root: str | Path, push: Any = None, *, bump: bool = True) -> Path | None:
+        _broadcast(self._commands, ("sync", (str(root), bump)))
+        return self.trainer.sync(root, push=push, bump=bump)
+
+    def save_checkpoint(self, folder: str | Path, window: Any = None, **kw: Any) -> Path:
+        _broadcast(self._commands, ("checkpoint", str(folder)))
+        return self.trainer.save_checkpoint(folder, window, **kw)
 
     def stop(self) -> None:
         if not self._stopped:
@@ -86,9 +91,12 @@ def follow(trainer: Trainer, weights: Path) -> None:
             command, arg = _broadcast(commands, None)
             if command == "step":
                 trainer.step(arg)
+            elif command == "checkpoint":
+                trainer.save_checkpoint(arg)
             elif command == "sync":
+                root, bump = arg
                 try:
-                    trainer.sync(arg, push=None)
+                    trainer.sync(root, push=None, bump=bump)
                 except PeerFailed:
                     # Rank 0's push failed: it raises the push's own error, reports it and
                     # sends `stop`. Leaving now would make torchrun end rank 0 before it can.

@@ -61,14 +61,21 @@ def split_tasks(tasks: list[Task], limit: int | None, heldout: int,
             [t for t in tasks if t.id in held_ids])
 
 
-def task_stream(envs: list[EnvTasks], seed: int, mix: LaunchMix | None = None
-                ) -> Iterator[tuple[EnvTasks, Task]]:
+def task_stream(envs: list[EnvTasks], seed: int, mix: LaunchMix | None = None,
+                launched: Sequence[int] | None = None) -> Iterator[tuple[EnvTasks, Task]]:
     """Endless (environment, task) pairs. Each environment walks passes over its training
     tasks, each pass in a fresh order from its own seeded generator; environments take turns as
     `mix` says (default: at their weighted pace, `by_share`). With one environment the order
-    is `task_schedule`'s, flattened."""
+    is `task_schedule`'s, flattened. `launched` (a resumed run): how many groups each
+    environment launched already; the stream goes on where those left it (each environment's
+    order, and a static mix's turns, advanced past them)."""
     mix = mix or LaunchMix([e.weight for e in envs])
     orders = [_passes(e.train, random.Random(seed), e.stratify) for e in envs]
+    if launched:
+        for order, n in zip(orders, launched, strict=True):
+            for _ in range(n):
+                next(order)
+        mix.advance(sum(launched))
     while True:
         i = mix.next()
         yield envs[i], next(orders[i])
@@ -102,6 +109,14 @@ class LaunchMix:
         self.ledger, self.dynamic, self.prior = ledger, dynamic, prior_groups
         self._static = by_share(list(weights))
         self._lock = threading.Lock()
+
+    def advance(self, n: int) -> None:
+        """Past the first `n` launches (a resumed run): a static mix's turns move on; a
+        dynamic one reads the ledger, which holds them already."""
+        with self._lock:
+            if not self.dynamic:
+                for _ in range(n):
+                    next(self._static)
 
     def next(self) -> int:
         with self._lock:
