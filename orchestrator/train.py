@@ -61,10 +61,13 @@ def task_schedule(task_ids: list[str], steps: int, groups: int, seed: int) -> li
 
 
 def train(cfg: TrainLoopConfig, log: Callable[[str], Any] = print,
-          on_wait: Callable[[Any], None] | None = None) -> list[dict[str, Any]]:
+          on_wait: Callable[[Any], None] | None = None,
+          on_row: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """Run the loop; returns the metrics rows (also written to OUT/metrics.jsonl).
     `on_wait(WaitState)` is called each time the trainer waits for groups (asynchronous mode):
-    which group heads the window and which finished groups lie beyond it. Each part is set up
+    which group heads the window and which finished groups lie beyond it; `on_row(row)` with
+    each metrics row as it is written (the live console: training/console.py, and the
+    trackers). Each part is set up
     here in the order it is needed and taken down in the reverse one (the ExitStack)."""
     import torch
 
@@ -165,7 +168,7 @@ def train(cfg: TrainLoopConfig, log: Callable[[str], Any] = print,
         window = GroupWindow(source, cfg.window_size, consumed=point.consumed if point else ())
         loop = Loop(cfg, trainer, producer, source, window, envs,
                     push_url=f"{gw.url}/admin/weights", admin_key=admin, log=log,
-                    on_wait=on_wait, metrics=metrics, dtypes=where, start=start,
+                    on_wait=on_wait, metrics=metrics, dtypes=where, start=start, on_row=on_row,
                     # the built-in agent evaluates greedily (evaluate's own); others as they run
                     eval_agent={e.ref: agents[e.ref] for e in envs if e.agent != "tool"})
         if point is not None:

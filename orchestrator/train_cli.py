@@ -16,7 +16,8 @@ from envhub.sdk.config_cli import config_command
 # Flag names that differ from the field names (kept from earlier releases).
 # --dtype: the trainer's precision under the name `envhub gateway`/`engine` use (train.py).
 FLAGS: dict[str, str | tuple[str, ...]] = {"service_wait_s": "--service-wait",
-                                           "precision": ("--precision", "--dtype")}
+                                           "precision": ("--precision", "--dtype"),
+                                           "quiet": ("--quiet", "-q")}
 ENVVARS = {"services_token": "ENVHUB_SERVICES_TOKEN"}
 SPAWNED = "ENVHUB_TRAIN_RANKS_SPAWNED"  # set for the torchrun `--nproc-per-node` starts
 
@@ -66,8 +67,11 @@ def train_main(cfg: TrainLoopConfig) -> None:
         # the same command line again, each rank sees WORLD_SIZE and trains its shard
         raise typer.Exit(subprocess.call(torchrun_argv(cfg.nproc_per_node, sys.argv[1:]),
                                          env={**os.environ, SPAWNED: "1"}))
+    from envhub.orchestrator.training.console import TrainConsole
+
     try:
-        train(cfg, log=typer.echo)
+        with TrainConsole(cfg.steps, quiet=cfg.quiet) as console:
+            train(cfg, log=console.log, on_row=console.row)
     except ResumeError as e:
         fail(str(e))
     except RunStopped:  # Ctrl-C: a checkpoint was written

@@ -4,6 +4,9 @@ and nothing fetched from the network.
     /                                  runs with counts by status and mean reward
     /sessions?run=&env=&task=&status=&min_reward=&max_reward=   sessions, filtered
     /runs/{run_id}/sessions/{key}      one session: token-level trajectory, rewards, status
+    /runs/{run_id}/curves              an `envhub train` run: every series of metrics.jsonl
+                                       as charts (curves.py), its resolved config
+    /compare?run=A&run=B               two or more such runs overlaid, chart by chart
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 from jinja2 import Environment, FileSystemLoader
@@ -22,6 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from envhub import __version__
 from envhub.sdk.types import CMAction
+from envhub.viewer.curves import read_metrics, render
 from envhub.viewer.errors import ViewerError
 from envhub.viewer.sources import PoolSource, RunFolders, SessionRow
 from envhub.viewer.tokens import TokenDecoder
@@ -118,7 +122,9 @@ def create_app(source: RunFolders | PoolSource) -> FastAPI:
 
     @app.api_route("/", methods=["GET", "HEAD"], response_class=HTMLResponse)
     async def runs() -> HTMLResponse:
-        return page("runs.html", runs=await run_in_threadpool(source.runs))
+        folders = getattr(source, "folders", {})
+        trained = {name for name, folder in folders.items() if (folder / "metrics.jsonl").is_file()}
+        return page("runs.html", runs=await run_in_threadpool(source.runs), trained=trained)
 
     @app.api_route("/sessions", methods=["GET", "HEAD"], response_class=HTMLResponse)
     async def sessions(run: str = "", env: str = "", task: str = "", status: str = "",
@@ -154,4 +160,43 @@ def create_app(source: RunFolders | PoolSource) -> FastAPI:
                                                         decoders[view.tokenizer])
         return page("session.html", view=view, blocks=blocks, loose=loose)
 
+    def trained(run_id: str) -> tuple[Path, list[dict[str, Any]]]:
+        folder = getattr(source, "folders", {}).get(run_id)
+        rows = read_metrics(folder) if folder is not None else []
+        if folder is None or not rows:
+            raise StarletteHTTPException(404, f"no training run {run_id!r} here (curves are "
+                                         "drawn from an envhub train folder's metrics.jsonl)")
+        return folder, rows
+
+    @app.api_route("/runs/{run_id}/curves", methods=["GET", "HEAD"],
+                   response_class=HTMLResponse)
+    async def curves(run_id: str) -> HTMLResponse:
+        folder, rows = trained(run_id)
+        charts = await run_in_threadpool(render, [(run_id, rows)])
+        return page("curves.html", runs=[run_id], charts=charts, rows=len(rows),
+                    config=_config(folder))
+
+    @app.api_route("/compare", methods=["GET", "HEAD"], response_class=HTMLResponse)
+    async def compare(run: list[str] = Query(default=[])) -> HTMLResponse:  # noqa: B008
+        names = list(dict.fromkeys(run))
+        if len(names) < 2:
+            raise BadFilter("choose two or more training runs to compare (?run=A&run=B)")
+        if len(names) > MAX_COMPARED:
+            raise BadFilter(f"compare at most {MAX_COMPARED} runs at once")
+        loaded = [(name, trained(name)[1]) for name in names]
+        charts = await run_in_threadpool(render, loaded)
+        return page("curves.html", runs=names, charts=charts, rows=None, config=None)
+
     return app
+
+
+MAX_COMPARED = 8
+
+
+def _config(folder: Path) -> str:
+    """run.json's resolved config as indented JSON (empty when there is none)."""
+    try:
+        config = json.loads((folder / "run.json").read_text()).get("config")
+    except (OSError, ValueError, AttributeError):
+        return ""
+    return json.dumps(config, indent=1, sort_keys=True) if config else ""

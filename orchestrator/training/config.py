@@ -34,6 +34,8 @@ class TrainLoopConfig(ServicesOptions):
                                 "crash or Ctrl-C: its run.json's options (flags given here "
                                 "override them), its newest checkpoint, the groups it finished "
                                 "and did not train (orchestrator/training/resume.py)")
+    quiet: bool = Field(False, description="no progress display and no per-step lines (errors "
+                        "still shown); off a terminal the progress display is plain lines")
     checkpoint_every: int | None = Field(None, ge=1, description="write a checkpoint every N "
                                          "optimizer steps (None: after every weight push); "
                                          "also after the last step and on Ctrl-C")

@@ -188,7 +188,7 @@ class GroupLedger:
         """A resumed run's ledger: every group the journal launched (in order) and finished,
         the checkpoint's `consumed` groups released and settled with its per-environment
         `settled` counts. Returns the groups launched and never finished (in flight at the
-        crash), for the caller to close and pass."""
+        crash), now finished with no records, for the caller to close and pass."""
         with self._changed:
             for gid, env in journal.launches:
                 self._order.append(gid)
@@ -202,7 +202,10 @@ class GroupLedger:
                 self._settled_n[i] = int(counts["settled"])
                 self._trained[i] = float(counts["trained"])
                 self._stale[i] = int(counts["stale"])
-            return [g for g in self._order if g not in self._records]
+            stopped = [g for g in self._order if g not in self._records]
+            for gid in stopped:  # finished now, with nothing to train: no longer running
+                self._records[gid] = []
+            return stopped
 
     def settled_counts(self) -> list[dict[str, float]]:
         """Per environment (in `envs` order): groups settled, samples trained and dropped as

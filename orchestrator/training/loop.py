@@ -59,12 +59,14 @@ class Loop:
                  push_url: str, admin_key: str, log: Callable[[str], Any],
                  on_wait: Callable[[Any], None] | None = None, eval_agent: Any = None,
                  metrics: TaskMetrics | None = None, dtypes: dict[str, str] | None = None,
-                 start: LoopStart | None = None) -> None:
+                 start: LoopStart | None = None,
+                 on_row: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.cfg, self.trainer, self.producer = cfg, trainer, producer
         self.ledger: GroupLedger = producer.ledger
         self.source, self.window, self.envs = source, window, envs
         self.push_url, self.admin_key, self.log = push_url, admin_key, log
         self.on_wait, self.eval_agent, self.metrics = on_wait, eval_agent, metrics
+        self.on_row = on_row  # each metrics row as it is written (the live console)
         self.dtypes = dtypes or {}  # train_dtype, rollout_dtype: in every step's row
         start = start or LoopStart()
         self.start_step = start.step
@@ -251,6 +253,8 @@ class Loop:
                                **self._mix_row()}
         self.rows.append(row)
         append_row(self.cfg.out, row)
+        if self.on_row is not None:
+            self.on_row(row)
         self.log(f"step {step:>3}  reward {row['reward_mean']:+.3f}  resolved "
                  f"{row['resolved_rate']:.2f}  groups {len(groups)}  stale "
                  f"{int(row['filter/stale'])}  wait {t1 - t0:.1f}s  train {t2 - t1:.1f}s  "
@@ -283,6 +287,8 @@ class Loop:
                "eval_s": round(time.perf_counter() - t0, 3)}
         self.rows.append(row)
         append_row(self.cfg.out, row)
+        if self.on_row is not None:
+            self.on_row(row)
         self.log(f"eval after step {after_step:>3}  v{self.trainer.version}  reward "
                  f"{row['eval/reward_mean']:+.3f}  resolved {row['eval/resolved_rate']:.2f} "
                  f"({int(row['eval/rollouts'])} held-out rollouts"

@@ -30,7 +30,7 @@ RUN_FILES = ("run.json", "metrics.jsonl", "pool.db", "pool.db-wal", "pool.db-shm
 CLEARED = (*RUN_FILES, "vllm.log")
 # Options run.json leaves out: a secret, and how this invocation treats OUT (a config file
 # read back must not clear a folder by itself)
-NOT_RECORDED = {"services_token", "overwrite", "resume"}
+NOT_RECORDED = {"services_token", "overwrite", "resume", "quiet"}
 SECRET_FLAGS = ("--services-token",)
 SOURCE = Path(__file__).resolve().parents[2]  # the checkout (or site-packages' envhub/..)
 

@@ -341,3 +341,38 @@ def test_async_train_on_two_environments_by_weight_with_held_out_eval(tmp_path):
     eval_tasks = {s.task_id for g in infos if ":eval:" in g.group_id for s in g.sessions}
     trained = {s.task_id for g in infos if ":eval:" not in g.group_id for s in g.sessions}
     assert eval_tasks == held and not trained & held
+
+
+def test_the_console_shows_a_progress_line_on_a_terminal_and_nothing_with_q(tmp_path):
+    """On a terminal (a pty): the log lines and a live progress line (step N/M, reward, eval,
+    time left); with -q: nothing on stdout, the run done all the same."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "envhub", "train", "arith", *FLAGS[:2], "2",
+                             *FLAGS[3:], "--out", str(tmp_path / "tty")], cwd=tmp_path,
+                            stdin=subprocess.DEVNULL, stdout=slave, stderr=slave,
+                            env={**os.environ, "COLUMNS": "200", "TERM": "xterm"})
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # the pty closed: the process ended
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    assert proc.wait(timeout=300) == 0, b"".join(chunks)[-3000:]
+    shown = b"".join(chunks).decode(errors="replace")
+    assert "step   0  reward" in shown and "step   1  reward" in shown  # the log lines ...
+    assert "2/2" in shown and "left" in shown and "tok/s" in shown  # ... and the progress line
+
+    quiet = envhub("train", "arith", *FLAGS, "--out", str(tmp_path / "q"), "-q", cwd=tmp_path)
+    assert quiet.returncode == 0, quiet.stderr[-3000:]
+    assert quiet.stdout == "" and len((tmp_path / "q" / "metrics.jsonl").read_text()
+                                      .splitlines()) == 1

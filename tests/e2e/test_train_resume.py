@@ -55,7 +55,13 @@ def killed(proc: subprocess.Popen, timeout: float = 400) -> str:
     return output
 
 
-def check_resumed(out: Path, finished_before: set[str], launched_before: list[str]) -> None:
+def sessions(out: Path) -> list:
+    with StoreSource(f"sqlite:///{out / 'pool.db'}") as pool:
+        return [s for g in pool.list_groups() for s in g.sessions]
+
+
+def check_resumed(out: Path, finished_before: set[str], launched_before: list[str],
+                  open_before: set[str]) -> None:
     """The resumed run's record: every step once, each group trained at most once, every
     group that had finished before the kill trained, no session left open, those the kill
     left running closed as env_failure "the run stopped"."""
@@ -69,16 +75,16 @@ def check_resumed(out: Path, finished_before: set[str], launched_before: list[st
     order = [g for g, _ in journal.launches]
     assert order[:len(launched_before)] == launched_before  # the stream went on after them
     assert len(order) == len(set(order)), "a group id launched twice"
-    with StoreSource(f"sqlite:///{out / 'pool.db'}") as pool:
-        sessions = [s for g in pool.list_groups() for s in g.sessions]
-    assert sessions and all(s.status != "open" for s in sessions)
-    assert {s.group_id for s in sessions} <= set(order)
-    for s in sessions:
-        if s.group_id not in journal.finished:  # running at the kill: closed on resume
-            assert s.status == "env_failure", s
-    leftovers = [p.name for p in (out / "checkpoints").iterdir()]
-    assert leftovers == sorted(leftovers) and all(p.startswith("step-") for p in leftovers)
-    assert len(leftovers) <= 2  # --keep-checkpoints' default
+    now = sessions(out)
+    assert now and all(s.status != "open" for s in now)
+    assert {s.group_id for s in now} <= set(order)
+    for s in now:
+        if s.id in open_before:  # running at the kill: closed on resume
+            assert s.status == "env_failure" and s.reason == "the run stopped", s
+            assert s.group_id not in journal.finished
+    leftovers = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert leftovers == [f"step-{STEPS - 1:06d}", f"step-{STEPS:06d}"]  # the newest two, no
+    # half-written one (--keep-checkpoints' default)
 
 
 def resume(out: Path, cwd: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -113,14 +119,16 @@ def test_a_run_killed_at_any_moment_goes_on_with_resume_and_trains_each_group_on
     journal = GroupJournal.read(out / "groups.jsonl")
     finished_before = set(journal.finished)
     launched_before = [g for g, _ in journal.launches]
+    open_before = {s.id for s in sessions(out) if s.status == "open"}
     assert len(rows(out)) >= 2
     resume(out, tmp_path)
-    check_resumed(out, finished_before, launched_before)
+    check_resumed(out, finished_before, launched_before, open_before)
     run = json.loads((out / "run.json").read_text())
     [again] = run["resumes"]
     assert again["from_step"] >= 2 and again["checkpoint"].startswith("step-")
     if (out / "metrics.discarded.jsonl").is_file():  # steps after the checkpoint, redone
-        gone = [json.loads(x) for x in (out / "metrics.discarded.jsonl").read_text().split()]
+        gone = [json.loads(x) for x in
+                (out / "metrics.discarded.jsonl").read_text().splitlines()]
         assert all(r["discarded_by_resume_from_step"] == again["from_step"] for r in gone)
 
 
