@@ -115,6 +115,7 @@ def train(cfg: TrainLoopConfig, log: Callable[[str], Any] = print,
                                   dtype=cfg.rollout_dtype)
         point = rs.resume_point(cfg.out, [e.name for e in envs]) if cfg.resume else None
         trainer: Any = build_trainer(cfg, gw_config, envs, dp)
+        tokenizer = trainer.tokenizer
         if point is not None and point.folder is not None:  # every rank loads its part
             trainer.load_checkpoint(point.folder)
             rs.python_rng(point.loop.get("python_rng"))
@@ -157,6 +158,12 @@ def train(cfg: TrainLoopConfig, log: Callable[[str], Any] = print,
             start = _resumed(cfg, point, record, log)
         ledger.journal = GroupJournal(cfg.out / rs.JOURNAL, run_id)
         stack.callback(ledger.journal.close)
+        trackers = None
+        if cfg.log_to:
+            from envhub.orchestrator.training.trackers import Trackers
+
+            trackers = Trackers(cfg.log_to, cfg.out, record["config"], run_id)
+            stack.callback(trackers.close)
         gw = run_in_thread(engine.model_copy(update={"host": host}))
         stack.callback(gw.close)
         http = stack.enter_context(contextlib.closing(HttpSource(gw.url, admin)))
@@ -169,6 +176,7 @@ def train(cfg: TrainLoopConfig, log: Callable[[str], Any] = print,
         loop = Loop(cfg, trainer, producer, source, window, envs,
                     push_url=f"{gw.url}/admin/weights", admin_key=admin, log=log,
                     on_wait=on_wait, metrics=metrics, dtypes=where, start=start, on_row=on_row,
+                    trackers=trackers, tokenizer=tokenizer,
                     # the built-in agent evaluates greedily (evaluate's own); others as they run
                     eval_agent={e.ref: agents[e.ref] for e in envs if e.agent != "tool"})
         if point is not None:

@@ -37,6 +37,7 @@ def train_main(cfg: TrainLoopConfig) -> None:
     from envhub.orchestrator.train import load_training_envs, torchrun_argv, train
     from envhub.orchestrator.training.engines import EngineError, check_devices, check_engine
     from envhub.orchestrator.training.provenance import clear_run, held_run
+    from envhub.orchestrator.training.trackers import check_trackers
     from envhub.trainer.errors import TrainerError
 
     if cfg.model is not None and not Path(cfg.model).is_dir():
@@ -58,6 +59,7 @@ def train_main(cfg: TrainLoopConfig) -> None:
         load_training_envs(cfg, served=None)  # task services' environments: once they register
         check_engine(cfg)
         check_devices(cfg)  # a GPU the machine lacks: said now, not deep inside torch
+        check_trackers(cfg.log_to)  # a tracker whose library is missing: the extra to install
     except Exception as e:  # unknown env, agent, executor or engine, bad manifest, bad split:
         fail(str(e))  # the fix is in it
     cfg.apply_sandbox_disk()

@@ -8,6 +8,8 @@
 #                                  # floors (.venv-floors: pyproject's floors, scripts/floors.sh),
 #                                  # verifiers (.venv-verifiers: scripts/verifiers_venv.sh)
 #   bash scripts/lock.sh envhub    # one of them
+#   ENVHUB_LOCK_KEEP=1 bash scripts/lock.sh envhub   # add what a new dependency needs, keeping
+#                                  # every version the lock pins (scripts/pip_locked.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 names=("$@")

@@ -8,6 +8,8 @@
 #
 # ENVHUB_LOCK_REFRESH=1 leaves the lock out and writes what VENV then holds to
 # VENV/.envhub-resolved.txt: scripts/lock.sh resolves afresh that way and commits that as the lock.
+# With ENVHUB_LOCK_KEEP=1 too, the lock stays in as constraints: only what it does not pin yet
+# (a new dependency) is resolved, every other version kept.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 2 ] || { echo "usage: bash scripts/pip_locked.sh NAME VENV [pip install args...]" >&2; exit 2; }
@@ -15,7 +17,7 @@ name=$1 venv=$2
 shift 2
 lock="locks/$name.txt"
 args=(--disable-pip-version-check)
-if [ "${ENVHUB_LOCK_REFRESH:-}" != 1 ]; then
+if [ "${ENVHUB_LOCK_REFRESH:-}" != 1 ] || [ "${ENVHUB_LOCK_KEEP:-}" = 1 ]; then
   [ -f "$lock" ] || { echo "no lock $lock: bash scripts/lock.sh $name writes it" >&2; exit 2; }
   args+=(--constraint "$lock")
 fi

@@ -34,6 +34,10 @@ class TrainLoopConfig(ServicesOptions):
                                 "crash or Ctrl-C: its run.json's options (flags given here "
                                 "override them), its newest checkpoint, the groups it finished "
                                 "and did not train (orchestrator/training/resume.py)")
+    log_to: list[str] = Field(default_factory=list, description="trackers that get every "
+                              "metrics row, the config and sample rollouts: tensorboard, wandb "
+                              "(offline), mlflow (a local store), comma-separated; each an "
+                              "extra (envhub[trackers]); files under OUT/trackers")
     quiet: bool = Field(False, description="no progress display and no per-step lines (errors "
                         "still shown); off a terminal the progress display is plain lines")
     checkpoint_every: int | None = Field(None, ge=1, description="write a checkpoint every N "
@@ -153,6 +157,21 @@ class TrainLoopConfig(ServicesOptions):
                 "out") is None:
             data = {**data, "out": data["resume"]}
         return data
+
+    @field_validator("log_to", mode="before")
+    @classmethod
+    def _log_to(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            v = [v]
+        if isinstance(v, list):
+            v = [t.strip().lower() for item in v for t in str(item).split(",") if t.strip()]
+            from envhub.orchestrator.training.trackers import TRACKERS
+
+            unknown = [t for t in v if t not in TRACKERS]
+            if unknown:
+                raise ValueError(f"{', '.join(unknown)}: not a tracker; choose from "
+                                 f"{', '.join(TRACKERS)} (comma-separated)")
+        return v
 
     @field_validator("lora_targets", mode="before")
     @classmethod

@@ -33,11 +33,16 @@ if TYPE_CHECKING:
     from envhub.orchestrator.training.ledger import GroupLedger
     from envhub.orchestrator.training.producer import Producer
     from envhub.orchestrator.training.tasks import EnvTasks
+    from envhub.orchestrator.training.trackers import Trackers
     from envhub.trainer.trainer import Trainer
     from envhub.trainer.window import GroupWindow
 
 POLL_S = 2.0  # longest wait between two looks at the window (a safety net: completions notify)
 PUSH_ATTEMPTS = 8  # a weight push the gateway answers 503/429 is retried (about 2.5 min in all)
+
+
+SAMPLES_PER_STEP = 4  # rollouts of each step shown to the trackers
+PROMPT_TAIL, COMPLETION = 400, 2000  # characters of each kept
 
 
 class Interrupted(Exception):
@@ -60,13 +65,15 @@ class Loop:
                  on_wait: Callable[[Any], None] | None = None, eval_agent: Any = None,
                  metrics: TaskMetrics | None = None, dtypes: dict[str, str] | None = None,
                  start: LoopStart | None = None,
-                 on_row: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 on_row: Callable[[dict[str, Any]], None] | None = None,
+                 trackers: Trackers | None = None, tokenizer: Any = None) -> None:
         self.cfg, self.trainer, self.producer = cfg, trainer, producer
         self.ledger: GroupLedger = producer.ledger
         self.source, self.window, self.envs = source, window, envs
         self.push_url, self.admin_key, self.log = push_url, admin_key, log
         self.on_wait, self.eval_agent, self.metrics = on_wait, eval_agent, metrics
         self.on_row = on_row  # each metrics row as it is written (the live console)
+        self.trackers, self.tokenizer = trackers, tokenizer  # --log-to; samples decoded
         self.dtypes = dtypes or {}  # train_dtype, rollout_dtype: in every step's row
         start = start or LoopStart()
         self.start_step = start.step
@@ -253,12 +260,43 @@ class Loop:
                                **self._mix_row()}
         self.rows.append(row)
         append_row(self.cfg.out, row)
-        if self.on_row is not None:
-            self.on_row(row)
+        self._written(row)
+        if self.trackers is not None:
+            self.trackers.samples(step + 1, self._samples(step, groups))
         self.log(f"step {step:>3}  reward {row['reward_mean']:+.3f}  resolved "
                  f"{row['resolved_rate']:.2f}  groups {len(groups)}  stale "
                  f"{int(row['filter/stale'])}  wait {t1 - t0:.1f}s  train {t2 - t1:.1f}s  "
                  f"v{self.trainer.version}")
+
+    def _written(self, row: dict[str, Any]) -> None:
+        if self.on_row is not None:
+            self.on_row(row)
+        if self.trackers is not None:
+            self.trackers.row(row)
+
+    def _samples(self, step: int, groups: list[Group]) -> list[dict[str, Any]]:
+        """A few of the step's rollouts for the trackers: each of the first groups' first
+        sample, its last turn's prompt tail and completion, its reward and components."""
+        out: list[dict[str, Any]] = []
+        for g in groups[:SAMPLES_PER_STEP]:
+            if not g.trajectories or not g.trajectories[0].turns:
+                continue
+            t = g.trajectories[0]
+            last = t.turns[-1]
+            record = next((r for r in self.ledger.records(g.group_id)
+                           if r.session_id == t.session.id), None)
+            components = dict(record.components) if record is not None else {}
+            out.append({"step": step, "group": g.group_id, "sample": t.session.sample_index,
+                        "prompt_tail": self._text(last.prompt_delta_ids)[-PROMPT_TAIL:],
+                        "completion": (last.completion_text
+                                       or self._text(last.completion_ids))[:COMPLETION],
+                        "reward": components.get("total"), "components": components})
+        return out
+
+    def _text(self, ids: list[int]) -> str:
+        if self.tokenizer is None:
+            return " ".join(map(str, ids))
+        return str(self.tokenizer.decode(ids))
 
     def _mix_row(self) -> dict[str, float]:
         """Per environment: samples trained so far, their share, groups launched, samples
@@ -287,8 +325,7 @@ class Loop:
                "eval_s": round(time.perf_counter() - t0, 3)}
         self.rows.append(row)
         append_row(self.cfg.out, row)
-        if self.on_row is not None:
-            self.on_row(row)
+        self._written(row)
         self.log(f"eval after step {after_step:>3}  v{self.trainer.version}  reward "
                  f"{row['eval/reward_mean']:+.3f}  resolved {row['eval/resolved_rate']:.2f} "
                  f"({int(row['eval/rollouts'])} held-out rollouts"

@@ -352,8 +352,8 @@ def test_the_console_shows_a_progress_line_on_a_terminal_and_nothing_with_q(tmp_
     import sys
 
     master, slave = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "envhub", "train", "arith", *FLAGS[:2], "2",
-                             *FLAGS[3:], "--out", str(tmp_path / "tty")], cwd=tmp_path,
+    proc = subprocess.Popen([sys.executable, "-m", "envhub", "train", "arith", *FLAGS[:1], "2",
+                             *FLAGS[2:], "--out", str(tmp_path / "tty")], cwd=tmp_path,
                             stdin=subprocess.DEVNULL, stdout=slave, stderr=slave,
                             env={**os.environ, "COLUMNS": "200", "TERM": "xterm"})
     os.close(slave)

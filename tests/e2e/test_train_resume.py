@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
@@ -107,7 +106,7 @@ def test_a_run_killed_at_any_moment_goes_on_with_resume_and_trains_each_group_on
         proc = start(out, tmp_path)
         second = out / "checkpoints" / "step-000002"
         assert until(lambda: second.is_dir() or proc.poll() is not None, 400)
-        delay = random.Random(seed).uniform(0.0, 3.0)
+        delay = random.Random(seed).uniform(0.0, 2.0)
         # the moment is what the test varies: a seeded draw after the state it needs
         assert not until(lambda: proc.poll() is not None, delay), proc.communicate()[0][-3000:]
         os.killpg(proc.pid, signal.SIGKILL)
@@ -130,113 +129,3 @@ def test_a_run_killed_at_any_moment_goes_on_with_resume_and_trains_each_group_on
         gone = [json.loads(x) for x in
                 (out / "metrics.discarded.jsonl").read_text().splitlines()]
         assert all(r["discarded_by_resume_from_step"] == again["from_step"] for r in gone)
-
-
-@pytest.mark.slow
-def test_a_checkpoint_is_faithful_training_on_from_it_gives_the_uninterrupted_run(tmp_path):
-    """Load checkpoint k of a finished run into a fresh trainer, train on the groups the run
-    trained at step k+1 (read back from its pool): parameters and AdamW's moments equal
-    checkpoint k+1's, bit for bit."""
-    import torch
-
-    from envhub.gateway.config import GatewayConfig
-    from envhub.orchestrator.train import load_training_envs
-    from envhub.orchestrator.training.config import TrainLoopConfig
-    from envhub.orchestrator.training.model import build_trainer
-    from envhub.trainer.window import GroupWindow
-
-    out = tmp_path / "run"
-    done = envhub("train", *RUN[:2], "3", *RUN[3:], "--out", str(out), "--sync",
-                  "--keep-checkpoints", "3", cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    cfg = TrainLoopConfig(**{k: v for k, v in json.loads(
-        (out / "run.json").read_text())["config"].items()})
-    envs = load_training_envs(cfg)
-    gw = GatewayConfig(port=0, model=cfg.model)
-
-    def loaded(step: int):
-        trainer = build_trainer(cfg, gw, envs, None)
-        trainer.load_checkpoint(out / "checkpoints" / f"step-{step:06d}")
-        return trainer
-
-    step1 = rows(out)[1]
-    with StoreSource(f"sqlite:///{out / 'pool.db'}") as pool:
-        window = GroupWindow(pool, None)
-        wanted = set(step1["groups"])
-        window.restore({g.group_id for g in pool.list_groups()} - wanted)
-        groups = window.take(len(wanted))
-    assert {g.group_id for g in groups} == wanted
-    replayed, recorded = loaded(1), loaded(2)
-    stats = replayed.step(groups)
-    assert stats["step/skipped"] == step1["trainer/step/skipped"]
-    for (name, a), (_, b) in zip(replayed.model.named_parameters(),
-                                 recorded.model.named_parameters(), strict=True):
-        assert torch.equal(a, b), name
-    state_a, state_b = replayed.optimizer.state_dict(), recorded.optimizer.state_dict()
-    assert state_a["state"].keys() == state_b["state"].keys()
-    for key, moments in state_a["state"].items():
-        for name, value in moments.items():
-            assert torch.equal(value, state_b["state"][key][name]), (key, name)
-    assert recorded.version == replayed.version + 1  # the push after step 1 bumped it
-
-
-@pytest.mark.slow
-def test_two_fsdp2_ranks_with_lora_resume_after_a_kill(tmp_path):
-    """`--nproc-per-node 2 --lora-rank 4`: each rank writes its own DCP shards; a kill of both
-    ranks inside the second checkpoint write, then --resume (which restarts torchrun from
-    run.json's options) finishes the run."""
-    out = tmp_path / "run"
-    extra = ["--nproc-per-node", "2", "--lora-rank", "4", "--sync"]
-    first = envhub("train", *RUN[:2], "4", *RUN[3:], "--out", str(out), *extra, cwd=tmp_path,
-                   env={FAILPOINTS: "checkpoint.write=3"})
-    assert first.returncode != 0, first.stdout[-3000:]
-    state = json.loads((out / "checkpoints" / "step-000002" / "trainer_state.json").read_text())
-    assert state["world_size"] == 2 and state["config"]["lora"]["rank"] == 4
-    shards = sorted(p.name for p in (out / "checkpoints" / "step-000002").glob("*.distcp"))
-    assert len(shards) == 2, shards  # one per rank
-    finished_before = set(GroupJournal.read(out / "groups.jsonl").finished)
-    done = envhub("train", "--resume", str(out), cwd=tmp_path)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    steps = rows(out)
-    assert [r["step"] for r in steps] == [0, 1, 2, 3] and all(r["ranks"] == 2 for r in steps)
-    trained = trained_groups(out)
-    assert len(trained) == len(set(trained)) and finished_before <= set(trained)
-
-
-@pytest.mark.slow
-def test_ctrl_c_writes_a_checkpoint_and_resume_refuses_a_changed_environment(tmp_path):
-    """SIGINT stops at a step boundary with a checkpoint and exit 130; --resume goes on. An
-    environment whose package changed since the run started is refused (exit 2, the folder
-    as it was)."""
-    env = tmp_path / "arith2"
-    from envhub.orchestrator.catalog import load_env
-
-    shutil.copytree(load_env("arith").folder, env, ignore=shutil.ignore_patterns("__pycache__"))
-    out = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "envhub", "train", str(env), *RUN[1:],
-                             "--out", str(out)], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    second = out / "checkpoints" / "step-000002"
-    assert until(lambda: second.is_dir() or proc.poll() is not None, 400)
-    proc.send_signal(signal.SIGINT)
-    output, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 130, output[-3000:]
-    assert "Traceback" not in output and f"--resume {out}" in output
-    done = rows(out)
-    assert len(done) < STEPS  # stopped early ...
-    newest = sorted((out / "checkpoints").iterdir())[-1]
-    assert newest.name == f"step-{len(done):06d}"  # ... with a checkpoint of where
-
-    (env / "NOTES.md").write_text("changed\n")
-    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    refused = envhub("train", "--resume", str(out), cwd=tmp_path)
-    assert refused.returncode == 2, refused.stdout[-2000:] + refused.stderr[-2000:]
-    assert "changed" in refused.stderr and "arith" in refused.stderr
-    assert "Traceback" not in refused.stderr
-    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
-
-    (env / "NOTES.md").unlink()  # the package as the run trained on it again
-    resume(out, tmp_path)
-    assert [r["step"] for r in rows(out)] == list(range(STEPS))
-    trained = trained_groups(out)
-    assert len(trained) == len(set(trained))

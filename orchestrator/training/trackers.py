@@ -1,0 +1,231 @@
+"""`envhub train --log-to tensorboard,wandb,mlflow`: the run where researchers look, each
+tracker through its own library (an extra each: `pip install 'envhub[trackers]'`).
+
+Every metrics row goes to each tracker under the names of metrics.jsonl (`reward_mean`,
+`trainer/loss/pg`, `eval/resolved_rate`, `mix/arith/trained_share`, ...), numbers only, at
+the tracker step "optimizer steps done": a train row of `step` s at s + 1, an evaluation after
+step a at a + 1 (0: before the first step), so an evaluation and the step it followed share
+their x. The resolved config (run.json's) is the run's parameters; each step's few sample
+rollouts (the prompt's tail, the completion, the reward and its components) a table (W&B),
+text (TensorBoard) or a JSON table artifact (MLflow). Agent text is data to every tracker (a
+table cell, a text summary), never markup we render.
+
+Where each writes, with no account and no network:
+  tensorboard  OUT/trackers/tensorboard (event files; `tensorboard --logdir OUT/trackers`)
+  wandb        OUT/trackers/wandb, offline unless WANDB_MODE says otherwise (`wandb sync`
+               uploads it later)
+  mlflow       a local SQLite store OUT/trackers/mlflow.db (artifacts beside it in
+               OUT/trackers/mlflow-artifacts) unless MLFLOW_TRACKING_URI names another
+               (`mlflow ui --backend-store-uri sqlite:///OUT/trackers/mlflow.db`)
+A resumed run opens the same trackers again (W&B: the same run id, resumed; MLflow: the same
+run; TensorBoard: a new event file in the same folder, whose rows from the resumed step on
+replace the discarded ones when read by step).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+TRACKERS = ("tensorboard", "wandb", "mlflow")
+EXTRA = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
+MODULE = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
+SAMPLE_COLUMNS = ("step", "group", "sample", "prompt_tail", "completion", "reward",
+                  "components")
+
+
+class TrackerUnavailable(ValueError):
+    """A tracker was asked for whose library is not installed (the message has the fix)."""
+
+
+def check_trackers(names: Sequence[str]) -> None:
+    """Each name a tracker we have, its library importable; TrackerUnavailable otherwise."""
+    import importlib.util
+
+    for name in names:
+        if name not in TRACKERS:
+            raise TrackerUnavailable(f"--log-to {name}: not a tracker; choose from "
+                                     f"{', '.join(TRACKERS)} (comma-separated)")
+        if importlib.util.find_spec(MODULE[name]) is None:
+            raise TrackerUnavailable(f"--log-to {name}: its library is not installed; pip "
+                                     f"install 'envhub[{EXTRA[name]}]' (or envhub[trackers])")
+
+
+def tracker_step(row: dict[str, Any]) -> int:
+    """Optimizer steps done when the row was written."""
+    if row.get("phase") == "eval":
+        return int(row.get("after_step", -1)) + 1
+    return int(row.get("step", 0)) + 1
+
+
+def numbers(row: dict[str, Any]) -> dict[str, float]:
+    """The row's numeric series (what the trackers get), by their metrics.jsonl names."""
+    skip = {"step", "after_step"}
+    return {k: float(v) for k, v in row.items() if k not in skip and not isinstance(v, bool)
+            and isinstance(v, int | float) and math.isfinite(v)}
+
+
+class Tracker(Protocol):
+    def row(self, row: dict[str, Any]) -> None: ...
+
+    def samples(self, step: int, samples: list[dict[str, Any]]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class TensorBoard:
+    def __init__(self, out: Path, config: dict[str, Any], run_name: str) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=str(out / "trackers" / "tensorboard"))
+        self.writer.add_text("config", "```\n" + json.dumps(config, indent=1) + "\n```", 0)
+
+    def row(self, row: dict[str, Any]) -> None:
+        step = tracker_step(row)
+        for key, value in numbers(row).items():
+            self.writer.add_scalar(key, value, step)
+        self.writer.flush()
+
+    def samples(self, step: int, samples: list[dict[str, Any]]) -> None:
+        if samples:  # text, shown as text (TensorBoard escapes it as markdown source)
+            lines = [json.dumps(s, ensure_ascii=False) for s in samples]
+            self.writer.add_text("samples", "\n\n".join(f"    {x}" for x in lines), step)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandB:
+    def __init__(self, out: Path, config: dict[str, Any], run_name: str) -> None:
+        import wandb
+
+        folder = out / "trackers"
+        folder.mkdir(parents=True, exist_ok=True)
+        os.environ.setdefault("WANDB_SILENT", "true")
+        self.wandb = wandb
+        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "envhub"), dir=str(folder),
+                              config=config, name=run_name, id=_safe(run_name),
+                              resume="allow", mode=_wandb_mode(),
+                              settings=wandb.Settings(console="off", x_disable_stats=True))
+
+    def row(self, row: dict[str, Any]) -> None:
+        self.run.log(numbers(row), step=tracker_step(row))
+
+    def samples(self, step: int, samples: list[dict[str, Any]]) -> None:
+        if samples:
+            table = self.wandb.Table(columns=list(SAMPLE_COLUMNS), data=[
+                [_cell(s[c]) for c in SAMPLE_COLUMNS] for s in samples])
+            self.run.log({"samples": table}, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class MLflow:
+    def __init__(self, out: Path, config: dict[str, Any], run_name: str) -> None:
+        import mlflow
+
+        self.mlflow = mlflow
+        folder = out / "trackers"
+        folder.mkdir(parents=True, exist_ok=True)
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{folder / 'mlflow.db'}"
+        self.client = mlflow.MlflowClient(tracking_uri=uri)
+        name = os.environ.get("MLFLOW_EXPERIMENT_NAME", "envhub")
+        found = self.client.get_experiment_by_name(name)
+        experiment = found.experiment_id if found else self.client.create_experiment(
+            name, artifact_location=(folder / "mlflow-artifacts").as_uri())
+        runs = self.client.search_runs([experiment], f"tags.envhub_run = '{run_name}'")
+        if runs:  # a resumed run: the same MLflow run
+            self.run_id = runs[0].info.run_id
+            self.client.update_run(self.run_id, status="RUNNING")
+        else:
+            self.run_id = self.client.create_run(experiment, run_name=run_name,
+                                                 tags={"envhub_run": run_name}).info.run_id
+            params = [mlflow.entities.Param(k, str(v)[:6000]) for k, v in _flat(config).items()]
+            for i in range(0, len(params), 100):  # the store takes 100 a batch
+                self.client.log_batch(self.run_id, params=params[i:i + 100])
+            self.client.log_dict(self.run_id, config, "config.json")
+
+    def row(self, row: dict[str, Any]) -> None:
+        import time
+
+        step, now = tracker_step(row), int(time.time() * 1000)
+        metrics = [self.mlflow.entities.Metric(_metric_name(k), v, now, step)
+                   for k, v in numbers(row).items()]
+        for i in range(0, len(metrics), 1000):
+            self.client.log_batch(self.run_id, metrics=metrics[i:i + 1000])
+
+    def samples(self, step: int, samples: list[dict[str, Any]]) -> None:
+        if samples:
+            self.client.log_dict(self.run_id, {"columns": list(SAMPLE_COLUMNS), "data": [
+                [_cell(s[c]) for c in SAMPLE_COLUMNS] for s in samples]},
+                f"samples/step-{step:06d}.json")
+
+    def close(self) -> None:
+        self.client.set_terminated(self.run_id)
+
+
+OPEN = {"tensorboard": TensorBoard, "wandb": WandB, "mlflow": MLflow}
+
+
+class Trackers:
+    """The trackers of a run, each row and each step's samples to all of them."""
+
+    def __init__(self, names: Sequence[str], out: Path, config: dict[str, Any],
+                 run_name: str) -> None:
+        self.open: list[Any] = []
+        try:
+            for name in dict.fromkeys(names):
+                self.open.append(OPEN[name](out, config, run_name))
+        except BaseException:
+            self.close()
+            raise
+
+    def row(self, row: dict[str, Any]) -> None:
+        for t in self.open:
+            t.row(row)
+
+    def samples(self, step: int, samples: list[dict[str, Any]]) -> None:
+        for t in self.open:
+            t.samples(step, samples)
+
+    def close(self) -> None:
+        for t in reversed(self.open):
+            t.close()
+        self.open = []
+
+
+def _wandb_mode() -> Any:
+    """WANDB_MODE when the user set one (online, offline, disabled), else offline (also in
+    the environment: W&B's own settings read it, and refuse an empty one)."""
+    mode = os.environ.get("WANDB_MODE") or "offline"
+    os.environ["WANDB_MODE"] = mode
+    return mode
+
+
+def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flat(value, name + "."))
+        else:
+            out[name] = json.dumps(value) if isinstance(value, list | type(None)) else value
+    return out
+
+
+def _metric_name(key: str) -> str:
+    """MLflow's metric names allow letters, digits, `_-. /` (and `:`): others become `_`."""
+    return "".join(c if c.isalnum() or c in "_-. /:" else "_" for c in key)
+
+
+def _safe(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "-" for c in text)[:128]
+
+
+def _cell(value: Any) -> Any:
+    return json.dumps(value, ensure_ascii=False) if isinstance(value, dict | list) else value

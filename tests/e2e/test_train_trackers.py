@@ -1,0 +1,135 @@
+"""`envhub train --log-to tensorboard,wandb,mlflow`: each tracker's own reader gets back the
+series of metrics.jsonl (TensorBoard's event reader, MLflow's client, W&B's offline run file
+read with W&B's own protobuf schema), the config as the run's parameters, and each step's
+sample rollouts. No account and no network: W&B offline, MLflow's local SQLite store."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+
+from tests.support import envhub
+
+pytest.importorskip("torch")
+pytest.importorskip("tensorboard")
+pytest.importorskip("wandb")
+pytest.importorskip("mlflow")
+
+KEYS = ("reward_mean", "resolved_rate", "trainer/loss/pg", "trainer/policy/entropy",
+        "mix/arith/trained_share", "eval/resolved_rate", "eval/reward_mean")
+
+
+def expected(rows: list[dict], key: str) -> list[tuple[int, float]]:
+    """(tracker step, value): steps done (a train row's step + 1, an eval's after_step + 1)."""
+    out = []
+    for r in rows:
+        if key in r:
+            step = r["after_step"] + 1 if r["phase"] == "eval" else r["step"] + 1
+            out.append((step, float(r[key])))
+    return out
+
+
+def wandb_records(path: Path):
+    """The records of a .wandb file: W&B's header, then LevelDB log framing (32 KiB blocks of
+    crc32c, length, type chunks) around protobuf `Record`s."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B"
+    pos, block, pending = 7, 32768, b""
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a header is padding
+            pos += block - pos % block
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        chunk = data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind == 1:
+            whole = chunk
+        elif kind == 2:
+            pending = chunk
+            continue
+        elif kind == 3:
+            pending += chunk
+            continue
+        elif kind == 4:
+            whole = pending + chunk
+        else:
+            break
+        record = pb.Record()
+        record.ParseFromString(whole)
+        yield record
+
+
+@pytest.mark.slow
+def test_every_tracker_reads_back_the_metrics_the_config_and_the_samples(tmp_path):
+    out = tmp_path / "run"
+    done = envhub("train", "arith", "--steps", "2", "--seed", "2", "--groups", "2", "--k", "2",
+                  "--tasks", "4", "--max-turns", "2", "--sync", "--eval-every", "1",
+                  "--eval-tasks", "2", "--eval-samples", "1", "--lr", "0.0003",
+                  "--log-to", "tensorboard,wandb", "--log-to", "mlflow", "--out", str(out),
+                  cwd=tmp_path, env={"WANDB_MODE": "offline"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert any(r["phase"] == "eval" for r in rows)
+
+    # TensorBoard: its own event reader (scalars are stored as float32)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(out / "trackers" / "tensorboard"),
+                              size_guidance={"scalars": 0, "tensors": 0})
+    events.Reload()
+    for key in KEYS:
+        got = [(e.step, e.value) for e in events.Scalars(key)]
+        want = expected(rows, key)
+        assert [s for s, _ in got] == [s for s, _ in want], key
+        assert all(abs(a - b) <= 1e-6 * max(1.0, abs(b)) for (_, a), (_, b) in
+                   zip(got, want, strict=True)), (key, got, want)
+    texts = events.Tensors("samples/text_summary")
+    assert texts and "completion" in texts[-1].tensor_proto.string_val[0].decode()
+
+    # MLflow: its client on the local store
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{out / 'trackers' / 'mlflow.db'}")
+    [experiment] = [e for e in client.search_experiments() if e.name == "envhub"]
+    [run] = client.search_runs([experiment.experiment_id])
+    assert run.data.params["lr"] == "0.0003" and run.data.params["steps"] == "2"
+    for key in KEYS:
+        history = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id,
+                                                                              key))
+        assert history == expected(rows, key), key
+    samples = client.list_artifacts(run.info.run_id, "samples")
+    assert [a.path for a in samples] == ["samples/step-000001.json", "samples/step-000002.json"]
+    table = json.loads(Path(client.download_artifacts(run.info.run_id, samples[0].path,
+                                                       str(tmp_path))).read_text())
+    assert table["columns"][:3] == ["step", "group", "sample"] and table["data"]
+    assert all(row[3] and row[4] for row in table["data"])  # prompt tail, completion
+
+    # W&B: the offline run's transaction log, with W&B's protobuf schema
+    [log] = list((out / "trackers" / "wandb").glob("offline-run-*/run-*.wandb"))
+    history: dict[str, list[tuple[int, float]]] = {}
+    config: dict[str, object] = {}
+    for record in wandb_records(log):
+        kind = record.WhichOneof("record_type")
+        if kind == "history":
+            step = record.history.step.num
+            for item in record.history.item:
+                key = item.key or "/".join(item.nested_key)
+                value = json.loads(item.value_json)
+                if isinstance(value, int | float) and not isinstance(value, bool):
+                    history.setdefault(key, []).append((step, float(value)))
+        elif kind in ("run", "config"):  # the config: in the run record, and any updates
+            updates = record.run.config.update if kind == "run" else record.config.update
+            for item in updates:
+                config[item.key] = json.loads(item.value_json)
+    for key in KEYS:
+        assert history[key] == expected(rows, key), key
+    assert config["lr"] == 0.0003 and config["steps"] == 2
+    tables = list((out / "trackers" / "wandb").glob("offline-run-*/files/media/table/*.json"))
+    assert len(tables) == 2
+    cells = json.loads(tables[0].read_text())
+    assert cells["columns"][:3] == ["step", "group", "sample"] and cells["data"]
