@@ -160,6 +160,18 @@ def create_app(source: RunFolders | PoolSource) -> FastAPI:
                                                         decoders[view.tokenizer])
         return page("session.html", view=view, blocks=blocks, loose=loose)
 
+    drawn: dict[tuple[tuple[str, int, int], ...], list[Any]] = {}  # the last pages drawn
+
+    async def charts_of(names: list[str], folders: list[Path]) -> list[Any]:
+        """The charts of these runs, drawn again only when a metrics file changed."""
+        key = tuple((str(f), *_stamp(f / "metrics.jsonl")) for f in folders)
+        if key not in drawn:
+            rows = [read_metrics(f) for f in folders]
+            drawn[key] = await run_in_threadpool(render, list(zip(names, rows, strict=True)))
+            while len(drawn) > 16:
+                drawn.pop(next(iter(drawn)))
+        return drawn[key]
+
     def trained(run_id: str) -> tuple[Path, list[dict[str, Any]]]:
         folder = getattr(source, "folders", {}).get(run_id)
         rows = read_metrics(folder) if folder is not None else []
@@ -172,7 +184,7 @@ def create_app(source: RunFolders | PoolSource) -> FastAPI:
                    response_class=HTMLResponse)
     async def curves(run_id: str) -> HTMLResponse:
         folder, rows = trained(run_id)
-        charts = await run_in_threadpool(render, [(run_id, rows)])
+        charts = await charts_of([run_id], [folder])
         return page("curves.html", runs=[run_id], charts=charts, rows=len(rows),
                     config=_config(folder))
 
@@ -183,14 +195,22 @@ def create_app(source: RunFolders | PoolSource) -> FastAPI:
             raise BadFilter("choose two or more training runs to compare (?run=A&run=B)")
         if len(names) > MAX_COMPARED:
             raise BadFilter(f"compare at most {MAX_COMPARED} runs at once")
-        loaded = [(name, trained(name)[1]) for name in names]
-        charts = await run_in_threadpool(render, loaded)
+        folders = [trained(name)[0] for name in names]
+        charts = await charts_of(names, folders)
         return page("curves.html", runs=names, charts=charts, rows=None, config=None)
 
     return app
 
 
 MAX_COMPARED = 8
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    try:
+        st = path.stat()
+    except OSError:
+        return (0, 0)
+    return (st.st_mtime_ns, st.st_size)
 
 
 def _config(folder: Path) -> str:

@@ -161,6 +161,7 @@ def render(runs: list[tuple[str, list[dict[str, Any]]]]) -> list[Chart]:
 
     matplotlib.use("Agg", force=False)
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     all_series = [series_of(rows) for _, rows in runs]
     charts = charts_for(k for s in all_series for k in s)
@@ -185,6 +186,7 @@ def render(runs: list[tuple[str, list[dict[str, Any]]]]) -> list[Chart]:
                             color=f"C{c % 10}", linestyle=STYLES[r % len(STYLES)],
                             marker="." if len(drawn) <= 60 else None, linewidth=1.4,
                             gid=f"series-{r}-{_safe_id(key)}")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole
             ax.set_title(chart.title)
             ax.set_xlabel("step (eval: after step)" if chart.title.startswith("held-out")
                           else "step")
