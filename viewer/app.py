@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from envhub import __version__
 from envhub.sdk.types import CMAction
-from envhub.viewer.curves import read_metrics, render
+from envhub.viewer.curves import read_metrics, read_samples, render
 from envhub.viewer.errors import ViewerError
 from envhub.viewer.sources import PoolSource, RunFolders, SessionRow
 from envhub.viewer.tokens import TokenDecoder
@@ -186,7 +186,7 @@ def create_app(source: RunFolders | PoolSource) -> FastAPI:
         folder, rows = trained(run_id)
         charts = await charts_of([run_id], [folder])
         return page("curves.html", runs=[run_id], charts=charts, rows=len(rows),
-                    config=_config(folder))
+                    config=_config(folder), samples=read_samples(folder))
 
     @app.api_route("/compare", methods=["GET", "HEAD"], response_class=HTMLResponse)
     async def compare(run: list[str] = Query(default=[])) -> HTMLResponse:  # noqa: B008
@@ -197,7 +197,8 @@ def create_app(source: RunFolders | PoolSource) -> FastAPI:
             raise BadFilter(f"compare at most {MAX_COMPARED} runs at once")
         folders = [trained(name)[0] for name in names]
         charts = await charts_of(names, folders)
-        return page("curves.html", runs=names, charts=charts, rows=None, config=None)
+        return page("curves.html", runs=names, charts=charts, rows=None, config=None,
+                    samples=[])
 
     return app
 

@@ -62,6 +62,33 @@ def read_metrics(folder: Path) -> list[dict[str, Any]]:
     return rows
 
 
+SAMPLES_SHOWN = 12  # the newest sample rollouts on a run's page
+TAIL_BYTES = 1 << 20  # read of samples.jsonl's end, at most
+
+
+def read_samples(folder: Path) -> list[dict[str, Any]]:
+    """The newest rows of `folder`/samples.jsonl (a few rollouts of each step: agent text,
+    shown escaped), read from the file's last MiB."""
+    path = folder / "samples.jsonl"
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, 2)
+            f.seek(max(0, size - TAIL_BYTES))
+            tail = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return []
+    lines = tail.splitlines()[1:] if size > TAIL_BYTES else tail.splitlines()
+    rows = []
+    for line in lines[-SAMPLES_SHOWN:]:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
 def _number(v: Any) -> float | None:
     if isinstance(v, bool) or not isinstance(v, int | float):
         return None
@@ -191,7 +218,12 @@ def render(runs: list[tuple[str, list[dict[str, Any]]]]) -> list[Chart]:
             ax.set_xlabel("step (eval: after step)" if chart.title.startswith("held-out")
                           else "step")
             ax.grid(True, linewidth=0.4, alpha=0.5)
-            ax.legend(loc="best", frameon=False)
+            if len(runs) == 1:
+                ax.legend(loc="best", frameon=False)
+            else:  # run x series lines: the legend below the plot, not over it
+                fig.set_size_inches(5.6, 2.9 + 0.16 * len(chart.series))
+                ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncols=2,
+                          frameon=False)
             (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
             ax.patch.set_gid(f"axes-{_fmt(x0)}_{_fmt(x1)}_{_fmt(y0)}_{_fmt(y1)}")
             buf = io.StringIO()

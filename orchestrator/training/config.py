@@ -161,12 +161,12 @@ class TrainLoopConfig(ServicesOptions):
     @field_validator("log_to", mode="before")
     @classmethod
     def _log_to(cls, v: Any) -> Any:
-        if isinstance(v, str):
-            v = [v]
+        """`tensorboard,wandb` or the flag repeated."""
+        v = _listed(v)
         if isinstance(v, list):
-            v = [t.strip().lower() for item in v for t in str(item).split(",") if t.strip()]
             from envhub.orchestrator.training.trackers import TRACKERS
 
+            v = [t.lower() for t in v]
             unknown = [t for t in v if t not in TRACKERS]
             if unknown:
                 raise ValueError(f"{', '.join(unknown)}: not a tracker; choose from "
@@ -177,11 +177,8 @@ class TrainLoopConfig(ServicesOptions):
     @classmethod
     def _lora_targets(cls, v: Any) -> Any:
         """`q_proj,v_proj` or the flag repeated; none given is None (every linear layer)."""
-        if isinstance(v, str):
-            v = [v]
-        if isinstance(v, list):
-            v = [t.strip() for item in v for t in str(item).split(",") if t.strip()] or None
-        return v
+        v = _listed(v)
+        return (v or None) if isinstance(v, list) else v
 
     @field_validator("schedule")
     @classmethod
@@ -265,3 +262,12 @@ class TrainLoopConfig(ServicesOptions):
         if self.reset_optimizer is not None:
             return self.reset_optimizer
         return not self.sync and self.sync_every > 1
+
+
+def _listed(v: Any) -> Any:
+    """A flag given comma-separated, repeated, or both, as one list of its names."""
+    if isinstance(v, str):
+        v = [v]
+    if isinstance(v, list):
+        v = [t.strip() for item in v for t in str(item).split(",") if t.strip()]
+    return v

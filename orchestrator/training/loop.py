@@ -237,7 +237,7 @@ class Loop:
 
     def write_step(self, step: int, groups: list[Group], stats: dict[str, Any],
                    lag: dict[str, float], times: tuple[float, float, float, float]) -> None:
-        from envhub.orchestrator.training.outputs import append_row
+        from envhub.orchestrator.training.outputs import append_row, append_rows
 
         t0, t1, t2, t3 = times
         by_env: dict[str, list[RolloutRecord]] = {}
@@ -261,8 +261,10 @@ class Loop:
         self.rows.append(row)
         append_row(self.cfg.out, row)
         self._written(row)
+        samples = self._samples(step, groups)
+        append_rows(self.cfg.out / "samples.jsonl", samples)  # envhub view's sample table
         if self.trackers is not None:
-            self.trackers.samples(step + 1, self._samples(step, groups))
+            self.trackers.samples(step + 1, samples)
         self.log(f"step {step:>3}  reward {row['reward_mean']:+.3f}  resolved "
                  f"{row['resolved_rate']:.2f}  groups {len(groups)}  stale "
                  f"{int(row['filter/stale'])}  wait {t1 - t0:.1f}s  train {t2 - t1:.1f}s  "
@@ -275,8 +277,9 @@ class Loop:
             self.trackers.row(row)
 
     def _samples(self, step: int, groups: list[Group]) -> list[dict[str, Any]]:
-        """A few of the step's rollouts for the trackers: each of the first groups' first
-        sample, its last turn's prompt tail and completion, its reward and components."""
+        """A few of the step's rollouts (OUT/samples.jsonl, the trackers): each of the first
+        groups' first sample, its last turn's prompt tail and completion, its reward and
+        components."""
         out: list[dict[str, Any]] = []
         for g in groups[:SAMPLES_PER_STEP]:
             if not g.trajectories or not g.trajectories[0].turns:

@@ -1,4 +1,5 @@
-"""What the loop writes under OUT: metrics rows and the weight versions it keeps."""
+"""What the loop writes under OUT: metrics rows, a few sample rollouts of each step
+(samples.jsonl) and the weight versions it keeps."""
 
 from __future__ import annotations
 
@@ -17,5 +18,11 @@ def prune_weights(folder: Path, keep: int) -> None:
 
 
 def append_row(out: Path, row: dict[str, Any]) -> None:
-    with open(out / "metrics.jsonl", "a", encoding="utf-8") as f:
-        f.write(json.dumps(row) + "\n")
+    append_rows(out / "metrics.jsonl", [row])
+
+
+def append_rows(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Rows appended to a JSONL file as one write."""
+    if rows:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))

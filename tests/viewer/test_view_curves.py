@@ -63,6 +63,12 @@ def test_a_run_page_and_a_compare_page_draw_the_metrics(tmp_path: Path) -> None:
     root = tmp_path / "runs"
     root.mkdir()
     runs = {"a": train(root / "a", 1), "b": train(root / "b", 2)}
+    # what an agent writes lands in the sample table: a completion that tries to run script
+    hostile = "<script>document.title='pwned'</script><img src=x onerror=alert(1)>"
+    with open(root / "a" / "samples.jsonl", "a") as f:
+        f.write(json.dumps({"step": 2, "group": "g<b>x</b>", "sample": 0, "prompt_tail": "p",
+                            "completion": hostile, "reward": 0.5,
+                            "components": {"outcome": 0.5}}) + "\n")
     viewer = start_viewer(str(root), tmp_path / "view.log")
     try:
         head = httpx.head(viewer.url + "/runs/a/curves", timeout=60)
@@ -87,6 +93,12 @@ def test_a_run_page_and_a_compare_page_draw_the_metrics(tmp_path: Path) -> None:
                 span = max(abs(y) for _, y in want) + 1.0
                 assert close(drawn(page, series), want, span), (key, drawn(page, series), want)
             assert '"steps": 3' in page.locator("#config").inner_text()
+            samples = page.locator("#samples tbody tr")
+            assert samples.count() >= 3  # the run's own (a few a step) and the hostile one
+            assert samples.first.locator("td.completion").inner_text() == hostile  # as text
+            assert samples.first.locator("td.mono").inner_text() == "g<b>x</b>"
+            assert page.locator("#samples img, #samples b, script").count() == 0
+            assert page.title() != "pwned"
             screenshot(page, tmp_path, "curves-run")
 
             page.goto(viewer.url + "/")
