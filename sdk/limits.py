@@ -37,3 +37,29 @@ def nesting(value: Any, limit: int) -> int:
 def too_deep(value: Any, limit: int) -> bool:
     """Whether `value` nests more than `limit` levels of dicts and lists."""
     return nesting(value, limit) > limit
+
+
+MAX_YAML_DEPTH = 64  # nested mappings and sequences a YAML file read from a package may hold
+
+
+def yaml_too_deep(text: str, limit: int = MAX_YAML_DEPTH) -> bool:
+    """Whether YAML `text` nests more than `limit` mappings and sequences, counted on PyYAML's
+    token stream (its scanner does not recurse; its composer, which `safe_load` runs next, does).
+    Text the scanner refuses is not too deep: `safe_load` says what is wrong with it."""
+    import yaml
+
+    opening = (yaml.BlockMappingStartToken, yaml.BlockSequenceStartToken,
+               yaml.FlowMappingStartToken, yaml.FlowSequenceStartToken)
+    closing = (yaml.BlockEndToken, yaml.FlowMappingEndToken, yaml.FlowSequenceEndToken)
+    depth = 0
+    try:
+        for token in yaml.scan(text, Loader=yaml.SafeLoader):
+            if isinstance(token, opening):
+                depth += 1
+                if depth > limit:
+                    return True
+            elif isinstance(token, closing):
+                depth -= 1
+    except yaml.YAMLError:
+        return False
+    return False

@@ -35,13 +35,25 @@ def is_tbench_task(folder: Path) -> bool:
     return (folder / TASK_FILE).is_file()
 
 
-def _config(folder: Path) -> dict[str, Any]:
+def _yaml(path: Path) -> Any:
+    """A task's YAML file: refused (HarborTaskError) when not YAML or nested deeper than
+    MAX_YAML_DEPTH, counted before the parser recurses, so any process answers alike."""
     import yaml
 
+    from envhub.sdk.limits import MAX_YAML_DEPTH, yaml_too_deep
+
+    text = path.read_text(encoding="utf-8")
+    if yaml_too_deep(text):
+        raise HarborTaskError(f"{path}: nested too deeply to read (more than {MAX_YAML_DEPTH} "
+                              "mappings and sequences inside each other)")
     try:
-        data = yaml.safe_load((folder / TASK_FILE).read_text(encoding="utf-8"))
-    except (yaml.YAMLError, RecursionError) as e:
-        raise HarborTaskError(f"{folder}/{TASK_FILE}: not valid YAML: {e}") from None
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise HarborTaskError(f"{path}: not valid YAML: {e}") from None
+
+
+def _config(folder: Path) -> dict[str, Any]:
+    data = _yaml(folder / TASK_FILE)
     if not isinstance(data, dict) or not isinstance(data.get("instruction"), str) \
             or not data["instruction"].strip():
         raise HarborTaskError(f"{folder}/{TASK_FILE}: needs 'instruction' (the task text)")
@@ -51,15 +63,11 @@ def _config(folder: Path) -> dict[str, Any]:
 def _check_compose(folder: Path) -> None:
     """A docker-compose.yaml is accepted when it is terminal-bench's single-service default
     (built from this folder's Dockerfile); anything more is refused, not half-run."""
-    import yaml
 
     for name in ("docker-compose.yaml", "docker-compose.yml"):
         if not (folder / name).is_file():
             continue
-        try:
-            compose = yaml.safe_load((folder / name).read_text(encoding="utf-8")) or {}
-        except (yaml.YAMLError, RecursionError) as e:
-            raise HarborTaskError(f"{folder}/{name}: not valid YAML: {e}") from None
+        compose = _yaml(folder / name) or {}
         services = compose.get("services") if isinstance(compose, dict) else None
         build = next(iter(services.values())).get("build", ".") \
             if isinstance(services, dict) and len(services) == 1 else None

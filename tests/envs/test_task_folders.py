@@ -157,3 +157,27 @@ def test_doing_nothing_scores_zero_on_every_folder_form(tmp_path: Path) -> None:
         overall = _run_agent(folder, tmp_path / f"noop-{folder.name}", "true")
         assert overall["rollouts"] == count and overall["done"] == count, overall
         assert overall["resolved"] == 0 and overall["env_failure"] == 0, overall
+
+
+@pytest.mark.parametrize("recursion_limit", [None, 20000])
+def test_a_task_yaml_too_deep_is_refused_alike_whatever_the_recursion_limit(
+        tmp_path: Path, recursion_limit: int | None) -> None:
+    """3,000 nested sequences in task.yaml: refused as too deep before the parser recurses, the
+    same answer at Python's default limit and at one other code raised (the old reader caught
+    RecursionError: "not valid YAML" at 1,000, read it whole at 20,000)."""
+    import sys
+
+    from envhub.envs.harbor.tbench import HarborTaskError, _config
+
+    task = tbench_task(tmp_path / "deep")
+    (task / "task.yaml").write_text("instruction: hi\nextra: " + "[" * 3000 + "]" * 3000 + "\n")
+    before = sys.getrecursionlimit()
+    try:
+        if recursion_limit:
+            sys.setrecursionlimit(recursion_limit)
+        with pytest.raises(HarborTaskError, match="nested too deeply"):
+            _config(task)
+    finally:
+        sys.setrecursionlimit(before)
+    (task / "task.yaml").write_text("instruction: hi\nextra: " + "[" * 60 + "]" * 60 + "\n")
+    assert _config(task)["instruction"] == "hi"  # deep, within the bound: read
