@@ -17,9 +17,11 @@ Where each writes, with no account and no network:
   mlflow       a local SQLite store OUT/trackers/mlflow.db (artifacts beside it in
                OUT/trackers/mlflow-artifacts) unless MLFLOW_TRACKING_URI names another
                (`mlflow ui --backend-store-uri sqlite:///OUT/trackers/mlflow.db`)
-A resumed run opens the same trackers again (W&B: the same run id, resumed; MLflow: the same
-run; TensorBoard: a new event file in the same folder, whose rows from the resumed step on
-replace the discarded ones when read by step).
+A resumed run opens the same trackers again. TensorBoard: a new event file in the same folder
+with `purge_step`, so what the crashed run logged past the checkpoint is hidden and the redone
+steps stand. W&B: the same run id, resumed; it keeps the crashed run's values of the redone
+steps (it drops a step not above its last). MLflow: the same run; the redone steps' values are
+logged beside the crashed run's at the same steps.
 """
 
 from __future__ import annotations
@@ -78,10 +80,14 @@ class Tracker(Protocol):
 
 
 class TensorBoard:
-    def __init__(self, out: Path, config: dict[str, Any], run_name: str) -> None:
+    def __init__(self, out: Path, config: dict[str, Any], run_name: str,
+                 resumed_at: int | None = None) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=str(out / "trackers" / "tensorboard"))
+        # a resumed run: what the crashed one logged past the checkpoint is hidden (purge_step)
+        purge = resumed_at + 1 if resumed_at is not None else None
+        self.writer = SummaryWriter(log_dir=str(out / "trackers" / "tensorboard"),
+                                    purge_step=purge)
         self.writer.add_text("config", "```\n" + json.dumps(config, indent=1) + "\n```", 0)
 
     def row(self, row: dict[str, Any]) -> None:
@@ -100,7 +106,8 @@ class TensorBoard:
 
 
 class WandB:
-    def __init__(self, out: Path, config: dict[str, Any], run_name: str) -> None:
+    def __init__(self, out: Path, config: dict[str, Any], run_name: str,
+                 resumed_at: int | None = None) -> None:
         import wandb
 
         folder = out / "trackers"
@@ -126,7 +133,8 @@ class WandB:
 
 
 class MLflow:
-    def __init__(self, out: Path, config: dict[str, Any], run_name: str) -> None:
+    def __init__(self, out: Path, config: dict[str, Any], run_name: str,
+                 resumed_at: int | None = None) -> None:
         import mlflow
 
         self.mlflow = mlflow
@@ -176,11 +184,12 @@ class Trackers:
     """The trackers of a run, each row and each step's samples to all of them."""
 
     def __init__(self, names: Sequence[str], out: Path, config: dict[str, Any],
-                 run_name: str) -> None:
+                 run_name: str, resumed_at: int | None = None) -> None:
+        """`resumed_at`: a resumed run's checkpoint step (its rows from there on are redone)."""
         self.open: list[Any] = []
         try:
             for name in dict.fromkeys(names):
-                self.open.append(OPEN[name](out, config, run_name))
+                self.open.append(OPEN[name](out, config, run_name, resumed_at))
         except BaseException:
             self.close()
             raise

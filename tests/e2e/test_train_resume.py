@@ -23,11 +23,13 @@ from envhub.trainer.source import StoreSource
 from tests.support import envhub, until
 
 pytest.importorskip("torch")
+pytest.importorskip("tensorboard")
 
 STEPS = 7
 # asynchronous (the default): rollouts in flight while the trainer trains; a buffer of 4 groups
 RUN = ["arith", "--steps", str(STEPS), "--seed", "3", "--groups", "2", "--k", "2", "--tasks",
-       "6", "--max-turns", "2", "--eval-every", "0", "--concurrency", "4"]
+       "6", "--max-turns", "2", "--eval-every", "0", "--concurrency", "4", "--log-to",
+       "tensorboard"]
 
 
 def rows(out: Path, phase: str = "train") -> list[dict]:
@@ -81,6 +83,18 @@ def check_resumed(out: Path, finished_before: set[str], launched_before: list[st
         if s.id in open_before:  # running at the kill: closed on resume
             assert s.status == "env_failure" and s.reason == "the run stopped", s
             assert s.group_id not in journal.finished
+    # TensorBoard (--log-to): the crashed run's rows past the checkpoint purged, each step once
+    # with metrics.jsonl's value
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(out / "trackers" / "tensorboard"), size_guidance={
+        "scalars": 0})
+    events.Reload()
+    got = [(e.step, e.value) for e in events.Scalars("trainer/policy/entropy")]
+    want = [(r["step"] + 1, r["trainer/policy/entropy"]) for r in steps]
+    assert [s for s, _ in got] == [s for s, _ in want], got
+    assert all(abs(a - b) <= 1e-6 * max(1.0, abs(b)) for (_, a), (_, b) in zip(got, want,
+                                                                                strict=True))
     leftovers = sorted(p.name for p in (out / "checkpoints").iterdir())
     assert leftovers == [f"step-{STEPS - 1:06d}", f"step-{STEPS:06d}"]  # the newest two, no
     # half-written one (--keep-checkpoints' default)
