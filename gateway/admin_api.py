@@ -203,6 +203,18 @@ async def context_action(request: Request, session_id: str) -> Response:
     return json_response({"accepted": True})
 
 
+@router.get("/sessions/{session_id}/pool_faults")
+async def pool_faults(request: Request, session_id: str) -> Response:
+    """How many of this session's calls this gateway process refused because the pool could
+    not record them (503), and the last reason: counted in memory (the pool is what failed),
+    for the runner to tell the agent's failures from the pool's. Admin key."""
+    await _require_admin(request)
+    live = request.app.state.gw.sessions.cached_id(session_id)
+    return json_response({"session_id": session_id,
+                          "refused": live.pool_refused if live is not None else 0,
+                          "reason": live.pool_fault if live is not None else None})
+
+
 @router.post("/sessions/{session_id}/close", openapi_extra=body_of(CloseSession))
 async def close(request: Request, session_id: str) -> Response:
     live = await _runner_only(request, session_id)

@@ -239,6 +239,10 @@ def create_app(config: GatewayConfig, backend: Backend | None = None) -> FastAPI
     async def _gateway_error(request: Request, exc: GatewayError) -> Response:
         if isinstance(exc, PoolFault):  # /health reports it until a write gets through
             request.app.state.gw.store.fault = exc.reason
+            live = request.app.state.gw.sessions.cached(getattr(request.state, "api_key", None))
+            if live is not None:  # the runner asks after the agent: not the agent's failure
+                live.pool_refused += 1
+                live.pool_fault = exc.reason
         if request.url.path.startswith("/v1/messages"):
             return anthropic_api.error_response(exc, request)
         headers = {}

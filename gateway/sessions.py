@@ -50,6 +50,10 @@ class LiveSession:
     memo: MessageMemo = field(default_factory=MessageMemo)
     trainable: bool = True  # False: metadata {"trainable": false}, every turn not trainable
     group_id: str = ""  # the RL group it samples for: the engine drafts from the group's text
+    # calls of this session this process refused because the pool could not record them (503):
+    # in memory, since the pool is what failed; the runner reads it (GET /sessions/{id}/pool_faults)
+    pool_refused: int = 0
+    pool_fault: str | None = None
 
 
 def _trainable(metadata: dict | None) -> bool:
@@ -103,6 +107,13 @@ class Sessions:
                                group_id=row.get("group_id") or "")
             self._remember(live)
         return live
+
+    def cached(self, token: str | None) -> LiveSession | None:
+        """The session of this key if this process holds it, without reading the pool."""
+        return self._by_key.get(key_hash(token)) if token else None
+
+    def cached_id(self, session_id: str) -> LiveSession | None:
+        return self._by_id.get(session_id)
 
     async def by_key(self, token: str) -> LiveSession | None:
         """The existing session this key belongs to, or None; never opens one."""

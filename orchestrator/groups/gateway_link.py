@@ -95,6 +95,23 @@ class GatewayLink:
             self.url, admin_key=self.admin_key, group_id=group_id, task_id=key.task_id,
             env=key.env, sample_index=key.sample)
 
+    async def pool_refusals(self, session_id: str) -> tuple[int, str | None]:
+        """How many of the session's calls the gateway refused because its pool could not
+        record them, and why (0 when it cannot say: an older gateway, or not reachable; the
+        rollout then ends as it would have)."""
+        import httpx
+
+        try:
+            async with httpx.AsyncClient(timeout=30) as http:
+                r = await http.get(f"{self.url}/sessions/{session_id}/pool_faults",
+                                   headers={"authorization": f"Bearer {self.admin_key}"})
+            if r.status_code != 200:
+                return 0, None
+            body = r.json()
+            return int(body.get("refused") or 0), body.get("reason")
+        except (httpx.HTTPError, ValueError, TypeError, AttributeError):
+            return 0, None
+
     async def close_session(self, session_id: str, status: str, reason: str | None) -> None:
         """Close a session with the admin key: the fallback when the session's own close did
         not get through (e.g. a timeout on a loaded machine). Transport errors are retried;

@@ -207,6 +207,12 @@ async def _run_phases(p: PendingRollout, loaded: LoadedEnv, task: Task, rs: Roll
         if not await _serve_tools(p, loaded, task, sandbox, actx, tracker.agent_box.channel):
             return
     agent_ok = await _run_agent(p, rs.agent, actx, limits)
+    refused, why = await rs.link.pool_refusals(p.session.id)
+    if refused:  # the agent's calls were refused for the pool's fault: whatever it did then,
+        # its end (a crash, a give-up, a worse answer) is not its own, and it is not graded
+        p.fail("env_failure", f"the data pool could not record {refused} of the agent's "
+               f"calls ({why or 'pool unavailable'}); the gateway answered them 503")
+        agent_ok = False
     tracker.agent_box = None  # sandboxes opened from now on (grading) get no agent channel
     channel = actx.state.get("channel")
     if channel is not None:

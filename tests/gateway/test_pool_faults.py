@@ -7,8 +7,10 @@ tmpfs filled to the last byte, and a PostgreSQL server stopped and started again
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import anthropic
@@ -29,6 +31,7 @@ class Drive:
         self.url = url
         self.answered: list[tuple[str, int]] = []
         self.refused: list[str] = []
+        self.refused_by: dict[str, int] = {}  # session key -> its calls refused
         self.other: list[str] = []  # anything else: a failure of the test
         self.stop = asyncio.Event()
 
@@ -43,6 +46,7 @@ class Drive:
                 if e.status_code == 503 and "data pool" in e.message \
                         and e.response.headers.get("retry-after"):
                     self.refused.append(e.message)
+                    self.refused_by[key] = self.refused_by.get(key, 0) + 1
                 else:
                     self.other.append(f"{e.status_code}: {e.message}")
                 await asyncio.sleep(0.05)
@@ -99,6 +103,14 @@ def drive_through(url: str, fault, says: str) -> None:
     assert drive.other == []
     assert all(says in m for m in drive.refused), drive.refused[:3]
     drive.check_recorded()
+    # what the runner reads after an agent (so that a command agent's failure then is the
+    # pool's, env_failure): each session's refused calls, counted by the gateway
+    seen = {key for key, _ in drive.answered}
+    for key in sorted(seen):
+        faults = httpx.get(f"{url}/sessions/{key}/pool_faults", timeout=30).json()
+        assert faults["refused"] == drive.refused_by.get(key, 0), (key, faults)
+        assert faults["refused"] == 0 or says in faults["reason"], faults
+    assert sum(drive.refused_by.get(k, 0) for k in seen) > 0
     print(f"{says}: {len(drive.answered)} answered, all recorded; {len(drive.refused)} "
           "refused with 503")
 
@@ -185,3 +197,69 @@ def test_a_postgres_restart_is_a_503_naming_the_pool_and_health_recovers(tmp_pat
             proc.wait()
     finally:
         server.stop()
+
+
+AGENT = '''
+import os, pathlib, sys, time
+import openai
+mark = pathlib.Path(os.environ["POOL_FAULT_MARK"])
+client = openai.OpenAI(max_retries=0, timeout=30)
+msgs = [{"role": "user", "content": "hi"}]
+client.chat.completions.create(model="default", messages=msgs)
+(mark / "first").touch()
+while True:  # until the gateway refuses a call: then give up, as many a CLI does
+    try:
+        client.chat.completions.create(model="default", messages=msgs)
+    except openai.APIStatusError as e:
+        (mark / "refused").write_text(str(e.status_code))
+        sys.exit(3)
+    time.sleep(0.05)
+'''
+
+
+def test_a_command_agent_that_gives_up_on_pool_refusals_is_env_failure(tmp_path: Path):
+    """A command agent whose call the gateway refuses because the pool's disk is full exits 3,
+    as a CLI that gives up would: the rollout is env_failure naming the pool (the agent did
+    nothing wrong), not the agent_error of its exit code."""
+    require(os.geteuid() == 0, "root (to mount a tmpfs of a fixed size)")
+    disk, mark = tmp_path / "disk", tmp_path / "mark"
+    disk.mkdir()
+    mark.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(disk)], check=True)
+    port = free_port()
+    proc = start_gateway(f"sqlite:///{disk / 'pool.db'}", port, ["--admin-key", "pf-admin"])
+    (tmp_path / "agent.py").write_text(AGENT)
+    filler = disk / "filler"
+    run = None
+    try:
+        run = subprocess.Popen(
+            [sys.executable, "-m", "envhub", "run", "arith", "-n", "1", "--agent",
+             f"{sys.executable} {tmp_path / 'agent.py'}", "--agent-on-host", "--gateway",
+             f"http://127.0.0.1:{port}", "--admin-key", "pf-admin", "--out", "out", "-q"],
+            cwd=tmp_path, env={**os.environ, "POOL_FAULT_MARK": str(mark)},
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert until(lambda: (mark / "first").exists() or run.poll() is not None, 300)
+        fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:  # the rest of the disk, to the last byte
+            for size in (1 << 16, 1):
+                try:
+                    while os.write(fd, b"\0" * size):
+                        pass
+                except OSError:
+                    pass
+        finally:
+            os.close(fd)
+        assert until(lambda: (mark / "refused").exists() or run.poll() is not None, 120)
+        assert (mark / "refused").read_text() == "503"
+        filler.unlink()  # the pool can record again: the runner closes and records the rollout
+        output, _ = run.communicate(timeout=300)
+        [record] = [json.loads(p.read_text()) for p in (tmp_path / "out" / "rollouts").iterdir()]
+        assert record["status"] == "env_failure", (record, output[-2000:])
+        assert "data pool could not record" in record["reason"] and "disk is full" in record[
+            "reason"], record["reason"]
+    finally:
+        if run is not None and run.poll() is None:
+            run.kill()
+        proc.kill()
+        proc.wait()
+        subprocess.run(["umount", "-l", str(disk)], check=False)
