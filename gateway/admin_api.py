@@ -207,9 +207,17 @@ async def context_action(request: Request, session_id: str) -> Response:
 async def pool_faults(request: Request, session_id: str) -> Response:
     """How many of this session's calls this gateway process refused because the pool could
     not record them (503), and the last reason: counted in memory (the pool is what failed),
-    for the runner to tell the agent's failures from the pool's. Admin key."""
-    await _require_admin(request)
-    live = request.app.state.gw.sessions.cached_id(session_id)
+    for the runner to tell the agent's failures from the pool's. The admin key, or the
+    session's own (a count the agent cannot change: only the pool's failures move it)."""
+    sessions = request.app.state.gw.sessions
+    token = request.state.api_key
+    if sessions.admin_key is None or sessions.is_admin(token):
+        live = sessions.cached_id(session_id)
+    else:  # the session's own key (a runner on another node holds only that): its own count
+        live = sessions.cached(token)
+        if live is None or live.id != session_id:
+            raise Forbidden("only the admin key, or the session's own key on the gateway "
+                            "process that holds it, reads a session's pool refusals")
     return json_response({"session_id": session_id,
                           "refused": live.pool_refused if live is not None else 0,
                           "reason": live.pool_fault if live is not None else None})

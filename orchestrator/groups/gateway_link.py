@@ -97,20 +97,8 @@ class GatewayLink:
 
     async def pool_refusals(self, session_id: str) -> tuple[int, str | None]:
         """How many of the session's calls the gateway refused because its pool could not
-        record them, and why (0 when it cannot say: an older gateway, or not reachable; the
-        rollout then ends as it would have)."""
-        import httpx
-
-        try:
-            async with httpx.AsyncClient(timeout=30) as http:
-                r = await http.get(f"{self.url}/sessions/{session_id}/pool_faults",
-                                   headers={"authorization": f"Bearer {self.admin_key}"})
-            if r.status_code != 200:
-                return 0, None
-            body = r.json()
-            return int(body.get("refused") or 0), body.get("reason")
-        except (httpx.HTTPError, ValueError, TypeError, AttributeError):
-            return 0, None
+        record them, and why (`pool_refusals`)."""
+        return await pool_refusals(self.url, session_id, self.admin_key)
 
     async def close_session(self, session_id: str, status: str, reason: str | None) -> None:
         """Close a session with the admin key: the fallback when the session's own close did
@@ -139,6 +127,26 @@ class GatewayLink:
         if self._handle is not None:
             handle, self._handle = self._handle, None
             await asyncio.to_thread(handle.close)
+
+
+async def pool_refusals(url: str, session_id: str, key: str | None) -> tuple[int, str | None]:
+    """`GET /sessions/{id}/pool_faults` with `key` (the admin key, or the session's own): how
+    many of its calls the gateway refused because its pool could not record them, and why. 0
+    when it cannot say (an older gateway, another process served them, not reachable): the
+    rollout then ends as it would have."""
+    import httpx
+
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    try:
+        async with httpx.AsyncClient(timeout=30) as http:
+            r = await http.get(f"{url.rstrip('/')}/sessions/{session_id}/pool_faults",
+                               headers=headers)
+        if r.status_code != 200:
+            return 0, None
+        body = r.json()
+        return int(body.get("refused") or 0), body.get("reason")
+    except (httpx.HTTPError, ValueError, TypeError, AttributeError):
+        return 0, None
 
 
 def _not_ready_reason(r: Any) -> str:
