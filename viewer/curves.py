@@ -51,15 +51,7 @@ def read_metrics(folder: Path) -> list[dict[str, Any]]:
         text = (folder / "metrics.jsonl").read_text(encoding="utf-8")
     except OSError:
         return []
-    rows = []
-    for line in text.splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
+    return _rows(text.splitlines())
 
 
 SAMPLES_SHOWN = 12  # the newest sample rollouts on a run's page
@@ -78,8 +70,13 @@ def read_samples(folder: Path) -> list[dict[str, Any]]:
     except OSError:
         return []
     lines = tail.splitlines()[1:] if size > TAIL_BYTES else tail.splitlines()
+    return _rows(lines[-SAMPLES_SHOWN:])
+
+
+def _rows(lines: Iterable[str]) -> list[dict[str, Any]]:
+    """The JSON objects among `lines` (a line being written, or torn, left out)."""
     rows = []
-    for line in lines[-SAMPLES_SHOWN:]:
+    for line in lines:
         try:
             row = json.loads(line)
         except ValueError:

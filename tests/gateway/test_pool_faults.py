@@ -115,6 +115,20 @@ def drive_through(url: str, fault, says: str) -> None:
           "refused with 503")
 
 
+def fill(filler: Path) -> None:
+    """Write `filler` until its disk is full, to the last byte."""
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        for size in (1 << 16, 1):
+            try:
+                while os.write(fd, b"\0" * size):
+                    pass
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+
+
 def health(url: str) -> httpx.Response:
     return httpx.get(f"{url}/health", timeout=30)
 
@@ -139,16 +153,7 @@ def test_a_full_disk_is_a_503_naming_the_pool_and_health_recovers_by_itself(tmp_
 
     async def fault(drive: Drive) -> None:
         await drive.until_answered(4 * SESSIONS)
-        fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
-        try:  # the rest of the disk, to the last byte
-            for size in (1 << 16, 1):
-                try:
-                    while os.write(fd, b"\0" * size):
-                        pass
-                except OSError:
-                    pass
-        finally:
-            os.close(fd)
+        fill(filler)
         await drive.until_refused(2 * SESSIONS)
         during = await asyncio.to_thread(health, url)
         assert during.status_code == 503, during.text
@@ -239,16 +244,7 @@ def test_a_command_agent_that_gives_up_on_pool_refusals_is_env_failure(tmp_path:
             cwd=tmp_path, env={**os.environ, "POOL_FAULT_MARK": str(mark)},
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         assert until(lambda: (mark / "first").exists() or run.poll() is not None, 300)
-        fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
-        try:  # the rest of the disk, to the last byte
-            for size in (1 << 16, 1):
-                try:
-                    while os.write(fd, b"\0" * size):
-                        pass
-                except OSError:
-                    pass
-        finally:
-            os.close(fd)
+        fill(filler)
         assert until(lambda: (mark / "refused").exists() or run.poll() is not None, 120)
         assert (mark / "refused").read_text() == "503"
         filler.unlink()  # the pool can record again: the runner closes and records the rollout
