@@ -33,9 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-TRACKERS = ("tensorboard", "wandb", "mlflow")
-EXTRA = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
-MODULE = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
+TRACKERS = ("tensorboard", "wandb", "mlflow")  # each the name of its library and its extra
 SAMPLE_COLUMNS = ("step", "group", "sample", "prompt_tail", "completion", "reward",
                   "components")
 
@@ -52,9 +50,9 @@ def check_trackers(names: Sequence[str]) -> None:
         if name not in TRACKERS:
             raise TrackerUnavailable(f"--log-to {name}: not a tracker; choose from "
                                      f"{', '.join(TRACKERS)} (comma-separated)")
-        if importlib.util.find_spec(MODULE[name]) is None:
+        if importlib.util.find_spec(name) is None:
             raise TrackerUnavailable(f"--log-to {name}: its library is not installed; pip "
-                                     f"install 'envhub[{EXTRA[name]}]' (or envhub[trackers])")
+                                     f"install 'envhub[{name}]' (or envhub[trackers])")
 
 
 def tracker_step(row: dict[str, Any]) -> int:
