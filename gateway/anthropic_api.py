@@ -255,8 +255,9 @@ async def messages(request: Request) -> Response:
             gw.metrics.in_flight.dec()
     except GatewayError as exc:
         return error_response(exc, request)
-    except ClientGone:
-        return Response(status_code=499)  # the client hung up; nobody reads this
+    except ClientGone:  # the client hung up; nobody reads this
+        gw.metrics.requests.labels(request.url.path, "499").inc()
+        return Response(status_code=499)
     except BodyTooLarge:  # the edge answers 413
         raise
     except Exception as exc:  # keep the Anthropic shape; the cause goes to the log

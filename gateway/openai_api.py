@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
+from starlette.requests import ClientDisconnect
 
 from envhub.gateway.backends.base import SamplingParams
 from envhub.gateway.errors import BadRequest, NotFound
@@ -35,7 +36,10 @@ def json_response(data: Any, status: int = 200, headers: dict[str, str] | None =
 
 
 async def read_json(request: Request) -> dict[str, Any]:
-    raw = await request.body()
+    try:
+        raw = await request.body()
+    except ClientDisconnect:  # gone before its body was whole: nobody to answer
+        raise ClientGone() from None
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as e:

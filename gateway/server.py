@@ -20,6 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.routing import Match
 
 from envhub.gateway import admin_api, admin_fleet, anthropic_api, openai_api, responses_api
@@ -264,13 +265,17 @@ def create_app(config: GatewayConfig, backend: Backend | None = None) -> FastAPI
         return await _gateway_error(request, bad_request(exc.errors(), model, located=True))
 
     @app.exception_handler(openai_api.ClientGone)
+    @app.exception_handler(ClientDisconnect)  # a body FastAPI reads itself (Responses API)
     async def _client_gone(request: Request, exc: Exception) -> Response:
+        metrics.requests.labels(request.url.path, "499").inc()
         return Response(status_code=499)  # nobody is listening; nginx's "client closed"
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
         # routing errors (404 no such path, 405 wrong method): keep Starlette's headers (a 405
         # carries `Allow`), in the shape of the API the path belongs to
+        if isinstance(exc.__cause__, ClientDisconnect):  # FastAPI reading a body: its 400
+            return await _client_gone(request, exc)
         err = GatewayError(str(exc.detail))
         err.status_code = exc.status_code
         if request.url.path.startswith("/v1/messages"):

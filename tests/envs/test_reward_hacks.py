@@ -546,9 +546,10 @@ if _os.path.exists(_os.path.join(_os.path.dirname(__file__), "tests", "test_dict
 
 
 class FirstGradingRunStalls:
-    """A real sandbox whose first grading run (the call that carries the grade's nonce) gets
-    half a second, as a machine too loaded to finish it would: a fault of the grader's, which
-    the agent's patch did not cause."""
+    """A real sandbox whose first grading run (the call that carries the grade's nonce) stalls
+    before it starts and is stopped by its limit (a second here), as on a machine too loaded to
+    finish it: a fault of the grader's, which the agent's patch did not cause. The stall is a
+    sleep far past the limit, so the run cannot finish in time however fast the machine."""
 
     stalled = False
 
@@ -561,7 +562,7 @@ class FirstGradingRunStalls:
     async def exec(self, cmd, timeout=None, cwd=None, env=None):
         if env and "ENVHUB_GRADE_NONCE" in env and not FirstGradingRunStalls.stalled:
             FirstGradingRunStalls.stalled = True
-            timeout = 0.5
+            cmd, timeout = f"sleep 600; {cmd}", 1.0
         return await self.box.exec(cmd, timeout=timeout, cwd=cwd, env=env)
 
 

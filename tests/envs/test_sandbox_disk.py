@@ -1,16 +1,16 @@
 """A sandbox's disk is bounded (`[sandbox] disk_mb`, envs/sandbox/disk.py): a command writing
 until refused gets ENOSPC at the bound in the workdir, /tmp and /dev/shm alike (one bound for
-all three), the host's disk and memory grow by at most that much (read from outside the
-sandbox while the writer holds its files), and rollouts of such an agent are scored, not
-env_failure, eight at once, with the gateway answering throughout."""
+all three), the three lie on one tmpfs of that size (read from outside the sandbox while
+the writer holds its files: the host gives at most that much memory and none of its disk),
+and rollouts of such an agent are scored, not env_failure, eight at once, with the gateway
+answering throughout."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
-import shutil
-import tempfile
+import signal
 from pathlib import Path
 
 from envhub.envs.manifest import SandboxSpec
@@ -19,59 +19,75 @@ from tests.support import envhub, require, require_tool
 
 BOUND_MB = 64
 MB = 1 << 20
-# 1 GiB into each place, then hold the files while the host looks
-# (what it says goes to stdout: the full disk takes no more files)
-WRITER = ("for d in /workspace /tmp /dev/shm; do dd if=/dev/zero of=$d/fill bs=1M count=1024 "
+PLACES = ("/workspace", "/tmp", "/dev/shm")
+HOLD = f"envhub-disk-hold-{os.getpid()}"  # the argv[0] the host finds the writer's process by
+# 1 GiB into each place, then hold the files (a sleep named HOLD, until the host ends it)
+# while the host looks (what it says goes to stdout: the full disk takes no more files)
+WRITER = (f"for d in {' '.join(PLACES)}; do dd if=/dev/zero of=$d/fill bs=1M count=1024 "
           "2>&1 | grep -c 'No space left'; done; du -k /workspace/fill /tmp/fill /dev/shm/fill; "
-          "sleep 4")
+          f"(exec -a {HOLD} sleep 600) || true")
 
 
-def shmem() -> int:
-    """Bytes of the host's shared memory (tmpfs pages among them), from /proc/meminfo."""
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("Shmem:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no Shmem line in /proc/meminfo")
+def holder() -> int | None:
+    """The host pid of the writer's holding sleep, once it runs."""
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "cmdline").read_bytes().split(b"\0")[0] == \
+                    HOLD.encode():
+                return int(entry.name)
+        except OSError:
+            continue
+    return None
 
 
-def disk_used() -> int:
-    usage = shutil.disk_usage(tempfile.gettempdir())
-    return usage.total - usage.free
+def mounted_at(pid: int, place: str) -> tuple[str, str]:
+    """(filesystem type, source) of the mount that holds `place` as process `pid` sees it."""
+    best: tuple[int, str, str] = (-1, "", "")
+    for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines():
+        fields, rest = line.split(" - ")[0].split(), line.split(" - ")[1].split()
+        point = fields[4]
+        if (place == point or place.startswith(point.rstrip("/") + "/")) and len(point) > best[0]:
+            best = (len(point), rest[0], rest[1])
+    return best[1], best[2]
 
 
 def test_a_local_sandbox_gets_enospc_at_its_bound_and_the_host_loses_at_most_that():
+    """Read from outside the sandbox while the writer holds its files: its workspace, /tmp and
+    /dev/shm are one filesystem (one device), a tmpfs (memory, not the host's disk) of at most
+    the bound. Looked at this way, what other tests write meanwhile does not count."""
     require_tool("bwrap")
     require(os.geteuid() == 0, "root (a local sandbox's disk is a tmpfs mounted for it)")
 
-    async def main() -> tuple[int, int, str, str]:
+    async def main() -> tuple[str, list[tuple[int, str, str, int]]]:
         box = await open_sandbox("local", SandboxSpec(disk_mb=BOUND_MB))
         try:
-            memory, disk = shmem(), disk_used()
-            peak = [0, 0]
-
-            async def watch() -> None:
-                while True:
-                    peak[0] = max(peak[0], shmem() - memory)
-                    peak[1] = max(peak[1], disk_used() - disk)
-                    await asyncio.sleep(0.05)
-
-            watcher = asyncio.create_task(watch())
-            result = await box.exec(WRITER, timeout=120)
-            watcher.cancel()
+            writer = asyncio.create_task(box.exec(WRITER, timeout=300))
+            pid = None
+            while pid is None and not writer.done():
+                await asyncio.sleep(0.05)
+                pid = holder()
+            assert pid is not None, await writer
+            seen = []
+            for place in PLACES:
+                inside = f"/proc/{pid}/root{place}"
+                fs = os.statvfs(inside)
+                seen.append((os.stat(inside).st_dev, *mounted_at(pid, place),
+                             fs.f_blocks * fs.f_frsize))
+            os.kill(pid, signal.SIGTERM)
+            result = await writer
             assert result.exit_code == 0, result
         finally:
             await box.close()
-        return peak[0], peak[1], result.stdout
+        return result.stdout, seen
 
-    grown_memory, grown_disk, out = asyncio.run(main())
+    out, seen = asyncio.run(main())
     lines = out.split("\n")
-    print(f"host grew: memory {grown_memory / MB:.1f} MiB, disk {grown_disk / MB:.1f} MiB")
     assert lines[:3] == ["1", "1", "1"], out  # each place refused with ENOSPC
     written = sum(int(line.split()[0]) for line in lines[3:6]) * 1024
     assert BOUND_MB * MB * 0.9 <= written <= BOUND_MB * MB, out  # one bound for all three
-    # read from outside: 3 GiB were asked for; the other test worker's writes are the slack
-    assert grown_memory <= BOUND_MB * MB + 32 * MB, grown_memory
-    assert grown_disk <= BOUND_MB * MB, grown_disk
+    assert len({device for device, *_ in seen}) == 1, seen  # one filesystem
+    assert all(kind == "tmpfs" and size <= BOUND_MB * MB for _, kind, _, size in seen), seen
+    assert {source for _, _, source, _ in seen} == {"envhub-sandbox-disk"}, seen
 
 
 def test_eight_disk_filling_rollouts_are_scored_not_env_failure(tmp_path: Path):

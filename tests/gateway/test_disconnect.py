@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 
 import httpx
@@ -64,3 +65,33 @@ def test_hangup_cancels_engine_call(tmp_path, renderer):
         assert len(t["turns"]) == 1 and t["cm_actions"] == []
     finally:
         gw.close()
+
+
+def test_a_client_gone_before_its_body_is_read_is_no_error(tmp_path, renderer, caplog):
+    """An agent killed while sending (Ctrl-C on a run: every agent gets the signal) leaves a
+    body half sent: the gateway has nobody to answer and nothing to record, so it logs no error
+    and no traceback, and the next call is served."""
+    backend = SlowBackend(renderer, delay=0)
+    gw = start(tmp_path, backend)
+    try:
+        url = httpx.URL(gw.url)
+        payload = json.dumps({"model": "default", "messages": [
+            {"role": "user", "content": "hi"}]}).encode()
+        for path in (b"/v1/chat/completions", b"/v1/messages", b"/v1/responses"):
+            with socket.create_connection((url.host, url.port), timeout=30) as s:
+                s.sendall(b"POST %s HTTP/1.1\r\nhost: gw\r\nauthorization: Bearer gone\r\n"
+                          b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                          % (path, len(payload), payload[:len(payload) // 2]))
+        c = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="gone", max_retries=0)
+        assert c.chat.completions.create(model="default", messages=[
+            {"role": "user", "content": "hi"}]).choices[0].message.content == "fine"
+        # the three half-sent requests have ended on the gateway's side, each a 499 (nginx's
+        # "client closed request") in the request counter
+        assert until(lambda: sum(
+            line.startswith("envhub_requests_total{") and 'status="499"' in line
+            for line in httpx.get(f"{gw.url}/metrics").text.splitlines()) == 3)
+    finally:
+        gw.close()
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+    assert errors == [], [r.getMessage() for r in errors]
+    assert backend.calls == 1
