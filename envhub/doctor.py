@@ -256,7 +256,8 @@ def check_sandbox_disk(concurrency: int, disk_mb: int | None = None) -> Iterator
     else:
         yield Check("sandbox disk (docker)", "warn", f"{driver} on this backing filesystem "
                     "cannot bound a container's writable layer: docker sandboxes can fill the "
-                    "disk", "give dockerd a data-root on xfs mounted with pquota")
+                    "disk", "give dockerd a data-root on btrfs (scripts/test.sh makes one on a "
+                    "loop file), or on xfs mounted with pquota (a kernel with CONFIG_XFS_QUOTA)")
 
 
 def checks(concurrency: int, runs: Path) -> Iterator[Check]:

@@ -54,6 +54,8 @@ from envhub.envs.sandbox.reaper import (
     untrack,
 )
 from envhub.envs.sandbox.shell import (
+    EXEC_DIR,
+    EXEC_DIR_MB,
     EXEC_ID_VAR,
     MAX_STREAM_BYTES,
     SWEEP_ALL,
@@ -199,6 +201,8 @@ class DockerSandbox:
             memswap_limit=f"{spec.memory_mb}m", pids_limit=PIDS_LIMIT,
             working_dir=WORKDIR, security_opt=["no-new-privileges"],
             volumes={h: {"bind": c, "mode": "ro"} for h, c in (binds or {}).items()},
+            # the exec wrapper's output, off the bounded layer (charged to the memory limit)
+            tmpfs={EXEC_DIR: f"size={EXEC_DIR_MB}m,mode=1777"},
         )
         try:
             container = _run_bounded(client, image, options, spec.disk_mb)
@@ -631,6 +635,23 @@ def _killed_since(api: Any, container: str, state: dict[str, Any]) -> bool:
 # from the first container (None: not asked yet); `envhub doctor` reports it.
 storage_opt_supported: bool | None = None
 _STORAGE_OPT_REFUSED = ("storage-opt", "storage opt", "quota", "backingfs")
+# A btrfs qgroup limits a container snapshot's referenced bytes, the image's files among them:
+# there the image's size is added, so the container may still write about `disk_mb` of its own
+# (a little less: the image's files count at their allocated size, ~7% above the image's size
+# for the base image; never more). overlay2's project quota and zfs's quota on a clone count
+# only what the container writes.
+_LIMIT_HOLDS_THE_IMAGE = frozenset({"btrfs"})
+_driver: str | None = None  # the engine's storage driver, asked once
+
+
+def storage_size_mb(client: Any, image: str, disk_mb: int) -> int:
+    """The `--storage-opt size=` that lets a container from `image` write `disk_mb`."""
+    global _driver
+    if _driver is None:
+        _driver = str(client.info().get("Driver", ""))
+    if _driver not in _LIMIT_HOLDS_THE_IMAGE:
+        return disk_mb
+    return disk_mb + -(-int(client.images.get(image).attrs.get("Size") or 0) // (1 << 20))
 
 
 def _run_bounded(client: Any, image: str, options: dict[str, Any], disk_mb: int) -> Any:
@@ -639,8 +660,9 @@ def _run_bounded(client: Any, image: str, options: dict[str, Any], disk_mb: int)
     global storage_opt_supported
     docker = import_docker()
     if storage_opt_supported is not False:
+        size = storage_size_mb(client, image, disk_mb)
         try:
-            container = client.containers.run(image, storage_opt={"size": f"{disk_mb}m"},
+            container = client.containers.run(image, storage_opt={"size": f"{size}m"},
                                                **options)
         except docker.errors.APIError as e:
             text = str(e.explanation or e).lower()

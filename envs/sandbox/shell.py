@@ -17,8 +17,15 @@ EXEC_ID_VAR = "ENVHUB_EXEC_ID"
 MAX_STREAM_BYTES = 8 << 20  # a command printing gigabytes must not exhaust host memory
 KILL_GRACE_S = 2  # SIGTERM first, SIGKILL this long after
 
+# Where the wrapper keeps a call's output: a tmpfs of its own where the sandbox mounts one
+# (docker: EXEC_DIR), so an agent that filled its disk still gets its commands' output and the
+# grader's calls still run; else /tmp (e2b).
+EXEC_DIR = "/run/envhub-exec"
+EXEC_DIR_MB = 64  # a call's two streams, the kept part (MAX_STREAM_BYTES each) and more
+
 WRAPPER = r"""
-d=$(mktemp -d /tmp/.envhub-exec.XXXXXX) || exit 125
+b={exec_dir}; [ -d "$b" ] || b=/tmp
+d=$(mktemp -d "$b/.envhub-exec.XXXXXX") || exit 125
 cd "$1" || { rm -rf "$d"; exit 2; }
 if command -v bash >/dev/null 2>&1; then sh=bash; else sh=sh; fi
 timeout -k {grace} "$2" "$sh" -c "$3" </dev/null >"$d/out" 2>"$d/err"
@@ -26,7 +33,7 @@ rc=$?
 head -c "$4" "$d/out"; head -c "$4" "$d/err" >&2
 rm -rf "$d"
 exit $rc
-""".replace("{grace}", str(KILL_GRACE_S))
+""".replace("{grace}", str(KILL_GRACE_S)).replace("{exec_dir}", EXEC_DIR)
 
 SWEEP = r"""
 for p in /proc/[0-9]*; do

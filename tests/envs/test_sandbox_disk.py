@@ -13,9 +13,11 @@ import os
 import signal
 from pathlib import Path
 
+import pytest
+
 from envhub.envs.manifest import SandboxSpec
 from envhub.envs.sandbox import open_sandbox
-from tests.support import envhub, require, require_tool
+from tests.support import envhub, require, require_docker, require_tool
 
 BOUND_MB = 64
 MB = 1 << 20
@@ -90,15 +92,67 @@ def test_a_local_sandbox_gets_enospc_at_its_bound_and_the_host_loses_at_most_tha
     assert {source for _, _, source, _ in seen} == {"envhub-sandbox-disk"}, seen
 
 
-def test_eight_disk_filling_rollouts_are_scored_not_env_failure(tmp_path: Path):
+REFUSED = "grep -c -e 'No space left' -e 'Disk quota exceeded'"  # ENOSPC or EDQUOT (a quota)
+DOCKER_PLACES = ("/workspace", "/tmp", "/root")
+DOCKER_WRITER = (f"for d in {' '.join(DOCKER_PLACES)}; do dd if=/dev/zero of=$d/fill bs=1M "
+                 f"count=1024 2>&1 | {REFUSED}; done; "
+                 "du -k --apparent-size /workspace/fill /tmp/fill /root/fill 2>/dev/null; "
+                 f"(exec -a {HOLD} sleep 600) || true")
+
+
+@pytest.mark.docker
+def test_a_docker_sandbox_is_refused_at_its_bound_and_its_layer_holds_at_most_that():
+    """The writable layer is the docker sandbox's disk (`--storage-opt size`; on btrfs, where a
+    quota holds the image's files too, the image's size is added): writing 1 GiB into each of
+    three places, the first one takes the bound and the rest are refused; from outside, while
+    the files are held, the engine measures the container's layer at most the bound."""
+    require_docker()
+
+    async def main() -> tuple[str, int, bool | None]:
+        from envhub.envs.sandbox import docker as docker_kind
+
+        box = await open_sandbox("docker", SandboxSpec(disk_mb=BOUND_MB))
+        try:
+            writer = asyncio.create_task(box.exec(DOCKER_WRITER, timeout=300))
+            pid = None
+            while pid is None and not writer.done():
+                await asyncio.sleep(0.05)
+                pid = holder()
+            assert pid is not None, await writer
+            [layer] = await asyncio.to_thread(lambda: docker_kind.docker_client().api.containers(
+                all=True, size=True, filters={"id": box.id}))
+            os.kill(pid, signal.SIGTERM)
+            result = await writer
+            assert result.exit_code == 0, result
+        finally:
+            await box.close()
+        return result.stdout, int(layer.get("SizeRw") or 0), docker_kind.storage_opt_supported
+
+    out, layer, bounded = asyncio.run(main())
+    require(bounded is True, "a Docker engine that bounds a container's layer (--storage-opt "
+            "size: btrfs, or overlay2 on xfs with pquota; scripts/test.sh starts one)")
+    lines = out.split("\n")
+    assert lines[:3] == ["1", "1", "1"], out  # each place refused
+    written = sum(int(line.split()[0]) for line in lines[3:] if line.strip()) * 1024
+    # one bound for all three; on btrfs the image's files count at their allocated size, a few
+    # percent above the image's size that storage_size_mb adds: the container gets a little less
+    assert BOUND_MB * MB * 0.5 <= written <= BOUND_MB * MB, out
+    assert layer <= BOUND_MB * MB, layer  # measured by the engine, from outside
+
+
+@pytest.mark.parametrize("kind", ["local", pytest.param("docker", marks=pytest.mark.docker)])
+def test_eight_disk_filling_rollouts_are_scored_not_env_failure(tmp_path: Path, kind: str):
     """`--sandbox-disk-mb` bounds every sandbox of the run: eight agents writing until refused
     run at once, end `done` with the environment's own 0 (nothing submitted), and every
     sandbox's disk is gone afterwards."""
-    require_tool("bwrap")
-    require(os.geteuid() == 0, "root (a local sandbox's disk is a tmpfs mounted for it)")
+    if kind == "local":
+        require_tool("bwrap")
+        require(os.geteuid() == 0, "root (a local sandbox's disk is a tmpfs mounted for it)")
+    else:
+        require_docker()
     agent = ("sh -c 'dd if=/dev/zero of=fill bs=1M count=1024; "
              "dd if=/dev/zero of=/tmp/fill bs=1M count=1024; exit 0'")
-    done = envhub("run", "arith", "--agent", agent, "--sandbox", "local", "-n", "4", "-k", "2",
+    done = envhub("run", "arith", "--agent", agent, "--sandbox", kind, "-n", "4", "-k", "2",
                   "-c", "8", "--sandbox-disk-mb", "32", "--out", str(tmp_path / "run"),
                   cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -106,6 +160,14 @@ def test_eight_disk_filling_rollouts_are_scored_not_env_failure(tmp_path: Path):
     assert len(records) == 8
     assert {r["status"] for r in records} == {"done"}, [r.get("reason") for r in records]
     assert all(r["outcome"] == 0.0 for r in records)
+    if kind == "docker":  # every container gone, its layer with it
+        from envhub.envs.sandbox.engine import docker_client
+        from envhub.envs.sandbox.reaper import LABEL_RUN
+
+        run_id = json.loads((tmp_path / "run" / "run.json").read_text())["run_id"]
+        assert docker_client().containers.list(
+            all=True, filters={"label": f"{LABEL_RUN}={run_id}"}) == []
+        return
     mounts = Path("/proc/mounts").read_text()
     assert "envhub-sandbox-disk" not in mounts or all(
         str(tmp_path) not in line for line in mounts.splitlines())
