@@ -81,10 +81,11 @@ class AttachedLink:
     async def open_session(self, group_id: str, key: RolloutKey) -> Any:
         return self._session
 
-    async def pool_refusals(self, session_id: str) -> tuple[int, str | None]:
+    async def pool_refusals(self, session_id: str, key: str | None = None
+                            ) -> tuple[int, str | None]:
         """The session's calls refused for the pool's fault, asked with its own key (this
         side has no admin key)."""
         from envhub.orchestrator.groups.gateway_link import pool_refusals
 
-        return await pool_refusals(self.url, session_id, getattr(self._session, "api_key",
-                                                                 None))
+        return await pool_refusals(self.url, session_id,
+                                   key or getattr(self._session, "api_key", None))

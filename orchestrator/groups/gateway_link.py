@@ -95,10 +95,13 @@ class GatewayLink:
             self.url, admin_key=self.admin_key, group_id=group_id, task_id=key.task_id,
             env=key.env, sample_index=key.sample)
 
-    async def pool_refusals(self, session_id: str) -> tuple[int, str | None]:
+    async def pool_refusals(self, session_id: str, key: str | None = None
+                            ) -> tuple[int, str | None]:
         """How many of the session's calls the gateway refused because its pool could not
-        record them, and why (`pool_refusals`)."""
-        return await pool_refusals(self.url, session_id, self.admin_key)
+        record them, and why (`pool_refusals`): asked with the session's own `key` where
+        given (the counts live in the process that served the calls, which a proxy in front
+        of several gateways picks by that key), else the admin key."""
+        return await pool_refusals(self.url, session_id, key or self.admin_key)
 
     async def close_session(self, session_id: str, status: str, reason: str | None) -> None:
         """Close a session with the admin key: the fallback when the session's own close did

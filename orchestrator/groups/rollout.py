@@ -207,7 +207,9 @@ async def _run_phases(p: PendingRollout, loaded: LoadedEnv, task: Task, rs: Roll
         if not await _serve_tools(p, loaded, task, sandbox, actx, tracker.agent_box.channel):
             return
     agent_ok = await _run_agent(p, rs.agent, actx, limits)
-    refused, why = await rs.link.pool_refusals(p.session.id)
+    # asked with the session's own key: a proxy in front of several gateways routes by it,
+    # so the question reaches the process that served (and counted) the agent's calls
+    refused, why = await rs.link.pool_refusals(p.session.id, str(p.session.api_key))
     if refused:  # the agent's calls were refused for the pool's fault: whatever it did then,
         # its end (a crash, a give-up, a worse answer) is not its own, and it is not graded
         p.fail("env_failure", f"the data pool could not record {refused} of the agent's "
