@@ -36,8 +36,8 @@ class TrainLoopConfig(ServicesOptions):
                                 "and did not train (orchestrator/training/resume.py)")
     log_to: list[str] = Field(default_factory=list, description="trackers that get every "
                               "metrics row, the config and sample rollouts: tensorboard, wandb "
-                              "(offline), mlflow (a local store), comma-separated; each an "
-                              "extra (envhub[trackers]); files under OUT/trackers")
+                              "(offline), mlflow, trackio (local stores), comma-separated; each "
+                              "an extra (envhub[trackers]); files under OUT/trackers")
     quiet: bool = Field(False, description="no progress display and no per-step lines (errors "
                         "still shown); off a terminal the progress display is plain lines")
     checkpoint_every: int | None = Field(None, ge=1, description="write a checkpoint every N "

@@ -1,14 +1,15 @@
-"""`envhub train --log-to tensorboard,wandb,mlflow`: the run where researchers look, each
-tracker through its own library (an extra each: `pip install 'envhub[trackers]'`).
+"""`envhub train --log-to tensorboard,wandb,mlflow,trackio`: the run where researchers look,
+each tracker through its own library (an extra each: `pip install 'envhub[trackers]'`).
 
 Every metrics row goes to each tracker under the names of metrics.jsonl (`reward_mean`,
 `trainer/loss/pg`, `eval/resolved_rate`, `mix/arith/trained_share`, ...), numbers only, at
 the tracker step "optimizer steps done": a train row of `step` s at s + 1, an evaluation after
 step a at a + 1 (0: before the first step), so an evaluation and the step it followed share
 their x. The resolved config (run.json's) is the run's parameters; each step's few sample
-rollouts (the prompt's tail, the completion, the reward and its components) a table (W&B),
-text (TensorBoard) or a JSON table artifact (MLflow). Agent text is data to every tracker (a
-table cell, a text summary), never markup we render.
+rollouts (the prompt's tail, the completion, the reward and its components) a table (W&B,
+Trackio), text (TensorBoard) or a JSON table artifact (MLflow). Agent text is data to every
+tracker (a table cell, a text summary), never markup we render; Trackio renders a table's
+strings as Markdown, so there each is escaped to show as the same text.
 
 Where each writes, with no account and no network:
   tensorboard  OUT/trackers/tensorboard (event files; `tensorboard --logdir OUT/trackers`)
@@ -17,15 +18,19 @@ Where each writes, with no account and no network:
   mlflow       a local SQLite store OUT/trackers/mlflow.db (artifacts beside it in
                OUT/trackers/mlflow-artifacts) unless MLFLOW_TRACKING_URI names another
                (`mlflow ui --backend-store-uri sqlite:///OUT/trackers/mlflow.db`)
+  trackio      its local SQLite store in OUT/trackers/trackio (project TRACKIO_PROJECT,
+               default envhub; `TRACKIO_DIR=OUT/trackers/trackio trackio show`)
 A resumed run opens the same trackers again. TensorBoard: a new event file in the same folder
 with `purge_step`, so what the crashed run logged past the checkpoint is hidden and the redone
 steps stand. W&B: the same run id, resumed; it keeps the crashed run's values of the redone
-steps (it drops a step not above its last). MLflow: the same run; the redone steps' values are
-logged beside the crashed run's at the same steps.
+steps (it drops a step not above its last). MLflow and Trackio: the same run; the redone
+steps' values are logged beside the crashed run's at the same steps.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import os
@@ -33,7 +38,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-TRACKERS = ("tensorboard", "wandb", "mlflow")  # each the name of its library and its extra
+# each the name of its library and of its extra
+TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio")
 SAMPLE_COLUMNS = ("step", "group", "sample", "prompt_tail", "completion", "reward",
                   "components")
 
@@ -175,7 +181,41 @@ class MLflow:
         self.client.set_terminated(self.run_id)
 
 
-OPEN = {"tensorboard": TensorBoard, "wandb": WandB, "mlflow": MLflow}
+class Trackio:
+    def __init__(self, out: Path, config: dict[str, Any], run_name: str,
+                 resumed_at: int | None = None) -> None:
+        folder = (out / "trackers" / "trackio").resolve()
+        folder.mkdir(parents=True, exist_ok=True)
+        # Trackio reads TRACKIO_DIR once, when it is imported: set before, checked after
+        os.environ["TRACKIO_DIR"] = str(folder)
+        import trackio
+        from trackio import utils
+
+        if Path(utils.TRACKIO_DIR).resolve() != folder:
+            raise TrackerUnavailable(f"--log-to trackio: trackio was imported before this run "
+                                     f"set its folder ({utils.TRACKIO_DIR}); run envhub train "
+                                     "in a process of its own")
+        self.trackio = trackio
+        with contextlib.redirect_stdout(io.StringIO()):  # its "* Created new run" lines
+            self.run = trackio.init(project=os.environ.get("TRACKIO_PROJECT", "envhub"),
+                                    name=run_name, config=config, resume="allow", embed=False,
+                                    auto_log_gpu=False, auto_log_cpu=False)
+
+    def row(self, row: dict[str, Any]) -> None:
+        self.run.log(numbers(row), step=tracker_step(row))
+
+    def samples(self, step: int, samples: list[dict[str, Any]]) -> None:
+        if samples:  # Trackio renders a table's strings as Markdown: agent text made inert
+            self.run.log({"samples": self.trackio.Table(columns=list(SAMPLE_COLUMNS), data=[
+                [_inert_markdown(_cell(s[c])) for c in SAMPLE_COLUMNS] for s in samples])},
+                step=step)
+
+    def close(self) -> None:
+        with contextlib.redirect_stdout(io.StringIO()):  # "Uploading logs" (it is local)
+            self.run.finish()
+
+
+OPEN = {"tensorboard": TensorBoard, "wandb": WandB, "mlflow": MLflow, "trackio": Trackio}
 
 
 class Trackers:
@@ -232,6 +272,20 @@ def _metric_name(key: str) -> str:
 
 def _safe(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-_" else "-" for c in text)[:128]
+
+
+_MARKDOWN = frozenset("\\`*_{}[]()#+-.!|~>")
+
+
+def _inert_markdown(value: Any) -> Any:
+    """A string a Markdown renderer shows as the same text: HTML escaped, every Markdown
+    punctuation mark backslash-escaped (no link, image, emphasis or raw HTML comes of it)."""
+    import html
+
+    if not isinstance(value, str):
+        return value
+    return "".join("\\" + c if c in _MARKDOWN else c for c in html.escape(value, quote=False)
+                   ).replace("\n", "  \n")
 
 
 def _cell(value: Any) -> Any:

@@ -1,12 +1,16 @@
-"""`envhub train --log-to tensorboard,wandb,mlflow`: each tracker's own reader gets back the
-series of metrics.jsonl (TensorBoard's event reader, MLflow's client, W&B's offline run file
-read with W&B's own protobuf schema), the config as the run's parameters, and each step's
-sample rollouts. No account and no network: W&B offline, MLflow's local SQLite store."""
+"""`envhub train --log-to tensorboard,wandb,mlflow,trackio`: each tracker's own reader gets back
+the series of metrics.jsonl (TensorBoard's event reader, MLflow's client, W&B's offline run file
+read with W&B's own protobuf schema, Trackio's SQLiteStorage), the config as the run's
+parameters, and each step's sample rollouts. No account and no network: W&B offline, MLflow's
+and Trackio's local SQLite stores."""
 
 from __future__ import annotations
 
 import json
+import os
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +21,16 @@ pytest.importorskip("torch")
 pytest.importorskip("tensorboard")
 pytest.importorskip("wandb")
 pytest.importorskip("mlflow")
+pytest.importorskip("trackio")
+
+# Trackio's own store read in a process of its own (trackio takes TRACKIO_DIR when imported)
+TRACKIO_READ = """
+import json, sys
+from trackio.sqlite_storage import SQLiteStorage
+[run] = SQLiteStorage.get_runs("envhub")
+print(json.dumps({"logs": SQLiteStorage.get_logs("envhub", run),
+                  "config": SQLiteStorage.get_run_config("envhub", run)}, default=str))
+"""
 
 KEYS = ("reward_mean", "resolved_rate", "trainer/loss/pg", "trainer/policy/entropy",
         "mix/arith/trained_share", "eval/resolved_rate", "eval/reward_mean")
@@ -70,7 +84,7 @@ def test_every_tracker_reads_back_the_metrics_the_config_and_the_samples(tmp_pat
     done = envhub("train", "arith", "--steps", "2", "--seed", "2", "--groups", "2", "--k", "2",
                   "--tasks", "4", "--max-turns", "2", "--sync", "--eval-every", "1",
                   "--eval-tasks", "2", "--eval-samples", "1", "--lr", "0.0003",
-                  "--log-to", "tensorboard,wandb", "--log-to", "mlflow", "--out", str(out),
+                  "--log-to", "tensorboard,wandb", "--log-to", "mlflow,trackio", "--out", str(out),
                   cwd=tmp_path, env={"WANDB_MODE": "offline"})
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
@@ -133,3 +147,17 @@ def test_every_tracker_reads_back_the_metrics_the_config_and_the_samples(tmp_pat
     assert len(tables) == 2
     cells = json.loads(tables[0].read_text())
     assert cells["columns"][:3] == ["step", "group", "sample"] and cells["data"]
+
+    # Trackio: its own storage API on the run's local store
+    read = subprocess.run([sys.executable, "-c", TRACKIO_READ], capture_output=True, text=True,
+                          env={**os.environ, "TRACKIO_DIR": str(out / "trackers" / "trackio")},
+                          timeout=120)
+    assert read.returncode == 0, read.stderr[-3000:]
+    stored = json.loads(read.stdout.splitlines()[-1])
+    for key in KEYS:
+        got = sorted((int(r["step"]), float(r[key])) for r in stored["logs"]
+                     if isinstance(r.get(key), int | float))
+        assert got == expected(rows, key), (key, got)
+    assert stored["config"]["lr"] == 0.0003 and stored["config"]["steps"] == 2
+    tables = [r["samples"] for r in stored["logs"] if "samples" in r]
+    assert len(tables) == 2, stored["logs"][:3]
