@@ -172,8 +172,9 @@ def train(cfg: TrainLoopConfig, log: Callable[[str], Any] = print,
         producer.open(refs=refs, gateway=gw.url, admin_key=admin, agent=agents,
                       out=cfg.out, max_turns=cfg.max_turns, agent_install=cfg.agent_install,
                       agent_on_host=cfg.agent_on_host, served=served, metrics=metrics)
-        source = LaunchOrderSource(http, ledger)
-        window = GroupWindow(source, cfg.window_size, consumed=point.consumed if point else ())
+        consumed = frozenset(point.consumed) if point else frozenset()
+        source = LaunchOrderSource(http, ledger, trained=consumed)
+        window = GroupWindow(source, cfg.window_size, consumed=consumed)
         loop = Loop(cfg, trainer, producer, source, window, envs,
                     push_url=f"{gw.url}/admin/weights", admin_key=admin, log=log,
                     on_wait=on_wait, metrics=metrics, dtypes=where, start=start, on_row=on_row,

@@ -13,7 +13,7 @@ than awaited forever.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from dataclasses import dataclass
 
 from envhub.orchestrator.training.ledger import GroupLedger
@@ -25,14 +25,21 @@ log = logging.getLogger(__name__)
 
 
 class LaunchOrderSource:
-    def __init__(self, http: HttpSource, ledger: GroupLedger) -> None:
+    def __init__(self, http: HttpSource, ledger: GroupLedger,
+                 trained: Set[str] = frozenset()) -> None:
+        """`trained`: the groups a resumed run's checkpoint consumed, listed without asking
+        the gateway for their sessions (nothing reads them: the window passes them)."""
         self.http, self.ledger = http, ledger
         self._done: dict[str, GroupInfo] = {}  # finished groups' listings (they never change)
+        self._trained = trained
 
     def list_groups(self) -> list[GroupInfo]:
         order, done = self.ledger.snapshot()
         out = []
         for gid in order:
+            if gid in self._trained:
+                out.append(GroupInfo(gid, ()))
+                continue
             if gid in done and gid not in self._done:
                 sessions = sorted(self.http.sessions(group_id=gid),
                                   key=lambda s: (s.sample_index, s.id))
