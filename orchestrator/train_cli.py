@@ -27,7 +27,6 @@ def train_main(cfg: TrainLoopConfig) -> None:
     else CPU; several ranks with --nproc-per-node or under torchrun). Asynchronous by default
     (rollouts keep running while the trainer trains)."""
     import os
-    import subprocess
     import sys
 
     from envhub.envs.agents import make_agent
@@ -67,8 +66,14 @@ def train_main(cfg: TrainLoopConfig) -> None:
         clear_run(cfg.out)
     if cfg.nproc_per_node > 1 and "WORLD_SIZE" not in os.environ:
         # the same command line again, each rank sees WORLD_SIZE and trains its shard
-        raise typer.Exit(subprocess.call(torchrun_argv(cfg.nproc_per_node, sys.argv[1:]),
-                                         env={**os.environ, SPAWNED: "1"}))
+        from envhub.orchestrator.training.ranks import spawn
+
+        code, interrupted = spawn(torchrun_argv(cfg.nproc_per_node, sys.argv[1:]),
+                                  env={**os.environ, SPAWNED: "1"})
+        if interrupted and code == 0:  # rank 0 stopped at a step with a checkpoint
+            typer.echo(f"stopped by Ctrl-C; go on with: envhub train --resume {cfg.out}")
+            raise typer.Exit(130)
+        raise typer.Exit(code)
     from envhub.orchestrator.training.console import TrainConsole
 
     try:
@@ -77,6 +82,8 @@ def train_main(cfg: TrainLoopConfig) -> None:
     except ResumeError as e:
         fail(str(e))
     except RunStopped:  # Ctrl-C: a checkpoint was written
+        if os.environ.get(SPAWNED):  # rank 0 of --nproc-per-node: the command says it
+            raise typer.Exit(0) from None  # (an exit code torchrun would report as a crash)
         typer.echo(f"stopped by Ctrl-C; go on with: envhub train --resume {cfg.out}")
         raise typer.Exit(130) from None
     # e.g. LoRA targets the model does not have; no Ray to reach, or none of its nodes can run

@@ -119,3 +119,70 @@ def _close(together: bool = False) -> None:
         if together:
             dist.barrier()
         dist.destroy_process_group()
+
+
+def spawn(argv: list[str], env: dict[str, str]) -> tuple[int, bool]:
+    """Run `argv` (torchrun starting the ranks) and wait for it; (its exit code, whether a
+    Ctrl-C was passed on). torchrun runs in a session of its own, so a Ctrl-C at the terminal
+    reaches this process only, which passes it to rank 0 alone: the loop there stops at the
+    next step boundary and writes a checkpoint with every rank, then ends the followers as at
+    the end of a run. A Ctrl-C that reached every rank (and torchrun, which ends its workers
+    on one) would cut that checkpoint short. A second Ctrl-C goes to rank 0 too (it stops at
+    once); SIGTERM and SIGHUP end torchrun and its ranks."""
+    import os
+    import signal
+    import subprocess
+
+    proc = subprocess.Popen(argv, env=env, start_new_session=True)
+    passed = False
+
+    def interrupt(signum: int, frame: Any) -> None:
+        nonlocal passed
+        leader = rank_zero(proc.pid)
+        try:
+            if leader is not None:
+                os.kill(leader, signal.SIGINT)
+                passed = True
+            else:  # no rank yet (torchrun starting): nothing to checkpoint
+                os.killpg(proc.pid, signal.SIGINT)
+        except ProcessLookupError:
+            pass
+
+    def terminate(signum: int, frame: Any) -> None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+    handlers = {signal.SIGINT: interrupt, signal.SIGTERM: terminate, signal.SIGHUP: terminate}
+    previous = {s: signal.signal(s, h) for s, h in handlers.items()}
+    try:
+        return proc.wait(), passed
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def rank_zero(torchrun: int) -> int | None:
+    """The pid of the rank-0 worker torchrun `torchrun` started (RANK=0 in its environment),
+    from /proc; None before it runs."""
+    children: list[int] = []
+    try:
+        with open(f"/proc/{torchrun}/task/{torchrun}/children") as f:
+            children = [int(p) for p in f.read().split()]
+    except OSError:  # a kernel without that file: every process's parent
+        for entry in Path("/proc").iterdir():
+            try:
+                status = (entry / "status").read_text() if entry.name.isdigit() else ""
+            except OSError:
+                continue
+            if f"\nPPid:\t{torchrun}\n" in status:
+                children.append(int(entry.name))
+    for pid in children:
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        if b"\0RANK=0\0" in b"\0" + environ:
+            return pid
+    return None

@@ -130,3 +130,35 @@ def test_ctrl_c_writes_a_checkpoint_and_resume_refuses_a_changed_environment(tmp
     assert [r["step"] for r in rows(out)] == list(range(STEPS))
     trained = trained_groups(out)
     assert len(trained) == len(set(trained))
+
+
+@pytest.mark.slow
+def test_ctrl_c_at_the_terminal_stops_two_ranks_with_a_checkpoint(tmp_path):
+    """`--nproc-per-node 2`: a Ctrl-C at the terminal (SIGINT to the whole foreground process
+    group) reaches rank 0 alone, through the command; it stops at a step boundary, both ranks
+    write their shards of the checkpoint, the command exits 130 with no traceback and
+    --resume finishes the run. Before, every rank and torchrun got the signal: the followers
+    died inside the checkpoint and torchrun ended rank 0."""
+    import os
+
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "envhub", "train", *RUN[:2], "4", *RUN[3:],
+                             "--out", str(out), "--nproc-per-node", "2", "--sync"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)  # its group: the terminal's
+    first = out / "checkpoints" / "step-000001"
+    assert until(lambda: first.is_dir() or proc.poll() is not None, 600)
+    os.killpg(proc.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
+    output, _ = proc.communicate(timeout=400)
+    assert proc.returncode == 130, output[-3000:]
+    assert "Traceback" not in output and f"--resume {out}" in output, output[-3000:]
+    done = rows(out)
+    assert len(done) < 4
+    newest = sorted((out / "checkpoints").iterdir())[-1]
+    assert newest.name == f"step-{len(done):06d}", output[-3000:]
+    assert len(list(newest.glob("*.distcp"))) == 2  # both ranks wrote theirs
+    resumed = envhub("train", "--resume", str(out), cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert [r["step"] for r in rows(out)] == [0, 1, 2, 3]
+    trained = trained_groups(out)
+    assert len(trained) == len(set(trained))
