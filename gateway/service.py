@@ -309,7 +309,9 @@ class ChatService:
                     parent_seq=p.parent.seq if p.parent is not None else None,
                     prompt_delta=state.delta_ids, completion=res.completion_ids,
                     logprobs=res.logprobs, weight_version=res.weight_version,
-                    finish_reason=res.finish_reason,
+                    # what the client was told (a parsed tool call: tool_calls, as OpenAI
+                    # says; the engine itself stopped at its stop token)
+                    finish_reason=choice.finish_reason,
                     tool_calls=[ToolCall(id=c["id"], name=c["function"]["name"],
                                          arguments=c["function"]["arguments"])
                                 for c in choice.tool_calls],

@@ -24,6 +24,39 @@ def test_non_streaming_tool_call(gateway):
     traj = trajectory(gateway, "run-1")
     assert len(traj["turns"]) == 1
     assert traj["turns"][0]["tool_calls"][0]["name"] == "calc"
+    assert traj["turns"][0]["finish_reason"] == "tool_calls"  # what the client was told
+
+
+def test_the_recorded_finish_reason_is_the_one_each_api_gave(tmp_path, renderer):
+    """Chat, Anthropic Messages and Responses each told their client the call ended in a tool
+    call (tool_calls, tool_use, a function_call item): each turn is recorded with tool_calls,
+    not the engine's stop at its stop token."""
+    from tests.gateway.conftest import scripted, start, tool_call_text
+
+    gateway = start(tmp_path, scripted(renderer, [tool_call_text("1+1")]))
+    try:
+        _each_api_calls_a_tool(gateway)
+    finally:
+        gateway.close()
+
+
+def _each_api_calls_a_tool(gateway) -> None:
+    import anthropic
+
+    client(gateway, "fr-chat").chat.completions.create(
+        model="default", messages=[{"role": "user", "content": "add"}], tools=[CALC_TOOL])
+    message = anthropic.Anthropic(base_url=gateway.url, api_key="fr-msg", max_retries=0
+                                  ).messages.create(
+        model="default", max_tokens=64, messages=[{"role": "user", "content": "add"}],
+        tools=[{"name": "calc", "description": CALC_TOOL["function"]["description"],
+                "input_schema": CALC_TOOL["function"]["parameters"]}])
+    assert message.stop_reason == "tool_use"
+    response = client(gateway, "fr-resp").responses.create(
+        model="default", input="add", tools=[{"type": "function", **CALC_TOOL["function"]}])
+    assert [item.type for item in response.output][-1] == "function_call"
+    for key in ("fr-chat", "fr-msg", "fr-resp"):
+        assert [t["finish_reason"] for t in trajectory(gateway, key)["turns"]] == [
+            "tool_calls"], key
 
 
 def test_streaming_matches_record(gateway):
