@@ -23,7 +23,9 @@ messages and the first message after them (the system prompt and the task); then
      beyond its preamble that are not system messages (system messages anywhere, like a
      templated first request, are what an agent sends alike in every conversation) → a CM
      action of the chain that it keeps most of (the most recent on a tie): `truncate` (only
-     removes), `summarize` (replaces more than it adds) or `rewrite`;
+     removes), `summarize` (replaces more than it adds), `rewrite`, or `preamble_change`
+     (every message kept, in order, maybe with more after them, but another tool list: a
+     framework's final call without its tools; nothing removed or added);
   2. else it repeats the whole first request of a chain (its opening: system prompt, task and
      whatever else came before the first response) with the same tools and goes on from there
      with new text (a summary after the task, the task's user messages kept by a compaction)
@@ -226,7 +228,9 @@ class History:
         n_removed = sum(b - a for a, b in removed)
         n_added = sum(b - a for a, b in added)
         kind: CMKind
-        if n_added == 0:
+        if n_added == 0 and n_removed == 0:  # every message kept: only the tools changed
+            kind = "preamble_change"
+        elif n_added == 0:
             kind = "truncate"
         elif n_removed > n_added:
             kind = "summarize"

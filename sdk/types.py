@@ -19,7 +19,7 @@ class SessionStatus(str, Enum):
     agent_error = "agent_error"
 
 
-CMKind = Literal["truncate", "summarize", "rewrite", "fork", "reset"]
+CMKind = Literal["truncate", "summarize", "rewrite", "fork", "reset", "preamble_change"]
 RewardKind = Literal["outcome", "process", "time", "custom", "reward_to_go"]
 
 

@@ -45,6 +45,25 @@ def test_truncate_drops_old_observations(gateway):
     assert t["turns"][-1]["prompt_delta_ids"] == t["turns"][-1]["prompt_ids"]
 
 
+@pytest.mark.parametrize("more", [False, True])
+def test_the_same_history_without_its_tools_is_a_preamble_change(gateway, more):
+    """A framework's final summary call resends the history without the tools (alone, or with
+    one more user message): a new segment (the system prompt renders without its tools block)
+    recorded as `preamble_change`, nothing removed or added; it used to be a `truncate` that
+    removed nothing."""
+    key = f"cm-pre-{more}"
+    c, msgs = run(gateway, key)
+    final = msgs + [{"role": "user", "content": "summarize"}] if more else msgs
+    c.chat.completions.create(model="default", messages=final)
+    t = traj(gateway, key)
+    action = t["cm_actions"][-1]
+    assert action["kind"] == "preamble_change" and action["source"] == "detected", action
+    assert action["removed"] == [] and action["added"] == []
+    assert action["from_seq"] == 3 and action["seq"] == 4
+    assert len({turn["chain"] for turn in t["turns"]}) == 1  # the same conversation
+    assert t["turns"][-1]["segment"] != t["turns"][-2]["segment"]
+
+
 def test_summarize_replaces_messages_with_text(gateway):
     c, msgs = run(gateway, "cm-sum")
     summary = {"role": "user", "content": "Summary: computed 1+1 and 2*3 so far."}
