@@ -11,14 +11,17 @@ import asyncio
 import json
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
 from envhub.envs.manifest import SandboxSpec
-from envhub.envs.sandbox import open_sandbox
+from envhub.envs.sandbox import Sandbox, open_sandbox
 from tests.support import envhub, require, require_docker, require_tool
 
+T = TypeVar("T")
 BOUND_MB = 64
 MB = 1 << 20
 PLACES = ("/workspace", "/tmp", "/dev/shm")
@@ -42,6 +45,22 @@ def holder() -> int | None:
     return None
 
 
+async def while_held(box: Sandbox, writer: str, look: Callable[[int], T]) -> tuple[str, T]:
+    """Run `writer` in `box`; once its holding sleep runs, `look(pid)` from outside (its host
+    pid), then end the hold. (The writer's stdout, what `look` returned.)"""
+    running = asyncio.create_task(box.exec(writer, timeout=300))
+    pid = None
+    while pid is None and not running.done():
+        await asyncio.sleep(0.05)
+        pid = holder()
+    assert pid is not None, await running
+    seen = await asyncio.to_thread(look, pid)
+    os.kill(pid, signal.SIGTERM)
+    result = await running
+    assert result.exit_code == 0, result
+    return result.stdout, seen
+
+
 def mounted_at(pid: int, place: str) -> tuple[str, str]:
     """(filesystem type, source) of the mount that holds `place` as process `pid` sees it."""
     best: tuple[int, str, str] = (-1, "", "")
@@ -60,27 +79,21 @@ def test_a_local_sandbox_gets_enospc_at_its_bound_and_the_host_loses_at_most_tha
     require_tool("bwrap")
     require(os.geteuid() == 0, "root (a local sandbox's disk is a tmpfs mounted for it)")
 
+    def look(pid: int) -> list[tuple[int, str, str, int]]:
+        seen = []
+        for place in PLACES:
+            inside = f"/proc/{pid}/root{place}"
+            fs = os.statvfs(inside)
+            seen.append((os.stat(inside).st_dev, *mounted_at(pid, place),
+                         fs.f_blocks * fs.f_frsize))
+        return seen
+
     async def main() -> tuple[str, list[tuple[int, str, str, int]]]:
         box = await open_sandbox("local", SandboxSpec(disk_mb=BOUND_MB))
         try:
-            writer = asyncio.create_task(box.exec(WRITER, timeout=300))
-            pid = None
-            while pid is None and not writer.done():
-                await asyncio.sleep(0.05)
-                pid = holder()
-            assert pid is not None, await writer
-            seen = []
-            for place in PLACES:
-                inside = f"/proc/{pid}/root{place}"
-                fs = os.statvfs(inside)
-                seen.append((os.stat(inside).st_dev, *mounted_at(pid, place),
-                             fs.f_blocks * fs.f_frsize))
-            os.kill(pid, signal.SIGTERM)
-            result = await writer
-            assert result.exit_code == 0, result
+            return await while_held(box, WRITER, look)
         finally:
             await box.close()
-        return result.stdout, seen
 
     out, seen = asyncio.run(main())
     lines = out.split("\n")
@@ -113,20 +126,12 @@ def test_a_docker_sandbox_is_refused_at_its_bound_and_its_layer_holds_at_most_th
 
         box = await open_sandbox("docker", SandboxSpec(disk_mb=BOUND_MB))
         try:
-            writer = asyncio.create_task(box.exec(DOCKER_WRITER, timeout=300))
-            pid = None
-            while pid is None and not writer.done():
-                await asyncio.sleep(0.05)
-                pid = holder()
-            assert pid is not None, await writer
-            [layer] = await asyncio.to_thread(lambda: docker_kind.docker_client().api.containers(
-                all=True, size=True, filters={"id": box.id}))
-            os.kill(pid, signal.SIGTERM)
-            result = await writer
-            assert result.exit_code == 0, result
+            out, [layer] = await while_held(box, DOCKER_WRITER, lambda _: (
+                docker_kind.docker_client().api.containers(all=True, size=True,
+                                                           filters={"id": box.id})))
         finally:
             await box.close()
-        return result.stdout, int(layer.get("SizeRw") or 0), docker_kind.storage_opt_supported
+        return out, int(layer.get("SizeRw") or 0), docker_kind.storage_opt_supported
 
     out, layer, bounded = asyncio.run(main())
     require(bounded is True, "a Docker engine that bounds a container's layer (--storage-opt "
