@@ -255,15 +255,15 @@ def check_sandbox_disk(concurrency: int, disk_mb: int | None = None) -> Iterator
         yield Check("sandbox disk (docker)", "warn", f"btrfs: the quotas that bound each "
                     f"container are inconsistent ({stale}), so no limit is enforced",
                     f"btrfs quota rescan -w {stale}; echo 8 > /sys/fs/btrfs/UUID/qgroups/"
-                    "drop_subtree_threshold keeps them counted (scripts/test.sh does both)")
+                    "drop_subtree_threshold keeps them counted")
     elif bounded:
         yield Check("sandbox disk (docker)", "ok", f"{driver}: the writable layer is bounded "
                     f"(--storage-opt size; overlay2 needs xfs with pquota): {most} of disk")
     else:
         yield Check("sandbox disk (docker)", "warn", f"{driver} on this backing filesystem "
                     "cannot bound a container's writable layer: docker sandboxes can fill the "
-                    "disk", "give dockerd a data-root on btrfs (scripts/test.sh makes one on a "
-                    "loop file), or on xfs mounted with pquota (a kernel with CONFIG_XFS_QUOTA)")
+                    "disk", "give dockerd a data-root on btrfs (a loop file will do), or on xfs "
+                    "mounted with pquota (a kernel with CONFIG_XFS_QUOTA)")
 
 
 def btrfs_quotas_stale() -> str | None:

@@ -36,7 +36,6 @@ need=()
 command -v dockerd >/dev/null || need+=(docker.io)
 command -v bwrap >/dev/null || need+=(bubblewrap)
 command -v debootstrap >/dev/null || need+=(debootstrap)
-command -v mkfs.btrfs >/dev/null || need+=(btrfs-progs)  # docker's data root (below)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
 command -v npm >/dev/null || need+=(npm)  # npm agents (Codex CLI, Claude Code), node for the JavaScript task service
 command -v chromium >/dev/null || need+=(chromium)  # slides, webtask and their Playwright tests
@@ -53,33 +52,8 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 if ! docker info >/dev/null 2>&1; then
   if $root && command -v dockerd >/dev/null; then
-    # Docker's data root on a btrfs filesystem (a sparse loop file), where `--storage-opt size`
-    # bounds each container's disk (docker sandboxes' [sandbox] disk_mb): overlay2 on ext4
-    # refuses it, and xfs's project quotas need a kernel built with them (this one: not).
-    data=()
-    if grep -qw btrfs /proc/filesystems && command -v mkfs.btrfs >/dev/null; then
-      img=/var/lib/envhub-docker.btrfs dir=/var/lib/envhub-docker
-      if ! mountpoint -q "$dir"; then
-        free_gb=$(df -Pk /var/lib | awk 'NR == 2 {print int($4 / 1048576)}')
-        [ -f "$img" ] || { truncate -s "$(( free_gb * 6 / 10 ))G" "$img" && mkfs.btrfs -q "$img"; }
-        mkdir -p "$dir" && mount -o loop,discard "$img" "$dir" || { rm -f "$img"; true; }
-      fi
-      if mountpoint -q "$dir"; then
-        data=(--data-root "$dir" --storage-driver btrfs)
-        # The quotas that bound each container. A subvolume dropped with a tree deeper than
-        # drop_subtree_threshold (3 by default) makes the kernel mark every qgroup inconsistent
-        # instead of counting, and inconsistent qgroups enforce no limit (seen: 1 GiB written
-        # past a 300 MiB bound after ~40 min of the suite); at 8 every drop is counted.
-        btrfs quota enable "$dir"
-        qg=/sys/fs/btrfs/$(findmnt -no UUID "$dir")/qgroups
-        echo 8 > "$qg/drop_subtree_threshold"
-        if [ "$(cat "$qg/inconsistent")" != 0 ]; then btrfs quota rescan -w "$dir" >/dev/null; fi
-      fi
-    fi
-    [ ${#data[@]} -gt 0 ] || missing "a btrfs data root for dockerd (docker sandboxes' disk" \
-      "bound)" "a kernel with btrfs and loop devices, apt-get install btrfs-progs"
-    say "starting dockerd ${data[*]} (log: /tmp/dockerd.log)"
-    (dockerd "${data[@]}" >/tmp/dockerd.log 2>&1 &)
+    say "starting dockerd (log: /tmp/dockerd.log)"
+    (dockerd >/tmp/dockerd.log 2>&1 &)
     for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
     docker info >/dev/null 2>&1 || { echo "dockerd did not start:"; tail -50 /tmp/dockerd.log; exit 1; }
   else
