@@ -255,9 +255,8 @@ async def messages(request: Request) -> Response:
             gw.metrics.in_flight.dec()
     except GatewayError as exc:
         return error_response(exc, request)
-    except ClientGone:  # the client hung up; nobody reads this
-        gw.metrics.requests.labels(request.url.path, "499").inc()
-        return Response(status_code=499)
+    except ClientGone:  # the client hung up: the app's handler answers (and counts) the 499
+        raise
     except BodyTooLarge:  # the edge answers 413
         raise
     except Exception as exc:  # keep the Anthropic shape; the cause goes to the log
