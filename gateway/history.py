@@ -206,11 +206,26 @@ class History:
                 best = (kept, action)
         if best is not None:
             return best[1]
-        for tip, old, responses, opening in tips:  # 2: the chain's own opening, then more
-            if (tip.tools_key == tools_key and len(hashes) > opening
-                    and old[:opening] == hashes[:opening]):
+        for tip, old, responses, _ in tips:  # 2: the chain's own opening, then more
+            if any(tools == tools_key and len(hashes) > len(first)
+                   and hashes[:len(first)] == first for tools, first in self._openings(tip)):
                 return self._classify(old, hashes, beyond, responses, tip)[0]
         return None
+
+    def _openings(self, tip: TurnState) -> list[tuple[bytes, list[bytes]]]:
+        """(tools, messages) of the first requests a conversation can be repeated from: its
+        chain's first request, and that of the segment path ending at `tip` (after a CM action,
+        a compaction that kept the task and a summary). A compaction that asked for its summary
+        under another tool list (Codex CLI: the history and a summary prompt, without tools)
+        leaves that call as the chain's tip; the conversation it resumes is still the chain's."""
+        root = tip
+        while root.parent is not None:
+            root = root.parent
+        first = self.states.get(tip.chain)
+        found = [(root.tools_key, root.appended_hashes)]
+        if first is not None and first is not root:
+            found.append((first.tools_key, first.appended_hashes))
+        return found
 
     def _classify(self, old: list[bytes], new: list[bytes], beyond: set[int],
                   responses: set[int], ref: TurnState) -> tuple[CMAction, int, bool]:

@@ -36,10 +36,16 @@ from urllib.parse import urlparse
 from envhub.envs.environment import Task, Verdict
 from envhub.envs.errors import RunConfigError
 from envhub.envs.loader import LoadedEnv
-from envhub.orchestrator.groups.attached import RemoteRollout, attached_rollout, with_session
+from envhub.orchestrator.groups.attached import (
+    RemoteRollout,
+    attached_rollout,
+    post_held_signals,
+    with_session,
+)
 from envhub.orchestrator.groups.plan import RolloutKey
 from envhub.orchestrator.groups.rollout import PendingRollout, RolloutSetup
 from envhub.orchestrator.groups.scoring import close_session
+from envhub.sdk.types import Signal
 
 log = logging.getLogger(__name__)
 HOST_SERVICE_KINDS = ("docker",)  # sandbox kinds placed by a custom resource of that name
@@ -60,6 +66,7 @@ class RemoteResult:
     setup_s: float
     verify_s: float
     node: dict[str, str] = field(default_factory=dict)
+    signals: list[Signal] = field(default_factory=list)  # the agent's, for the driver to post
 
 
 def rollout_resources(loaded: LoadedEnv, sandbox_kind: str) -> dict[str, Any]:
@@ -163,7 +170,7 @@ class RayExecutor:
         p.agent_info, p.verdict = result.agent_info, result.verdict
         p.duration_s, p.setup_s, p.verify_s = result.duration_s, result.setup_s, result.verify_s
         p.node = result.node
-        return p
+        return await post_held_signals(p, result.signals)
 
     async def close(self) -> None:
         if self._owns_ray:
@@ -193,7 +200,7 @@ async def _run_on_node(job: RemoteRollout) -> RemoteResult:
     node = {"node_id": ctx.get_node_id(), "ip": ray.util.get_node_ip_address(),
             "resources": ",".join(sorted(_custom_resources(ctx)))}
     return RemoteResult(p.status, p.reason, p.stopped, p.turns, p.agent_info, p.verdict,
-                        p.duration_s, p.setup_s, p.verify_s, node)
+                        p.duration_s, p.setup_s, p.verify_s, node, p.signals)
 
 
 @functools.cache

@@ -55,6 +55,7 @@ class PendingRollout:
     setup_s: float = 0.0
     verify_s: float = 0.0
     node: dict[str, str] = field(default_factory=dict)  # where it ran (--executor ray)
+    signals: list[Signal] = field(default_factory=list)  # held by a run elsewhere, to post
 
     def fail(self, status: str, reason: str) -> PendingRollout:
         self.status, self.reason = status, reason[:2000]

@@ -53,7 +53,7 @@ def test_train_runs_its_rollouts_as_ray_tasks(head, tmp_path: Path) -> None:
     assert trained <= {r["group_id"] for r in records}
     # each rollout ran on the Ray node (its runtime context, read there, names it) ...
     for r in records:
-        assert r["status"] == "done", r
+        assert r["status"] == "done", (r.get("reason"), r.get("agent_info"))
         assert r["node"]["resources"] == "node_a" and len(r["node"]["node_id"]) > 20, r["node"]
     # ... and its model calls reached the driver's gateway: the pool holds them
     store = Store(f"sqlite:///{out / 'pool.db'}")
@@ -62,6 +62,11 @@ def test_train_runs_its_rollouts_as_ray_tasks(head, tmp_path: Path) -> None:
         for r in records:
             assert sessions[r["session_id"]]["status"] == "done"
             assert len(store.turn_rows(r["session_id"])) >= 1
+            # the process signals its runner raised on the node (tool errors) were posted by
+            # the driver (the admin key's to post): once they crashed the rollout there
+            posted = store.events("signals", r["session_id"])
+            assert len(posted) == r["agent_info"]["signals"], (posted, r["agent_info"])
+        print("signals posted:", sum(r["agent_info"]["signals"] for r in records))
     finally:
         store.close()
 

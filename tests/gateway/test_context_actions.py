@@ -64,6 +64,26 @@ def test_the_same_history_without_its_tools_is_a_preamble_change(gateway, more):
     assert t["turns"][-1]["segment"] != t["turns"][-2]["segment"]
 
 
+def test_a_compaction_asked_for_without_tools_keeps_its_conversation(gateway):
+    """Codex CLI's compaction: it asks for the summary with the history and a summary prompt
+    and no tools (a `preamble_change`: the chain's tip is now that call, under other tools),
+    then resumes with the task, the summary as a user message and the tools again. That is a
+    `summarize` of the same chain, matched by the chain's first request; it was a new chain
+    with no CM action (matched only against the tip's tools and first request)."""
+    key = "cm-codex"
+    c, msgs = run(gateway, key)
+    summary = c.chat.completions.create(
+        model="default", messages=msgs + [{"role": "user", "content": "COMPACT: summarize"}])
+    text = summary.choices[0].message.content or ""
+    call(c, msgs[:2] + [{"role": "user", "content": f"Another model's summary: {text}"},
+                        {"role": "user", "content": "Continue."}])
+    t = traj(gateway, key)
+    kinds = [(a["kind"], a["seq"], a["from_seq"]) for a in t["cm_actions"]]
+    assert kinds == [("preamble_change", 4, 3), ("summarize", 5, 4)], t["cm_actions"]
+    assert len({turn["chain"] for turn in t["turns"]}) == 1  # one conversation
+    assert len({turn["segment"] for turn in t["turns"]}) == 3
+
+
 def test_summarize_replaces_messages_with_text(gateway):
     c, msgs = run(gateway, "cm-sum")
     summary = {"role": "user", "content": "Summary: computed 1+1 and 2*3 so far."}

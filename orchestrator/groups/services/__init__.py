@@ -23,13 +23,16 @@ Orchestrator → service (at the `url` it registered)
                                api_key, limits: {max_turns?, time_limit_s?}}
                                → (when the rollout is over) {status, reason, stopped, turns,
                                verdict: {outcome, resolved, info, env_failure, signals},
-                               duration_s, setup_s, verify_s}
+                               duration_s, setup_s, verify_s, signals}: `signals` are the
+                               agent phase's process signals (tool errors), which the
+                               orchestrator records with its admin key (the session's key
+                               cannot: an agent would award itself process rewards).
 
 The session is the orchestrator's: it opens it in the pool before asking, the service's agent
 talks to the model only through `gateway_url` with `api_key` (so every turn is in the pool,
 token-exact), and the orchestrator scores the group and closes the sessions. The pool stays the
 single source of truth; the service reports only what the pool cannot know (its verdict, how the
-rollout ended).
+rollout ended) and the signals only the orchestrator's key may write.
 
 Failure accounting: each rollout is asked of one service, once. A service whose connection
 breaks mid-rollout (killed), or that stops heartbeating (hung), ends its rollouts as

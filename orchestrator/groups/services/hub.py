@@ -31,7 +31,7 @@ from envhub.envs.environment import Task, Verdict
 from envhub.envs.errors import RunConfigError
 from envhub.envs.loader import LoadedEnv
 from envhub.envs.manifest import Manifest, SandboxSpec
-from envhub.orchestrator.groups.attached import with_session
+from envhub.orchestrator.groups.attached import post_held_signals, with_session
 from envhub.orchestrator.groups.config import SERVED, ServicesOptions, listen_address
 from envhub.orchestrator.groups.plan import RolloutKey
 from envhub.orchestrator.groups.rollout import PendingRollout, RolloutSetup
@@ -239,7 +239,7 @@ class ServiceHub:
             p.verdict = Verdict(v.outcome, v.resolved, v.info, v.env_failure, v.signals)
         p.duration_s, p.setup_s, p.verify_s = report.duration_s, report.setup_s, report.verify_s
         p.node = {"service": service.url}
-        return p
+        return await post_held_signals(p, report.signals)
 
     @staticmethod
     def _request(key: RolloutKey, group_id: str, task: Task, rs: RolloutSetup,

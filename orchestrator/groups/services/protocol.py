@@ -96,6 +96,9 @@ class RolloutReport(BaseModel):
     duration_s: float = Field(0.0, ge=0)
     setup_s: float = Field(0.0, ge=0)
     verify_s: float = Field(0.0, ge=0)
+    signals: list[Signal] = Field(default_factory=list, max_length=10_000,
+                                  description="process signals of the agent phase (tool "
+                                  "errors), for the orchestrator to record with its key")
 
 
 def answer_bad_requests(app: FastAPI) -> None:

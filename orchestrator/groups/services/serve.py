@@ -92,7 +92,7 @@ class TaskService:
             signals=v.signals)
         return RolloutReport(status=cast(Status, p.status), reason=p.reason, stopped=p.stopped,
                              turns=p.turns, verdict=verdict, duration_s=p.duration_s,
-                             setup_s=p.setup_s, verify_s=p.verify_s)
+                             setup_s=p.setup_s, verify_s=p.verify_s, signals=p.signals)
 
 
 def service_app(service: TaskService) -> FastAPI:
