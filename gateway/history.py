@@ -27,9 +27,11 @@ messages and the first message after them (the system prompt and the task); then
      (every message kept, in order, maybe with more after them, but another tool list: a
      framework's final call without its tools; nothing removed or added);
   2. else it repeats the whole first request of a chain (its opening: system prompt, task and
-     whatever else came before the first response) with the same tools and goes on from there
-     with new text (a summary after the task, the task's user messages kept by a compaction)
-     → a CM action of that chain, classified as in 1;
+     whatever else came before the first response), or of its latest segment, with the same
+     tools as that request and goes on from there with new text (a summary after the task,
+     the task's user messages kept by a compaction) → a CM action of that chain, classified as
+     in 1 against its latest turn (Codex CLI asks for its summary without tools, so that call
+     is the tip the resumed conversation is classified against);
   3. else it is a new conversation: a new chain, no CM action. A new conversation sharing a
      system prompt and templated messages (a second run of a CLI on another task), only a
      first user message, or nothing, is one.
