@@ -1,11 +1,19 @@
-"""Advantages: GRPO on the composite reward, with per-turn reward-to-go (issue 7, item 3).
+"""Advantages on the composite reward, with per-turn reward-to-go.
 
-The estimator (REINFORCE with reward-to-go and the GRPO group baseline). For sample i of a
-group with composite rewards R (padded repeats included, so the group is treated as full),
-the tokens sampled at turn t get
+The estimator (REINFORCE with reward-to-go and a baseline). For sample i of a group of K
+with composite rewards R (padded repeats included, so the group is treated as full), the
+tokens sampled at turn t get
 
-    A_{i,t} = (G_{i,t} - mean_j R_j) / (std_j R_j + eps)       (`normalize_std` off: / 1)
+    A_{i,t} = (G_{i,t} - b_i) / s
     G_{i,t} = R_i - turn_coef * sum of the weighted turn-level events of i with seq < t
+
+with, per `AdvantageConfig.estimator`:
+    grpo          b_i = mean_j R_j, s = std_j R_j + eps   (GRPO, Shao et al. 2024;
+                  `normalize_std` off: s = 1, Dr.GRPO, Liu et al. 2025)
+    rloo          b_i = (sum_j R_j - R_i) / (K - 1), s = 1 (RLOO, Ahmadian et al. 2024)
+    reinforce_pp  b_i = mean_j R_j (0 without `group_baseline`), s = 1, then every loss
+                  token's A of the batch is normalised by the mean and std over all loss
+                  tokens of the batch (REINFORCE++, Hu et al. 2025)
 
 so every reward counts exactly once in each token's advantage: rewards without a turn (the
 outcome, the completion-time reward) and turn-level rewards (process penalties) at or after
@@ -100,6 +108,22 @@ def token_advantages(t: Trajectory, segment: Segment, a_sample: float,
             for m, s in zip(segment.loss_mask, turns, strict=True)]
 
 
+def baselines_and_scale(rewards: list[float], config: AdvantageConfig
+                        ) -> tuple[list[float], float]:
+    """Each sample's baseline b_i and the group's divisor of (G - b_i), per estimator:
+    grpo: the group mean and std + eps (1 without normalize_std: Dr.GRPO); rloo: the mean of
+    the other samples' rewards, 1 (a singleton: its own reward, so A = 0); reinforce_pp: the
+    group mean (0 without group_baseline), 1: its scale is the batch's (`batch_normalize`)."""
+    if config.estimator == "rloo":
+        k, total = len(rewards), sum(rewards)
+        return [(total - r) / (k - 1) if k > 1 else r for r in rewards], 1.0
+    if config.estimator == "reinforce_pp":
+        mean = sum(rewards) / len(rewards) if config.group_baseline else 0.0
+        return [mean] * len(rewards), 1.0
+    mean, scale = baseline_and_scale(rewards, config.normalize_std, config.eps)
+    return [mean] * len(rewards), scale
+
+
 def group_advantages(samples: list[Trajectory], config: AdvantageConfig
                      ) -> tuple[list[float], list[dict[int, float]]]:
     """Per sample: its first-turn advantage A_i and the per-turn correction {seq: A_{i,t} -
@@ -107,7 +131,24 @@ def group_advantages(samples: list[Trajectory], config: AdvantageConfig
     rewards = [composite_reward(t, config) for t in samples]
     if not rewards:
         return [], []
-    mean, scale = baseline_and_scale(rewards, config.normalize_std, config.eps)
+    baselines, scale = baselines_and_scale(rewards, config)
     terms = [{s: -config.turn_coef * v / scale for s, v in rewards_before_turn(t, config).items()}
              for t in samples]
-    return [(r - mean) / scale for r in rewards], terms
+    return [(r - b) / scale for r, b in zip(rewards, baselines, strict=True)], terms
+
+
+def batch_normalize(advantages: list[list[float]], masks: list[list[int]],
+                    config: AdvantageConfig) -> list[list[float]]:
+    """REINFORCE++'s global normalisation: every loss token's advantage minus the mean over
+    all loss tokens of the batch (the tokens trained: a sequence's first never is), divided
+    by their population std + eps (only the mean with normalize_std off); tokens off the mask
+    stay 0."""
+    values = [a for adv, mask in zip(advantages, masks, strict=True)
+              for a, m in zip(adv[1:], mask[1:], strict=True) if m]  # token 0 is never trained
+    if not values:
+        return advantages
+    mean = sum(values) / len(values)
+    scale = (math.sqrt(sum((v - mean) ** 2 for v in values) / len(values)) + config.eps
+             if config.normalize_std else 1.0)
+    return [[(a - mean) / scale if m else 0.0 for a, m in zip(adv, mask, strict=True)]
+            for adv, mask in zip(advantages, masks, strict=True)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from envhub.trainer.advantages import (
+    batch_normalize,
     composite_reward,
     group_advantages,
     runner_events,
@@ -111,4 +112,9 @@ def build_batch(groups: list[Group], config: TrainerConfig, trainer_version: int
         batch.n_groups += 1
         batch.sequences += sequences
         batch.fates[group.group_id] = GroupFate(kept.n_valid, stale)
+    if config.advantages.estimator == "reinforce_pp":
+        normalized = batch_normalize([q.advantages for q in batch.sequences],
+                                     [q.loss_mask for q in batch.sequences], config.advantages)
+        for q, adv in zip(batch.sequences, normalized, strict=True):
+            q.advantages = adv
     return batch

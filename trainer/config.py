@@ -37,9 +37,17 @@ class FilterConfig(BaseModel):
 
 
 class AdvantageConfig(BaseModel):
-    """GRPO group advantages plus per-turn reward-to-go (issue 7, item 3)."""
+    """Group advantages (GRPO, RLOO, REINFORCE++) plus per-turn reward-to-go
+    (trainer/advantages.py)."""
 
-    normalize_std: bool = Field(default=True, description="Divide by the group's reward std.")
+    estimator: Literal["grpo", "rloo", "reinforce_pp"] = Field(
+        default="grpo", description="grpo: (R - group mean) / group std; rloo: R minus the "
+        "mean of the group's other samples; reinforce_pp: R (minus the group mean with "
+        "group_baseline), then normalised over the whole batch's loss tokens.")
+    group_baseline: bool = Field(default=True, description="reinforce_pp: subtract the group "
+                                 "mean first (REINFORCE++-baseline); off: no baseline.")
+    normalize_std: bool = Field(default=True, description="grpo: divide by the group's reward "
+                                "std (off: Dr.GRPO); reinforce_pp: by the batch's std.")
     eps: float = Field(default=1e-6, gt=0, description="Added to the std before dividing.")
     reward_weights: dict[str, float] = Field(
         default_factory=dict,
@@ -56,15 +64,57 @@ class AdvantageConfig(BaseModel):
         "turn on (reward-to-go); 0: every token gets the whole sample's reward (plain GRPO).")
 
 
-class LossConfig(BaseModel):
-    """IS-masked policy-gradient loss against the rollout policy (issue 7, item 4)."""
+BUILTIN_LOSSES = ("is_mask", "ppo_clip", "gspo", "cispo")
+Correction = Literal["none", "token_truncate", "token_mask", "sequence_truncate",
+                     "sequence_mask"]
 
+
+class LossConfig(BaseModel):
+    """The policy-gradient objective against the rollout policy, its aggregation and rollout
+    correction (formulas in trainer/loss.py and trainer/README.md)."""
+
+    name: str = Field(
+        default="is_mask", description="is_mask (two-sided token mask, the default), ppo_clip, "
+        "gspo, cispo, or a plug-in as module:function (fn(LossInputs) -> per-token loss).")
     eps_low: float = Field(default=0.2, ge=0, lt=1,
-                           description="Tokens with ratio < 1 - eps_low are masked out.")
+                           description="Lower band/clip 1 - eps_low of the token ratio "
+                           "(is_mask: masked beyond it; ppo_clip, cispo: clipped).")
     eps_high: float = Field(default=0.28, ge=0,
-                            description="Tokens with ratio > 1 + eps_high are masked out.")
+                            description="Upper band/clip 1 + eps_high of the token ratio.")
+    seq_eps_low: float = Field(default=3e-4, ge=0, lt=1,
+                               description="gspo: lower clip of the sequence ratio (the "
+                               "paper's 3e-4).")
+    seq_eps_high: float = Field(default=4e-4, ge=0,
+                                description="gspo: upper clip of the sequence ratio (4e-4).")
+    agg: Literal["token_mean", "seq_mean", "constant"] = Field(
+        default="token_mean", description="token_mean over the step's loss tokens; seq_mean "
+        "(each sequence's token mean, then the mean over sequences); constant: sum over "
+        "tokens / (sequences x agg_constant), Dr.GRPO's normaliser.")
+    agg_constant: float = Field(default=4096.0, gt=0, description="constant aggregation: "
+                                "the per-sequence token budget C.")
+    correction: Correction = Field(
+        default="none", description="Rollout correction for engine/trainer logprob mismatch: "
+        "token_truncate (TIS), token_mask (MIS), sequence_truncate, sequence_mask; the loss's "
+        "ratio is then taken against the trainer's own policy at the step.")
+    correction_cap: float = Field(default=2.0, ge=1.0, description="The cap C of the "
+                                  "correction's importance weight.")
     kl_coef: float = Field(default=0.0, ge=0, description="Weight of the k3 KL(train || "
                            "reference) penalty; needs a reference model when > 0.")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return check_loss_name(v)
+
+
+def check_loss_name(v: str) -> str:
+    """A built-in loss's name or a `module:function` spelling (not imported here)."""
+    module, sep, attr = v.partition(":")
+    if v in BUILTIN_LOSSES or (sep and module and attr.isidentifier()
+                               and all(p.isidentifier() for p in module.split("."))):
+        return v
+    raise ValueError(f"{v!r}: a loss is one of {', '.join(BUILTIN_LOSSES)} or a plug-in "
+                     "module:function (e.g. mypkg.losses:my_loss)")
 
 
 class OptimConfig(BaseModel):

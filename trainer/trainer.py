@@ -30,7 +30,13 @@ from envhub.trainer.distributed import DataParallel, choose_device, shard_model
 from envhub.trainer.errors import PeerFailed, TrainerError, require_torch
 from envhub.trainer.forward import tree_logprobs
 from envhub.trainer.lora import MergeShell, apply_lora
-from envhub.trainer.loss import ADDITIVE, LossSums, is_masked_loss
+from envhub.trainer.loss import (
+    ADDITIVE,
+    LossSums,
+    policy_loss,
+    resolve_loss,
+    token_coefficients,
+)
 from envhub.trainer.prefix_tree import PackedTree, pack, plan_trees
 from envhub.trainer.source import Group
 from envhub.trainer.weights import export_weights
@@ -51,6 +57,7 @@ class Trainer:
         import torch
 
         self.config = config or TrainerConfig()
+        self.loss_fn = resolve_loss(self.config.loss.name)  # a bad plug-in fails here
         if self.config.loss.kl_coef > 0 and reference is None:
             raise ValueError("loss.kl_coef > 0 needs a reference model: pass reference=... "
                              "or set kl_coef to 0")
@@ -133,11 +140,13 @@ class Trainer:
         """Zero the gradients and accumulate this step's into `.grad` (sharded under FSDP2:
         each rank holds its shard of the summed gradient); returns the step's metrics."""
         local = self._local_shard(sequences)
-        n_local = sum(s.n_loss_tokens for s in local)
-        n_total = self.dp.sum_floats([float(n_local)])[0] if self.dp else float(n_local)
+        n_local = float(sum(s.n_loss_tokens for s in local))
+        s_local = float(sum(1 for s in local if s.n_loss_tokens))
+        n_total, s_total = (self.dp.sum_floats([n_local, s_local]) if self.dp
+                            else (n_local, s_local))
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        sums, packed, naive, paths = self._accumulate(local, n_total)
+        sums, packed, naive, paths = self._accumulate(local, n_total, s_total)
         counts = list(paths.values())
         if self.dp:
             packed, naive, *counts = self.dp.sum_floats([packed, naive, *counts])
@@ -178,10 +187,12 @@ class Trainer:
             merge = False
         return bins, trees, merge
 
-    def _accumulate(self, local: list[TrainSequence], n_total: float
+    def _accumulate(self, local: list[TrainSequence], n_total: float, s_total: float
                     ) -> tuple[LossSums, float, float, dict[str, float]]:
         """Backward over every packed tree of this rank; gradients accumulate in .grad.
-        Also returns how many forwards ran in each attention mode and merged/unmerged."""
+        `n_total`, `s_total`: the step's loss tokens and sequences with one, on every rank
+        (the aggregation's counts). Also returns how many forwards ran in each attention mode
+        and merged/unmerged."""
         import torch
 
         from envhub.trainer.tree_attention import MODES
@@ -221,8 +232,12 @@ class Trainer:
                 with torch.no_grad():
                     ref = self._logprobs(self.reference, tree, masks, with_entropy=False
                                          ).logprobs
-            loss, s = is_masked_loss(out.logprobs, rollout, adv, n_total, cfg.loss,
-                                     entropy=out.entropy, ref_logprobs=ref)
+            per_seq = torch.tensor(token_coefficients([q.n_loss_tokens for q in seqs], n_total,
+                                                      s_total, cfg.loss), dtype=torch.float32)
+            coef = per_seq[out.seq_index].to(device)
+            loss, s = policy_loss(out.logprobs, rollout, adv, out.seq_index.to(device),
+                                  len(seqs), coef, cfg.loss, fn=self.loss_fn,
+                                  entropy=out.entropy, ref_logprobs=ref)
             (loss * scale).backward()
             sums.add(s)
         for _ in range(empty_passes):  # a 2-token tree, loss x 0: the collectives only
@@ -252,7 +267,7 @@ class Trainer:
             for name, value in zip(ADDITIVE, totals, strict=True):
                 setattr(sums, name, value)
             sums.ratio_min, sums.ratio_max = self.dp.min_max(sums.ratio_min, sums.ratio_max)
-        return sums.metrics()
+        return sums.metrics(self.config.loss.correction)
 
     # -- weights, checkpoints ---------------------------------------------------------------
 

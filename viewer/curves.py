@@ -132,6 +132,7 @@ GROUPS: list[tuple[str, Callable[[str], bool]]] = [
      or k.startswith("trainer/kl/")),
     ("importance sampling", lambda k: k in ("trainer/is/masked_fraction", "trainer/is/ratio_min",
                                             "trainer/is/ratio_max", "trainer/is/ratio_mean")),
+    ("rollout correction", lambda k: k.startswith("trainer/correction/")),
     ("staleness", lambda k: k in ("filter/stale", "staleness/mean", "staleness/max",
                                   "versions/mixed_samples")),
     ("throughput", lambda k: k in ("rollouts/min", "tokens/s")),

@@ -103,6 +103,29 @@ class TrainLoopConfig(ServicesOptions):
                            "outcomes tie has its advantages scaled to unit size from whatever "
                            "differs: for arith, the 0.05-weighted time reward's jitter of a "
                            "few ms between samples run together (trainer/README.md)")
+    loss: str = Field("is_mask", description="the policy loss: is_mask (GLM-5's two-sided "
+                      "token mask, default), ppo_clip, gspo, cispo, or a plug-in "
+                      "module:function (trainer/README.md has each one's formula)")
+    loss_agg: Literal["token_mean", "seq_mean", "constant"] = Field(
+        "token_mean", description="how token losses add up to the step's: token_mean, "
+        "seq_mean (per sequence, then over sequences), constant (Dr.GRPO: / sequences x "
+        "--loss-agg-constant)")
+    loss_agg_constant: float = Field(4096.0, gt=0, description="--loss-agg constant: the "
+                                     "per-sequence token budget it divides by")
+    eps_low: float = Field(0.2, ge=0, lt=1, description="the token ratio's lower band or clip "
+                           "(1 - eps_low): is_mask masks beyond it, ppo_clip and cispo clip")
+    eps_high: float = Field(0.28, ge=0, description="the token ratio's upper band or clip "
+                            "(1 + eps_high)")
+    advantage: Literal["grpo", "rloo", "reinforce_pp"] = Field(
+        "grpo", description="the advantage estimator: grpo (group mean, --std-norm: / std), "
+        "rloo (leave-one-out mean), reinforce_pp (group mean, then normalised over the "
+        "batch's tokens); each with reward-to-go")
+    correction: Literal["none", "token_truncate", "token_mask", "sequence_truncate",
+                        "sequence_mask"] = Field(
+        "none", description="rollout correction for engine/trainer logprob mismatch: TIS "
+        "(token_truncate, sequence_truncate) or MIS (token_mask, sequence_mask) with cap "
+        "--correction-cap; the loss's ratio is then to the trainer's own policy")
+    correction_cap: float = Field(2.0, ge=1.0, description="the correction's weight cap")
     gradient_checkpointing: bool = Field(False, description="recompute activations in the "
                                          "backward pass (less memory, more compute)")
     precision: Literal["fp32", "bf16"] = Field("fp32", description="the trainer's compute "
@@ -189,6 +212,19 @@ class TrainLoopConfig(ServicesOptions):
     @classmethod
     def _precision(cls, v: Any) -> Any:
         return precision_name(v)
+
+    @field_validator("loss")
+    @classmethod
+    def _loss(cls, v: str) -> str:
+        """A built-in, or a plug-in that imports, takes LossInputs and gives a finite loss
+        with a gradient on a test input: refused here, before anything is written."""
+        from envhub.trainer.config import check_loss_name
+        from envhub.trainer.loss import resolve_loss
+
+        check_loss_name(v)
+        if ":" in v:
+            resolve_loss(v)
+        return v
 
     @field_validator("device", "engine_device")
     @classmethod

@@ -28,6 +28,7 @@ def build_trainer(cfg: TrainLoopConfig, gw_config: GatewayConfig, envs: list[Env
         AdvantageConfig,
         FilterConfig,
         LoraSettings,
+        LossConfig,
         OptimConfig,
         TrainerConfig,
     )
@@ -46,8 +47,12 @@ def build_trainer(cfg: TrainLoopConfig, gw_config: GatewayConfig, envs: list[Env
                             targets=cfg.lora_targets or "all-linear")
     config = TrainerConfig(
         optim=OptimConfig(lr=cfg.lr, reset_optimizer_on_sync=cfg.resets_optimizer),
-        advantages=AdvantageConfig(normalize_std=cfg.std_norm, env_reward_weights={
-            e.name: e.reward_weights for e in envs}),  # the manifests', never an event's
+        advantages=AdvantageConfig(
+            estimator=cfg.advantage, normalize_std=cfg.std_norm, env_reward_weights={
+                e.name: e.reward_weights for e in envs}),  # the manifests', never an event's
+        loss=LossConfig(name=cfg.loss, agg=cfg.loss_agg, agg_constant=cfg.loss_agg_constant,
+                        eps_low=cfg.eps_low, eps_high=cfg.eps_high, correction=cfg.correction,
+                        correction_cap=cfg.correction_cap),
         filters=FilterConfig(tau=cfg.tau, group_size=cfg.k, drop_no_signal=True,
                              chains=cfg.chains),
         gradient_checkpointing=cfg.gradient_checkpointing, precision=cfg.precision, lora=lora,

@@ -22,7 +22,13 @@ import torch
 from envhub.orchestrator.training.ranks import RankLeader, follow
 from envhub.sdk.types import Trajectory
 from envhub.trainer.batch import build_batch
-from envhub.trainer.config import LoraSettings, OptimConfig, TrainerConfig
+from envhub.trainer.config import (
+    AdvantageConfig,
+    LoraSettings,
+    LossConfig,
+    OptimConfig,
+    TrainerConfig,
+)
 from envhub.trainer.distributed import DataParallel, run_rank
 from envhub.trainer.errors import TrainerError
 from envhub.trainer.prefix_tree import plan_trees
@@ -36,6 +42,15 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "checkpointing": {"gradient_checkpointing": True},
     "lora": {"lora": LoraSettings(rank=4, alpha=8)},
     "bf16": {"precision": "bf16"},
+    # the objectives (trainer/loss.py, advantages.py): sequence-level terms and step-wide
+    # counts must come out the same however the step is split over ranks
+    "gspo": {"loss": LossConfig(name="gspo", agg="seq_mean", seq_eps_low=0.5,
+                                seq_eps_high=0.5)},
+    "cispo_constant": {"loss": LossConfig(name="cispo", agg="constant", agg_constant=64.0)},
+    "ppo_clip_tis": {"loss": LossConfig(name="ppo_clip", correction="token_truncate")},
+    "seq_mask_rloo": {"loss": LossConfig(correction="sequence_mask", correction_cap=1e6),
+                      "advantages": AdvantageConfig(estimator="rloo")},
+    "reinforce_pp": {"advantages": AdvantageConfig(estimator="reinforce_pp")},
 }
 
 

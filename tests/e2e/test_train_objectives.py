@@ -1,0 +1,58 @@
+"""`envhub train` with the objectives chosen on its command line: a plug-in loss given by
+dotted path trains (with another estimator, aggregation and a rollout correction), and a plug-in
+that cannot work stops the command with exit 2 and what to fix, before anything is written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.support import envhub
+
+pytest.importorskip("torch")
+
+REPO = Path(__file__).resolve().parents[2]
+RUN = ["arith", "--steps", "2", "--seed", "3", "--groups", "2", "--k", "2", "--tasks", "4",
+       "--max-turns", "2", "--eval-every", "0", "--concurrency", "4", "--sync"]
+
+
+@pytest.mark.slow
+def test_a_plug_in_loss_trains_with_the_chosen_estimator_and_correction(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    # 4 x 4 samples a step: groups whose samples differ (the loss has something to train)
+    done = envhub("train", *RUN, "--groups", "4", "--k", "4", "--max-turns", "3",
+                  "--out", str(out), "--loss",
+                  "tests.trainer.plugin_losses:vanilla_pg", "--advantage", "rloo",
+                  "--loss-agg", "seq_mean", "--correction", "token_truncate", cwd=tmp_path,
+                  env={"PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if r["phase"] == "train"]
+    assert [r["step"] for r in train] == [0, 1]
+    trained = [r for r in train if r["trainer/step/skipped"] == 0]
+    assert trained and all(r["trainer/loss/tokens"] > 0 for r in trained), train
+    for r in trained:  # the correction reports what it cut; the loss ran on every token
+        assert 0 <= r["trainer/correction/cut_fraction"] <= 1, r
+        assert r["trainer/correction/weight_mean"] > 0, r
+        assert r["trainer/is/masked_fraction"] == 0  # a plug-in keeps every token's gradient
+    config = json.loads((out / "run.json").read_text())["config"]
+    assert config["loss"] == "tests.trainer.plugin_losses:vanilla_pg"
+    assert config["advantage"] == "rloo" and config["correction"] == "token_truncate"
+
+
+@pytest.mark.parametrize(("name", "says"), [
+    ("tests.trainer.plugin_losses:not_finite", "not finite"),
+    ("tests.trainer.plugin_losses:two_arguments", "one argument"),
+    ("tests.trainer.plugin_losses:nowhere", "cannot import"),
+])
+def test_a_plug_in_loss_that_cannot_work_exits_2_before_anything_is_written(
+        tmp_path: Path, name: str, says: str) -> None:
+    out = tmp_path / "run"
+    r = envhub("train", *RUN, "--out", str(out), "--loss", name, cwd=tmp_path,
+               env={"PYTHONPATH": str(REPO)}, timeout=300)
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert says in r.stderr and "--loss" in r.stderr, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr
+    assert not out.exists()
