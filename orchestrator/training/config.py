@@ -103,6 +103,13 @@ class TrainLoopConfig(ServicesOptions):
                            "outcomes tie has its advantages scaled to unit size from whatever "
                            "differs: for arith, the 0.05-weighted time reward's jitter of a "
                            "few ms between samples run together (trainer/README.md)")
+    dynamic_sampling: bool = Field(False, description="DAPO's dynamic sampling: groups that "
+                                   "would train nothing (all samples scored alike) do not "
+                                   "count towards --groups; more are taken, up to "
+                                   "--dynamic-sampling-max extra per step (the row's dynamic/*)")
+    dynamic_sampling_max: int | None = Field(None, ge=0, description="most extra groups one "
+                                             "step takes for dynamic sampling (None: 2 x "
+                                             "--groups)")
     loss: str = Field("is_mask", description="the policy loss: is_mask (GLM-5's two-sided "
                       "token mask, default), ppo_clip, gspo, cispo, or a plug-in "
                       "module:function (trainer/README.md has each one's formula)")

@@ -123,17 +123,10 @@ class Loop:
             if self._stop.is_set():
                 return
             t0 = time.perf_counter()
-            if cfg.sync:
-                # a resumed run first trains the finished groups it has not trained yet
-                missing = cfg.groups - len(self.window.ready())
-                if missing > 0:
-                    self.producer.run_groups(missing)
-                groups = self.take(cfg.groups, wait=False)
-            else:
-                groups = self.take(cfg.groups, wait=True)
+            groups, dynamic = self.gather()
             t1 = time.perf_counter()
             lag = _staleness(groups, self.trainer.version)
-            stats = self.trainer.step(groups)
+            stats = {**self.trainer.step(groups), **dynamic}
             self._report(groups)
             t2 = time.perf_counter()
             pushed = (step + 1) % cfg.sync_every == 0 or step == cfg.steps - 1
@@ -167,6 +160,46 @@ class Loop:
         self.log(f"checkpoint {folder.name} ({time.perf_counter() - t0:.1f}s)")
 
     # -- taking groups ------------------------------------------------------------------------
+
+    def gather(self) -> tuple[list[Group], dict[str, float]]:
+        """The step's groups. With --dynamic-sampling (DAPO's dynamic sampling), groups that
+        would train nothing (every sample scored alike, or dropped by a filter) do not count
+        towards --groups: more are taken until it has --groups that train, or until
+        --dynamic-sampling-max extra groups were taken. Those are consumed like any other (the
+        trainer drops and counts them, the ledger settles them), so nothing is trained twice
+        after a resume. Returns the groups and the counts for the step's row."""
+        cfg = self.cfg
+        groups = self._take_step(cfg.groups)
+        if not cfg.dynamic_sampling:
+            return groups, {}
+        bound = cfg.dynamic_sampling_max if cfg.dynamic_sampling_max is not None \
+            else 2 * cfg.groups
+        extra = 0
+        while (short := cfg.groups - self._with_signal(groups)) > 0 and extra < bound:
+            more = self._take_step(min(short, bound - extra))
+            if not more:
+                break
+            extra += len(more)
+            groups += more
+        return groups, {"dynamic/extra_groups": float(extra),
+                        "dynamic/signal_groups": float(self._with_signal(groups)),
+                        "dynamic/bound_reached": float(extra >= bound)}
+
+    def _take_step(self, n: int) -> list[Group]:
+        if self.cfg.sync:
+            # a resumed run first trains the finished groups it has not trained yet
+            missing = n - len(self.window.ready())
+            if missing > 0:
+                self.producer.run_groups(missing)
+            return self.take(n, wait=False)
+        return self.take(n, wait=True)
+
+    def _with_signal(self, groups: list[Group]) -> int:
+        """How many of `groups` the trainer would train on (its own filters, no model)."""
+        from envhub.trainer.batch import build_batch
+
+        return sum(build_batch([g], self.trainer.config, self.trainer.version).n_groups
+                   for g in groups)
 
     def take(self, n: int, wait: bool) -> list[Group]:
         """`n` groups from the window; with `wait`, block until enough are finished inside it

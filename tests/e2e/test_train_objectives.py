@@ -56,3 +56,30 @@ def test_a_plug_in_loss_that_cannot_work_exits_2_before_anything_is_written(
     assert says in r.stderr and "--loss" in r.stderr, r.stderr[-3000:]
     assert "Traceback" not in r.stderr
     assert not out.exists()
+
+
+@pytest.mark.slow
+def test_dynamic_sampling_takes_more_groups_until_a_step_has_signal_within_its_bound(
+        tmp_path: Path) -> None:
+    """DAPO's dynamic sampling on arith with the tiny model, where most groups score alike
+    (no gradient): each step takes groups until --groups of them train, or until it took
+    --dynamic-sampling-max extra; the extras are consumed (trained on or dropped, counted),
+    never trained again."""
+    out = tmp_path / "run"
+    done = envhub("train", *RUN, "--out", str(out), "--dynamic-sampling",
+                  "--dynamic-sampling-max", "6", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+            if r["phase"] == "train"]
+    assert [r["step"] for r in rows] == [0, 1]
+    for r in rows:
+        extra = r["trainer/dynamic/extra_groups"]
+        assert 0 <= extra <= 6 and r["groups_trained"] == 2 + extra, r
+        trained = r["trainer/batch/groups"]
+        assert trained == r["trainer/dynamic/signal_groups"]
+        # the rule: a full step of groups that train, or the bound spent
+        assert trained == 2 or (extra == 6 and r["trainer/dynamic/bound_reached"] == 1), r
+        assert r.get("trainer/drop_groups/no_signal", 0) == r["groups_trained"] - trained, r
+    assert sum(r["trainer/dynamic/extra_groups"] for r in rows) >= 1, rows
+    trained_ids = [g for r in rows for g in r["groups"]]
+    assert len(trained_ids) == len(set(trained_ids))  # no group in two steps
