@@ -88,7 +88,7 @@ def train(cfg: TrainLoopConfig, log: Callable[[str], Any] = print,
     from envhub.orchestrator.training.provenance import NOT_RECORDED, provenance, write_json
     from envhub.orchestrator.training.ranks import RankLeader, follow
     from envhub.orchestrator.training.source import LaunchOrderSource
-    from envhub.orchestrator.training.tasks import LaunchMix, task_stream
+    from envhub.orchestrator.training.tasks import DifficultyFilter, LaunchMix, task_stream
     from envhub.trainer.distributed import DataParallel
     from envhub.trainer.source import HttpSource
     from envhub.trainer.window import GroupWindow
@@ -139,10 +139,13 @@ def train(cfg: TrainLoopConfig, log: Callable[[str], Any] = print,
             stopped = ledger.restore(point.journal, point.consumed, point.loop.get("settled"))
         mix = LaunchMix([e.weight for e in envs], ledger, dynamic=cfg.mix == "dynamic")
         executor = RoutedExecutor(make_executor(cfg.executor), {PREFIX: hub} if hub else {})
-        launched = ledger.launched_by_env() if point is not None else None
-        producer = Producer(task_stream(envs, cfg.seed, mix, launched), ledger,
+        launched = ledger.launched_tasks_by_env() if point is not None else None
+        admit = (DifficultyFilter(ledger, cfg.difficulty_window, cfg.difficulty_floor,
+                                  cfg.seed) if cfg.difficulty_filter else None)
+        producer = Producer(task_stream(envs, cfg.seed, mix, launched, admit), ledger,
                             concurrency=cfg.concurrency, buffer=cfg.buffer_size,
                             schedule=cfg.schedule, executor=executor)
+        producer.admit = admit  # its count goes into the step rows
         stack.callback(producer.stop)
         # Before anything is written: a cluster that cannot be reached leaves no OUT behind.
         host = producer.start_executor(refs, served)

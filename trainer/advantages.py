@@ -67,10 +67,20 @@ def reward_weights(t: Trajectory, config: AdvantageConfig) -> dict[str, float]:
     return config.env_reward_weights.get(t.session.env or "", config.reward_weights)
 
 
+def truncated(t: Trajectory) -> bool:
+    """Cut by the length limit: its last turn ended with finish_reason 'length'."""
+    return bool(t.turns) and max(t.turns, key=lambda x: x.seq).finish_reason == "length"
+
+
 def composite_reward(t: Trajectory, config: AdvantageConfig) -> float:
+    """The weighted sum of the runner's events (minus `overlong_penalty` for a truncated
+    sample under truncated=penalty)."""
     weights = reward_weights(t, config)
-    return sum(manifest_weight(e, weights) * e.value
-               for e in runner_events(t) if e.kind != "reward_to_go")
+    total = sum(manifest_weight(e, weights) * e.value
+                for e in runner_events(t) if e.kind != "reward_to_go")
+    if config.truncated == "penalty" and truncated(t):
+        total -= config.overlong_penalty
+    return total
 
 
 def rewards_before_turn(t: Trajectory, config: AdvantageConfig) -> dict[int, float]:

@@ -6,6 +6,7 @@ checked when it is built. Shapes: every list is over the segment's tokens (T).
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 from envhub.trainer.advantages import (
@@ -14,6 +15,7 @@ from envhub.trainer.advantages import (
     group_advantages,
     runner_events,
     token_advantages,
+    truncated,
 )
 from envhub.trainer.config import TrainerConfig
 from envhub.trainer.filters import DropCounts, filter_group
@@ -64,11 +66,13 @@ class Batch:
     n_groups: int = 0
     rewards: list[float] = field(default_factory=list)  # composite reward per valid sample
     fates: dict[str, GroupFate] = field(default_factory=dict)  # by group id
+    truncated: Counter[str] = field(default_factory=Counter)  # masked / penalised samples
 
     def metrics(self) -> dict[str, float]:
         out = self.drops.metrics()
         out["batch/groups"] = float(self.n_groups)
         out["batch/sequences"] = float(len(self.sequences))
+        out.update({f"truncated/{k}": float(v) for k, v in self.truncated.items()})
         if self.rewards:
             out["reward/mean"] = sum(self.rewards) / len(self.rewards)
         return out
@@ -90,7 +94,14 @@ def build_batch(groups: list[Group], config: TrainerConfig, trainer_version: int
         valid = kept.samples[:kept.n_valid]
         batch.rewards += [composite_reward(t, config.advantages) for t in valid]
         sequences: list[TrainSequence] = []
+        masked_truncated = config.advantages.truncated == "mask"
+        if config.advantages.truncated != "keep":
+            cut = sum(truncated(t) for t in valid)
+            if cut:
+                batch.truncated["masked" if masked_truncated else "penalised"] += cut
         for t, a, terms in zip(kept.samples, a_sample, turn_terms, strict=True):
+            if masked_truncated and truncated(t):
+                continue  # DAPO's overlong filtering: its reward is in the baseline, no loss
             main = t.main_chain() if config.filters.chains == "main" else None
             for seg in t.segments:
                 if not any(seg.loss_mask):

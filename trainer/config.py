@@ -59,6 +59,14 @@ class AdvantageConfig(BaseModel):
         default_factory=dict,
         description="Per environment name (a session's `env`): its manifest's [rewards] table. "
         "`envhub train` fills it from the environments it trains on.")
+    truncated: Literal["keep", "mask", "penalty"] = Field(
+        default="keep", description="Samples cut by the length limit (their last turn ended "
+        "with finish_reason 'length'): keep as any other; mask (DAPO's overlong filtering: "
+        "no token of theirs is trained, their reward still counts in the group's baseline, "
+        "counted as truncated/masked); penalty (overlong_penalty subtracted from their "
+        "composite reward, counted as truncated/penalised).")
+    overlong_penalty: float = Field(default=1.0, ge=0, description="truncated=penalty: what "
+                                    "a truncated sample's composite reward loses.")
     turn_coef: float = Field(
         default=1.0, description="1: each turn's tokens are credited with the rewards from that "
         "turn on (reward-to-go); 0: every token gets the whole sample's reward (plain GRPO).")

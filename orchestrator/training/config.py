@@ -103,6 +103,19 @@ class TrainLoopConfig(ServicesOptions):
                            "outcomes tie has its advantages scaled to unit size from whatever "
                            "differs: for arith, the 0.05-weighted time reward's jitter of a "
                            "few ms between samples run together (trainer/README.md)")
+    truncated: Literal["keep", "mask", "penalty"] = Field(
+        "keep", description="samples cut by the length limit (last turn finish_reason "
+        "length): keep; mask (DAPO's overlong filtering: not trained, still in the group "
+        "baseline); penalty (--overlong-penalty off their reward); counted in the row")
+    overlong_penalty: float = Field(1.0, ge=0, description="--truncated penalty: what a "
+                                    "truncated sample's reward loses")
+    difficulty_filter: bool = Field(False, description="launch tasks solved always or never "
+                                    "over their last --difficulty-window groups only with "
+                                    "probability --difficulty-floor (the next task instead)")
+    difficulty_window: int = Field(2, ge=1, description="finished groups of a task the "
+                                   "difficulty filter looks at")
+    difficulty_floor: float = Field(0.2, gt=0, le=1, description="the probability an "
+                                    "all-or-nothing task is still launched, so it returns")
     dynamic_sampling: bool = Field(False, description="DAPO's dynamic sampling: groups that "
                                    "would train nothing (all samples scored alike) do not "
                                    "count towards --groups; more are taken, up to "

@@ -217,6 +217,36 @@ class GroupLedger:
         """Groups launched from each environment (in `envs` order)."""
         return [c.launched for c in self.counts()]
 
+    def launched_tasks_by_env(self) -> list[list[str]]:
+        """The task ids each environment launched groups on, in launch order."""
+        with self._changed:
+            out: list[list[str]] = [[] for _ in self.envs]
+            for gid in self._order:
+                out[self._env[gid]].append(self.task_of(gid))
+            return out
+
+    def task_of(self, gid: str) -> str:
+        """The task id of `gid` (`launch` wrote it into the id: RUN:ENV:TASK:gNNNNNN)."""
+        head = f"{self.run_id}:{self.envs[self._env[gid]]}:"
+        return gid[len(head):].rsplit(":g", 1)[0]
+
+    def task_rates(self, env: str, task_id: str, n: int) -> list[float]:
+        """Solve rates of the last `n` finished groups of `task_id` (newest first): the
+        share of samples resolved, env failures left out (a group with nothing else, skipped)."""
+        with self._changed:
+            i = self._index[env]
+            rates: list[float] = []
+            for gid in reversed(self._order):
+                if len(rates) >= n:
+                    break
+                if self._env[gid] != i or gid not in self._records or \
+                        self.task_of(gid) != task_id:
+                    continue
+                valid = [r for r in self._records[gid] if r.status != "env_failure"]
+                if valid:
+                    rates.append(sum(bool(r.resolved) for r in valid) / len(valid))
+            return rates
+
     # -- reads --------------------------------------------------------------------------------
 
     @property

@@ -345,6 +345,9 @@ class Loop:
             row[f"mix/{name}/trained_share"] = round(share, 4)
             row[f"mix/{name}/launched_groups"] = c.launched
             row[f"mix/{name}/stale_samples"] = c.stale
+        admit = getattr(self.producer, "admit", None)  # the difficulty filter, if any
+        if admit is not None:
+            row["difficulty/passed_tasks"] = admit.passed
         return row
 
     def evaluate(self, after_step: int) -> None:

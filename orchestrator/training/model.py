@@ -48,7 +48,8 @@ def build_trainer(cfg: TrainLoopConfig, gw_config: GatewayConfig, envs: list[Env
     config = TrainerConfig(
         optim=OptimConfig(lr=cfg.lr, reset_optimizer_on_sync=cfg.resets_optimizer),
         advantages=AdvantageConfig(
-            estimator=cfg.advantage, normalize_std=cfg.std_norm, env_reward_weights={
+            estimator=cfg.advantage, normalize_std=cfg.std_norm, truncated=cfg.truncated,
+            overlong_penalty=cfg.overlong_penalty, env_reward_weights={
                 e.name: e.reward_weights for e in envs}),  # the manifests', never an event's
         loss=LossConfig(name=cfg.loss, agg=cfg.loss_agg, agg_constant=cfg.loss_agg_constant,
                         eps_low=cfg.eps_low, eps_high=cfg.eps_high, correction=cfg.correction,

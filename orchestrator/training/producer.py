@@ -56,6 +56,7 @@ class Producer:
         self.stream, self.ledger, self.k = stream, ledger, ledger.k
         self.concurrency, self.buffer = concurrency, buffer
         self.executor: RolloutExecutor = executor or InProcessExecutor()
+        self.admit: Any = None  # the stream's difficulty filter (its counts go into the rows)
         self.slots = Dispatcher(make_policy(schedule), concurrency)
         self._whole_groups = schedule == "fifo"  # launch a group only when all of it can start
         self._failure: BaseException | None = None

@@ -62,23 +62,61 @@ def split_tasks(tasks: list[Task], limit: int | None, heldout: int,
 
 
 def task_stream(envs: list[EnvTasks], seed: int, mix: LaunchMix | None = None,
-                launched: Sequence[int] | None = None) -> Iterator[tuple[EnvTasks, Task]]:
+                launched: Sequence[Sequence[str]] | None = None,
+                admit: DifficultyFilter | None = None) -> Iterator[tuple[EnvTasks, Task]]:
     """Endless (environment, task) pairs. Each environment walks passes over its training
     tasks, each pass in a fresh order from its own seeded generator; environments take turns as
     `mix` says (default: at their weighted pace, `by_share`). With one environment the order
-    is `task_schedule`'s, flattened. `launched` (a resumed run): how many groups each
-    environment launched already; the stream goes on where those left it (each environment's
-    order, and a static mix's turns, advanced past them)."""
+    is `task_schedule`'s, flattened. `admit` (the difficulty filter) may pass over a task when
+    its turn comes: the environment's next task is taken instead (at most one pass of them).
+    `launched` (a resumed run): the task ids each environment launched groups on, in order;
+    the stream goes on where those left it (each environment's order advanced to its last
+    launched task, whatever the filter passed over on the way; a static mix's turns past
+    them)."""
     mix = mix or LaunchMix([e.weight for e in envs])
     orders = [_passes(e.train, random.Random(seed), e.stratify) for e in envs]
     if launched:
-        for order, n in zip(orders, launched, strict=True):
-            for _ in range(n):
-                next(order)
-        mix.advance(sum(launched))
+        for env, order, ids in zip(envs, orders, launched, strict=True):
+            for task_id in ids:
+                for _ in range(2 * len(env.train)):  # to it, within two passes
+                    if next(order).id == task_id:
+                        break
+        mix.advance(sum(len(ids) for ids in launched))
     while True:
         i = mix.next()
-        yield envs[i], next(orders[i])
+        task = next(orders[i])
+        for _ in range(len(envs[i].train) - 1):
+            if admit is None or admit.admits(envs[i].name, task):
+                break
+            task = next(orders[i])
+        yield envs[i], task
+
+
+class DifficultyFilter:
+    """An online difficulty filter (in the spirit of prime-rl's difficulty pools): a task
+    whose last `window` finished groups were all solved by every sample (rate 1) or by none
+    (rate 0) has no signal to give, so when its turn comes it is launched only with
+    probability `floor` (> 0, so it returns and its record is looked at again); otherwise the
+    stream takes the next task. A task with fewer than `window` finished groups is always
+    launched. Each draw is seeded by (seed, groups launched so far, task id), so a run and
+    its resume draw alike; `passed` counts the tasks passed over (the step rows' filter
+    count)."""
+
+    def __init__(self, ledger: GroupLedger, window: int, floor: float, seed: int) -> None:
+        if window < 1 or not 0 < floor <= 1:
+            raise ValueError("the difficulty filter needs window >= 1 and 0 < floor <= 1")
+        self.ledger, self.window, self.floor, self.seed = ledger, window, floor, seed
+        self.passed = 0
+
+    def admits(self, env: str, task: Task) -> bool:
+        rates = self.ledger.task_rates(env, task.id, self.window)
+        if len(rates) < self.window or not (all(r == 1 for r in rates)
+                                            or all(r == 0 for r in rates)):
+            return True
+        if random.Random(f"{self.seed}:{self.ledger.launched}:{task.id}").random() < self.floor:
+            return True
+        self.passed += 1
+        return False
 
 
 class LaunchMix:

@@ -202,3 +202,37 @@ def test_a_plug_in_loss_is_checked_before_it_is_used() -> None:
             resolve_loss(name)
     with pytest.raises(ValueError, match="a loss is one of"):
         LossConfig(name="gspo2")
+
+
+def _cut(t):
+    """`t` with its last turn cut by the length limit."""
+    t.turns[-1] = t.turns[-1].model_copy(update={"finish_reason": "length"})
+    return t
+
+
+def test_truncated_samples_are_kept_masked_or_penalised() -> None:
+    """DAPO (Yu et al. 2025): overlong filtering masks the loss of truncated samples; the
+    penalty variant lowers their reward. Sample b is cut (last turn finish_reason 'length');
+    rewards a 1, b 1, c 0, no std (A = R - mean)."""
+    def groups():
+        return [Group("g", [trajectory("a", reward=1.0, index=0),
+                            _cut(trajectory("b", reward=1.0, index=1)),
+                            trajectory("c", reward=0.0, index=2)])]
+
+    def adv(batch):
+        return {q.session_id: [x for x, m in zip(q.advantages, q.loss_mask, strict=True) if m][0]
+                for q in batch.sequences}
+
+    keep = build_batch(groups(), TrainerConfig(advantages=AdvantageConfig(
+        normalize_std=False)), 0)
+    assert adv(keep) == pytest.approx({"a": 1 / 3, "b": 1 / 3, "c": -2 / 3})
+    masked = build_batch(groups(), TrainerConfig(advantages=AdvantageConfig(
+        normalize_std=False, truncated="mask")), 0)
+    # b is not trained; its reward still counts in the baseline (mean 2/3)
+    assert adv(masked) == pytest.approx({"a": 1 / 3, "c": -2 / 3})
+    assert masked.metrics()["truncated/masked"] == 1
+    penalised = build_batch(groups(), TrainerConfig(advantages=AdvantageConfig(
+        normalize_std=False, truncated="penalty", overlong_penalty=0.5)), 0)
+    # R_b = 1 - 0.5: mean (1 + 0.5 + 0) / 3 = 0.5
+    assert adv(penalised) == pytest.approx({"a": 0.5, "b": 0.0, "c": -0.5})
+    assert penalised.metrics()["truncated/penalised"] == 1
