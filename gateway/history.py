@@ -26,21 +26,27 @@ messages and the first message after them (the system prompt and the task); then
      removes), `summarize` (replaces more than it adds), `rewrite`, or `preamble_change`
      (every message kept, in order, maybe with more after them, but another tool list: a
      framework's final call without its tools; nothing removed or added);
-  2. else it repeats the whole first request of a chain (its opening: system prompt, task and
+  2. else it hands on the text of a chain's latest sampled response (at least
+     MIN_HANDED_ON characters) inside a message that is not the assistant's, beyond the
+     preamble: a summary the model wrote, resumed from (Codex CLI's second compaction puts
+     "...the summary produced by the other language model: <it>" in a user message and
+     reorders the rest) → a CM action of that chain (the most recent), classified as in 1;
+  3. else it repeats the whole first request of a chain (its opening: system prompt, task and
      whatever else came before the first response), or of its latest segment, with the same
      tools as that request and goes on from there with new text (a summary after the task,
      the task's user messages kept by a compaction) → a CM action of that chain, classified as
      in 1 against its latest turn (Codex CLI asks for its summary without tools, so that call
      is the tip the resumed conversation is classified against);
-  3. else it is a new conversation: a new chain, no CM action. A new conversation sharing a
+  4. else it is a new conversation: a new chain, no CM action. A new conversation sharing a
      system prompt and templated messages (a second run of a CLI on another task), only a
      first user message, or nothing, is one.
 What cannot be told apart, and is recorded as a new chain: a `reset` (the conversation keeps
 only its system prompt and goes on with a new user message: byte for byte a new conversation
 of the same agent), and a summary that keeps nothing of the old conversation (a new first user
-message holding the summary). An agent that does either declares it (the SDK's
+message holding a summary the model did not write as a chain's latest response: rule 2 finds
+one it did). An agent that does either declares it (the SDK's
 `context_action`, recorded on its next request). A request that repeats an earlier request
-exactly is a retry (`fork`), and one that extends nothing is matched by rules 1-2, unless the
+exactly is a retry (`fork`), and one that extends nothing is matched by rules 1-3, unless the
 client says it starts a conversation of its own (`X-Envhub-Chain: new`, for harness authors
 running one agent several times on a key; its requests still extend their own turns).
 Chains are derived from what is stored (the parent turn, or the CM action's `from_seq`), so a
@@ -56,6 +62,8 @@ from dataclasses import dataclass, field
 from envhub.gateway.render.messages import chain
 from envhub.sdk.types import CMAction, CMKind
 
+MIN_HANDED_ON = 16  # characters of a sampled response found in a later message (rule 2)
+
 
 @dataclass
 class TurnState:
@@ -67,6 +75,7 @@ class TurnState:
     appended_hashes: list[bytes]  # request messages after the parent's response
     response_hash: bytes
     tools_key: bytes
+    response_text: str = ""  # the sampled completion's text (a summary handed on is matched)
     req_key: bytes = b""  # rolling hash of (tools, request messages)
     key: bytes = b""  # rolling hash of (tools, request messages, response)
     n_messages: int = 0  # request messages
@@ -143,14 +152,16 @@ class History:
         return rolling
 
     def plan(self, hashes: list[bytes], tools_key: bytes, role: Callable[[int], str],
-             consume_declared: bool = True, new_chain: bool = False) -> Plan:
+             consume_declared: bool = True, new_chain: bool = False,
+             text: Callable[[int], str] | None = None) -> Plan:
         """How a request with these message hashes relates to the history. `role(i)`: the role
         of its message i (asked only of a request that extends nothing). With
         `consume_declared=False` (a preview) the agent's declared action stays pending.
         `new_chain`: the client says this request starts a conversation of its own (it may
-        extend its own turns, but is neither a retry nor a CM action of another)."""
+        extend its own turns, but is neither a retry nor a CM action of another). `text(i)`:
+        the text of message i (rule 2 of the module docstring; asked like `role`)."""
         rolling = self._rolling(hashes, tools_key)
-        plan = self._match(hashes, rolling, role, new_chain)
+        plan = self._match(hashes, rolling, role, new_chain, text)
         if not consume_declared:
             return plan
         declared, self.declared = self.declared, None
@@ -167,7 +178,8 @@ class History:
         return plan
 
     def _match(self, hashes: list[bytes], rolling: list[bytes],
-               role: Callable[[int], str], new_chain: bool) -> Plan:
+               role: Callable[[int], str], new_chain: bool,
+               text: Callable[[int], str] | None = None) -> Plan:
         m = len(hashes)
         # Retry: the exact request of an earlier turn → same prompt ids, new segment.
         earlier = None if new_chain else self.by_req.get(rolling[m])
@@ -185,12 +197,13 @@ class History:
                         CMAction(kind="fork", from_seq=state.seq,
                                  info={"reason": "continues an earlier turn"}))
         return Plan("new", None, 0, hashes, True, None if new_chain else
-                    self._conversation_action(hashes, rolling[0], role))
+                    self._conversation_action(hashes, rolling[0], role, text))
 
     def _conversation_action(self, hashes: list[bytes], tools_key: bytes,
-                             role: Callable[[int], str]) -> CMAction | None:
+                             role: Callable[[int], str],
+                             text: Callable[[int], str] | None = None) -> CMAction | None:
         """The CM action of the conversation a request that extends nothing rewrites, or None
-        when it starts a new conversation (rules 1-3 of the module docstring)."""
+        when it starts a new conversation (rules 1-4 of the module docstring)."""
         preamble = 0
         while preamble < len(hashes) and role(preamble) == "system":
             preamble += 1
@@ -208,7 +221,13 @@ class History:
                 best = (kept, action)
         if best is not None:
             return best[1]
-        for tip, old, responses, _ in tips:  # 2: the chain's own opening, then more
+        if text is not None:  # 2: a chain's latest response handed on inside a message
+            handed = [j for j in beyond if role(j) != "assistant"]
+            for tip, old, responses, _ in tips:
+                sampled = tip.response_text.strip()
+                if len(sampled) >= MIN_HANDED_ON and any(sampled in text(j) for j in handed):
+                    return self._classify(old, hashes, beyond, responses, tip)[0]
+        for tip, old, responses, _ in tips:  # 3: the chain's own opening, then more
             if any(tools == tools_key and len(hashes) > len(first)
                    and hashes[:len(first)] == first for tools, first in self._openings(tip)):
                 return self._classify(old, hashes, beyond, responses, tip)[0]

@@ -158,7 +158,8 @@ class ChatService:
             tools_key = tools_hash(call.tools)
             strict = strict_arguments(call.tools, call.strict, tools_key)  # 400 before the plan
             plan = history.plan(hashes, tools_key, lambda i: message(i)["role"],
-                                new_chain=call.new_chain)
+                                new_chain=call.new_chain,
+                                text=lambda i: message_text(message(i)))
             try:
                 n_messages = len(hashes)
                 prompt, delta = self._prompt(plan, message, n_messages, call.tools)
@@ -223,7 +224,8 @@ class ChatService:
             tools_key = tools_hash(call.tools)
             strict_arguments(call.tools, call.strict, tools_key)
             plan = history.plan(hashes, tools_key, lambda i: message(i)["role"],
-                                consume_declared=False, new_chain=call.new_chain)
+                                consume_declared=False, new_chain=call.new_chain,
+                                text=lambda i: message_text(message(i)))
             return len(self._prompt(plan, message, len(hashes), call.tools)[0])
 
     async def complete(self, live: LiveSession, history_loader: HistoryLoader, prompt: list[int],
@@ -302,7 +304,8 @@ class ChatService:
                                   completion_ids=res.completion_ids,
                                   appended_hashes=p.appended_hashes,
                                   response_hash=_RAW if p.raw else _response_hash(choice),
-                                  tools_key=p.tools_key)
+                                  tools_key=p.tools_key,
+                                  response_text=choice.parsed.content or res.text or "")
                 states.append(state)
                 ops.append(turn_insert(
                     live.id, seq=seq, segment=seg,
@@ -403,6 +406,17 @@ def _why_undeclared(p: _Prepared) -> str:
     if not p.tool_names:
         return "the request declared no tools"
     return f"not among the request's tools ({', '.join(sorted(p.tool_names))})"
+
+
+def message_text(message: Any) -> str:
+    """The text of a request message: its content string, or its text parts joined."""
+    content = message.get("content") if isinstance(message, dict) else None
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(str(part.get("text") or "") for part in content
+                         if isinstance(part, dict))
+    return ""
 
 
 def _response_hash(choice: Choice) -> bytes:

@@ -37,7 +37,7 @@ def history_from_rows(rows: list[dict], cm_actions: list[dict] | None = None) ->
             delta_ids=t.unpack_ids(row["prompt_delta"]),
             completion_ids=t.unpack_ids(row["completion"]),
             appended_hashes=_split(row["msg_hashes"]), response_hash=row["response_hash"],
-            tools_key=row["tools_hash"],
+            tools_key=row["tools_hash"], response_text=row.get("completion_text") or "",
         )
         if parent is not None and parent.segment == state.segment:
             parent.extended = True

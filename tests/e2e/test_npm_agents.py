@@ -68,6 +68,10 @@ def check_recording(tmp_path: Path, record: dict, cli: str) -> None:
     by_seq = {t.seq: t for t in traj.turns}
     for action in actions:
         assert by_seq[action.seq].segment == action.segment
+    if cli == "codex":  # no side calls: its summary calls and every resumed conversation
+        # (the summary handed on in a user message, the rest reordered) are one chain
+        assert {t.chain for t in traj.turns} == {main}, [(t.seq, t.chain) for t in traj.turns]
+        assert {a.kind for a in actions} >= {"preamble_change", "summarize"}, actions
 
 
 @pytest.mark.parametrize("kind", KINDS)

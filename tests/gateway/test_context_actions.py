@@ -84,6 +84,39 @@ def test_a_compaction_asked_for_without_tools_keeps_its_conversation(gateway):
     assert len({turn["segment"] for turn in t["turns"]}) == 3
 
 
+def test_a_summary_the_model_wrote_handed_on_in_a_reordered_request_keeps_its_chain(gateway):
+    """Codex CLI's second compaction: the model's summary (the summary call's sampled text)
+    goes into a user message and the rest is reordered (the task before the system messages),
+    so no sampled response is kept and no opening repeated. The handed-on text ties it to its
+    chain: a `summarize` of the chain from the summary call, same chain, new segment (it was
+    a new chain with no CM action)."""
+    key = "cm-handed"
+    c, msgs = run(gateway, key)
+    summary = c.chat.completions.create(model="default", messages=msgs + [
+        {"role": "user", "content": "COMPACT"}]).choices[0].message.content or ""
+    assert len(summary.strip()) >= 16, summary
+    call(c, [{"role": "user", "content": "task"}, {"role": "system", "content": "sys"},
+             {"role": "user", "content": f"The other model's summary:\n{summary}"},
+             {"role": "user", "content": "Continue."}])
+    t = traj(gateway, key)
+    action = t["cm_actions"][-1]
+    assert (action["kind"], action["seq"], action["from_seq"]) == ("summarize", 5, 4), action
+    assert len({turn["chain"] for turn in t["turns"]}) == 1
+    assert t["turns"][-1]["segment"] not in {turn["segment"] for turn in t["turns"][:-1]}
+
+
+def test_a_short_answer_repeated_in_another_conversation_does_not_join_it(gateway):
+    """Rule 2 needs a handed-on text of some length: an answer as short as "ok" in a new
+    conversation's first message is not taken for a summary of the chain that sampled it."""
+    key = "cm-short"
+    c, msgs = run(gateway, key, n_turns=3)  # the third answer: "The answer is 6."
+    c.chat.completions.create(model="default", messages=[
+        {"role": "system", "content": "another agent"},
+        {"role": "user", "content": "is 6 right? The answer"}])
+    t = traj(gateway, key)
+    assert t["cm_actions"] == [] and len({turn["chain"] for turn in t["turns"]}) == 2
+
+
 def test_summarize_replaces_messages_with_text(gateway):
     c, msgs = run(gateway, "cm-sum")
     summary = {"role": "user", "content": "Summary: computed 1+1 and 2*3 so far."}
