@@ -51,6 +51,9 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "seq_mask_rloo": {"loss": LossConfig(correction="sequence_mask", correction_cap=1e6),
                       "advantages": AdvantageConfig(estimator="rloo")},
     "reinforce_pp": {"advantages": AdvantageConfig(estimator="reinforce_pp")},
+    "token_mask": {"loss": LossConfig(correction="token_mask", correction_cap=1.5)},
+    "seq_truncate_plugin": {"loss": LossConfig(name="tests.trainer.plugin_losses:vanilla_pg",
+                                               correction="sequence_truncate")},
 }
 
 

@@ -66,7 +66,7 @@ def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 
 @pytest.mark.parametrize("scenario", ["plain", "checkpointing", "lora", "gspo",
                                       "cispo_constant", "ppo_clip_tis", "seq_mask_rloo",
-                                      "reinforce_pp"])
+                                      "reinforce_pp", "token_mask", "seq_truncate_plugin"])
 def test_fsdp_on_two_ranks_equals_one_process(work, scenario) -> None:
     torch.set_num_threads(1)
     fsdp = torch.load(work / f"{scenario}.pt", weights_only=False)
