@@ -22,10 +22,20 @@ messages and the first message after them (the system prompt and the task); then
   1. it keeps a response the model sampled in a chain, and with it messages of that chain
      beyond its preamble that are not system messages (system messages anywhere, like a
      templated first request, are what an agent sends alike in every conversation) → a CM
-     action of the chain that it keeps most of (the most recent on a tie): `truncate` (only
-     removes), `summarize` (replaces more than it adds), `rewrite`, or `preamble_change`
+     action of the chain that it keeps most of (the most recent on a tie). The chain's sampled
+     responses found in the request by identity, in order, are aligned first, the messages
+     between them by a diff of message hashes; then `truncate` (only removes, nothing of it
+     resent elsewhere), `summarize` (replaces more than it adds, and the request is shorter
+     than the conversation was), `rewrite` (anything else: edits, and reorders, messages
+     removed from their place and resent elsewhere, listed in `info["moved"]`: aider moves
+     its file block and canned reply after the history and strips its reminder from the last
+     user message), or `preamble_change`
      (every message kept, in order, maybe with more after them, but another tool list: a
-     framework's final call without its tools; nothing removed or added);
+     framework's final call without its tools; nothing removed or added). But when both its
+     system prompt (its leading system messages) and its tool list differ from the chain's, it
+     is a *side chain*: a helper or sub-agent that copies the chain's history under its own
+     preamble (Qwen Code's memory extractor), a new chain linked to the one it copied
+     (`side_of`, the trajectory's `Turn.parent_chain`), no CM action of it;
   2. else it hands on the text of a chain's latest sampled response (at least
      MIN_HANDED_ON characters) inside a message that is not the assistant's, beyond the
      preamble: a summary the model wrote, resumed from (Codex CLI's second compaction puts
@@ -40,7 +50,11 @@ messages and the first message after them (the system prompt and the task); then
   4. else it is a new conversation: a new chain, no CM action. A new conversation sharing a
      system prompt and templated messages (a second run of a CLI on another task), only a
      first user message, or nothing, is one.
-What cannot be told apart, and is recorded as a new chain: a `reset` (the conversation keeps
+What cannot be told apart: an agent that replaces both its own system prompt and its tool list
+while keeping its history is recorded as a side chain of its old conversation (declare it with
+`context_action` to record a `rewrite`); one that changes only one of them is a
+`preamble_change` (tools) or a `rewrite` of message 0 (system prompt). Recorded as a new chain:
+a `reset` (the conversation keeps
 only its system prompt and goes on with a new user message: byte for byte a new conversation
 of the same agent), and a summary that keeps nothing of the old conversation (a new first user
 message holding a summary the model did not write as a chain's latest response: rule 2 finds
@@ -55,6 +69,7 @@ pool needs no extra column.
 
 from __future__ import annotations
 
+import bisect
 import difflib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -62,6 +77,7 @@ from dataclasses import dataclass, field
 from envhub.gateway.render.messages import chain
 from envhub.sdk.types import CMAction, CMKind
 
+Op = tuple[str, int, int, int, int]  # a difflib opcode: tag, old[i1:i2], new[j1:j2]
 MIN_HANDED_ON = 16  # characters of a sampled response found in a later message (rule 2)
 
 
@@ -122,6 +138,7 @@ class Plan:
     new_segment: bool
     action: CMAction | None = None
     declared: CMAction | None = None  # the agent's declaration this request took, as declared
+    side_of: int | None = None  # a new chain that is a side call of this chain (rule 1)
 
 
 @dataclass
@@ -134,6 +151,7 @@ class History:
     latest: TurnState | None = None
     declared: CMAction | None = None  # declared by the agent, applies to the next request
     tips: dict[int, TurnState] = field(default_factory=dict)  # chain -> its latest turn
+    side_of: dict[int, int] = field(default_factory=dict)  # side chain -> the chain it copied
     lease: str | None = None  # the pool lease it was loaded under (gateway/pool/leases.py)
     # the previous request's hashes and rolling hashes: agents resend the same prefix, so the
     # rolling hashes of that prefix are reused instead of recomputed (cost ∝ new messages)
@@ -196,42 +214,53 @@ class History:
             return Plan("fork", state, i, hashes[i:], True,
                         CMAction(kind="fork", from_seq=state.seq,
                                  info={"reason": "continues an earlier turn"}))
-        return Plan("new", None, 0, hashes, True, None if new_chain else
-                    self._conversation_action(hashes, rolling[0], role, text))
+        if new_chain:
+            return Plan("new", None, 0, hashes, True)
+        action, side_of = self._conversation_action(hashes, rolling[0], role, text)
+        return Plan("new", None, 0, hashes, True, action, side_of=side_of)
 
     def _conversation_action(self, hashes: list[bytes], tools_key: bytes,
                              role: Callable[[int], str],
-                             text: Callable[[int], str] | None = None) -> CMAction | None:
+                             text: Callable[[int], str] | None = None
+                             ) -> tuple[CMAction | None, int | None]:
         """The CM action of the conversation a request that extends nothing rewrites, or None
-        when it starts a new conversation (rules 1-4 of the module docstring)."""
-        preamble = 0
-        while preamble < len(hashes) and role(preamble) == "system":
-            preamble += 1
-        preamble = min(preamble + 1, len(hashes))
+        when it starts a new conversation (rules 1-4 of the module docstring); and the chain
+        it is a side call of (rule 1), if it is one."""
+        n_system = 0
+        while n_system < len(hashes) and role(n_system) == "system":
+            n_system += 1
+        preamble = min(n_system + 1, len(hashes))
         beyond = {j for j in range(preamble, len(hashes)) if role(j) != "system"}
         kept_hashes = {hashes[j] for j in beyond}
         tips = [(tip, *tip.conversation())
                 for tip in sorted(self.tips.values(), key=lambda s: s.seq, reverse=True)]
-        best: tuple[int, CMAction] | None = None
+        best: tuple[int, CMAction, bool] | None = None
         for tip, old, responses, _ in tips:  # 1: keeps a sampled response of the chain
             if not any(old[i] in kept_hashes for i in responses):
                 continue
             action, kept, kept_response = self._classify(old, hashes, beyond, responses, tip)
             if kept_response and (best is None or kept > best[0]):
-                best = (kept, action)
+                side = (hashes[:n_system] != old[:n_system]
+                        and all(tools != tools_key for tools, _ in self._openings(tip))
+                        and tip.tools_key != tools_key)
+                best = (kept, action, side)
         if best is not None:
-            return best[1]
+            _, action, side = best
+            if side:  # another system prompt and tool list over the chain's history
+                origin = self.states.get(action.from_seq or 0)
+                return None, origin.chain if origin is not None else None
+            return action, None
         if text is not None:  # 2: a chain's latest response handed on inside a message
             handed = [j for j in beyond if role(j) != "assistant"]
             for tip, old, responses, _ in tips:
                 sampled = tip.response_text.strip()
                 if len(sampled) >= MIN_HANDED_ON and any(sampled in text(j) for j in handed):
-                    return self._classify(old, hashes, beyond, responses, tip)[0]
+                    return self._classify(old, hashes, beyond, responses, tip)[0], None
         for tip, old, responses, _ in tips:  # 3: the chain's own opening, then more
             if any(tools == tools_key and len(hashes) > len(first)
                    and hashes[:len(first)] == first for tools, first in self._openings(tip)):
-                return self._classify(old, hashes, beyond, responses, tip)[0]
-        return None
+                return self._classify(old, hashes, beyond, responses, tip)[0], None
+        return None, None
 
     def _openings(self, tip: TurnState) -> list[tuple[bytes, list[bytes]]]:
         """(tools, messages) of the first requests a conversation can be repeated from: its
@@ -252,28 +281,89 @@ class History:
                   responses: set[int], ref: TurnState) -> tuple[CMAction, int, bool]:
         """The action turning `ref`'s conversation (`old`: its messages and responses, the
         latter at `responses`) into `new`; how many of its messages `new` keeps at positions
-        in `beyond` (past the preamble, not system messages), and whether one is a response."""
-        ops = difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes()
-        equal = [(i1, i2, j1, j2) for tag, i1, i2, j1, j2 in ops if tag == "equal"]
+        in `beyond` (past the preamble, not system messages), and whether one is a response.
+
+        The alignment is a diff of message hashes, unless it leaves out a response the request
+        carries: then one anchored on what the gateway sampled (the chain's responses found in
+        `new` by identity, in order, the messages between them diffed) when it keeps more of
+        them (aider resends its file block and canned reply after the history: the plain diff
+        lined those up instead of the reply and lost it)."""
+        ops: list[Op] = list(difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes())
+        if not self._keeps_every_response(ops, old, new, beyond, responses):
+            anchored = self._anchored(old, new, beyond, responses)
+            if (self._kept_responses(anchored, beyond, responses)
+                    > self._kept_responses(ops, beyond, responses)):
+                ops = anchored
+        equal = [(i1, i2, j1) for tag, i1, i2, j1, _ in ops if tag == "equal"]
         removed = [[i1, i2] for tag, i1, i2, _, _ in ops if tag in ("delete", "replace")]
         added = [[j1, j2] for tag, i1, _, j1, j2 in ops
                  if tag == "replace" or (tag == "insert" and i1 < len(old))]
-        kept = [(i1 + k, j1 + k) for i1, i2, j1, _ in equal for k in range(i2 - i1)
+        kept = [(i1 + k, j1 + k) for i1, i2, j1 in equal for k in range(i2 - i1)
                 if j1 + k in beyond]
         kept_response = any(i in responses for i, _ in kept)
         n_removed = sum(b - a for a, b in removed)
         n_added = sum(b - a for a, b in added)
+        aligned = {j1 + k for i1, i2, j1 in equal for k in range(i2 - i1)}
+        resent = {new[j] for j in range(len(new)) if j not in aligned}
+        moved: list[list[int]] = []  # removed where they were, resent at another place
+        for i in (i for a, b in removed for i in range(a, b) if old[i] in resent):
+            if moved and moved[-1][1] == i:
+                moved[-1][1] = i + 1
+            else:
+                moved.append([i, i + 1])
+        info = {"moved": moved} if moved else {}
         kind: CMKind
         if n_added == 0 and n_removed == 0:  # every message kept: only the tools changed
             kind = "preamble_change"
-        elif n_added == 0:
+        elif n_added == 0 and not moved:
             kind = "truncate"
-        elif n_removed > n_added:
+        elif n_removed > n_added and len(new) < len(old):  # and the conversation shrank
             kind = "summarize"
         else:
             kind = "rewrite"
-        return CMAction(kind=kind, from_seq=ref.seq, removed=removed, added=added,
+        return CMAction(kind=kind, from_seq=ref.seq, removed=removed, added=added, info=info,
                         tokens_before=len(ref.full_ids())), len(kept), kept_response
+
+    @staticmethod
+    def _kept_responses(ops: list[Op], beyond: set[int],
+                        responses: set[int]) -> int:
+        return sum(1 for tag, i1, i2, j1, _ in ops if tag == "equal"
+                   for k in range(i2 - i1) if i1 + k in responses and j1 + k in beyond)
+
+    def _keeps_every_response(self, ops: list[Op],
+                              old: list[bytes], new: list[bytes], beyond: set[int],
+                              responses: set[int]) -> bool:
+        """Every response of `old` that `new` carries (past the preamble) is aligned by `ops`."""
+        carried = {new[j] for j in beyond}
+        return (self._kept_responses(ops, beyond, responses)
+                >= sum(1 for i in responses if old[i] in carried))
+
+    @staticmethod
+    def _anchored(old: list[bytes], new: list[bytes], beyond: set[int],
+                  responses: set[int]) -> list[Op]:
+        """An alignment anchored on the responses of `old` found in `new` by identity, in
+        order, with the messages between anchors aligned by `difflib`."""
+        at: dict[bytes, list[int]] = {}
+        for j in sorted(beyond):
+            at.setdefault(new[j], []).append(j)
+        anchors: list[tuple[int, int]] = []
+        j0 = 0
+        for i in sorted(responses):
+            places = at.get(old[i], [])
+            k = bisect.bisect_left(places, j0)
+            if k < len(places):
+                anchors.append((i, places[k]))
+                j0 = places[k] + 1
+        ops: list[Op] = []
+        i_at = j_at = 0
+        for i, j in [*anchors, (len(old), len(new))]:
+            gap = difflib.SequenceMatcher(None, old[i_at:i], new[j_at:j], autojunk=False)
+            ops += [(tag, a1 + i_at, a2 + i_at, b1 + j_at, b2 + j_at)
+                    for tag, a1, a2, b1, b2 in gap.get_opcodes()]
+            if i < len(old):
+                ops.append(("equal", i, i + 1, j, j + 1))
+            i_at, j_at = i + 1, j + 1
+        return ops
 
     def chain_of(self, parent: TurnState | None, action: CMAction | None, seq: int) -> int:
         """The conversation of a new turn: its parent's, else that of the turn its CM action
@@ -287,10 +377,12 @@ class History:
         return seq
 
     def add(self, state: TurnState, request_key: bytes, n_messages: int,
-            action: CMAction | None = None) -> None:
-        """Register a finished turn (with the CM action it was recorded with, if any) so later
-        requests can extend it."""
+            action: CMAction | None = None, side_of: int | None = None) -> None:
+        """Register a finished turn (with the CM action it was recorded with, if any, and the
+        chain it is a side call of, if it starts one) so later requests can extend it."""
         state.chain = self.chain_of(state.parent, action, state.seq)
+        if side_of is not None and state.chain == state.seq and side_of in self.tips:
+            self.side_of[state.chain] = side_of
         tip = self.tips.get(state.chain)
         if tip is None or state.seq > tip.seq:
             self.tips[state.chain] = state

@@ -189,7 +189,7 @@ class ChatService:
             prompt=prompt, delta=delta, parent=parent, seqs=seqs, segments=segments,
             appended_hashes=appended_hashes, tools_key=tools_key, request_key=request_key,
             action=plan.action, new_segment=plan.new_segment, params=params,
-            n_messages=n_messages,
+            n_messages=n_messages, side_of=plan.side_of,
             tool_names={tool["function"]["name"] for tool in call.tools or []},
             extends=extends, declared=plan.declared, messages=messages,
             tools=call.tools, requested_model=call.requested_model,
@@ -333,9 +333,11 @@ class ChatService:
                     self.metrics.cm_actions.labels(action.kind).inc()
                 for sig in signals:
                     ops.append(op_event("signals", live.id, sig.model_dump()))
-                if p.requested_model is not None or res.forwards is not None:
+                side_of = p.side_of if i == 0 else None
+                if (p.requested_model is not None or res.forwards is not None
+                        or side_of is not None):
                     ops.append(turn_info(live.id, seq, requested_model=p.requested_model,
-                                         forwards=res.forwards))
+                                         forwards=res.forwards, parent_chain=side_of))
         except BaseException:
             history.release(p.extends, p.declared)
             raise
@@ -345,8 +347,9 @@ class ChatService:
             history.release(p.extends, p.declared)
             raise
         async with live.lock:
-            for state, action in zip(states, actions, strict=True):
-                history.add(state, p.request_key, p.n_messages, action)
+            for i, (state, action) in enumerate(zip(states, actions, strict=True)):
+                history.add(state, p.request_key, p.n_messages, action,
+                            p.side_of if i == 0 else None)
         self.metrics.turns.inc(len(states))
         self.metrics.completion_tokens.inc(sum(len(r.completion_ids) for r in results))
         counted = [r for r in results if r.forwards]
@@ -453,3 +456,4 @@ class _Prepared:
     requested_model: str | None = None
     tool_choice_none: bool = False
     strict: StrictArguments | None = None
+    side_of: int | None = None  # the first turn starts a side chain of this chain

@@ -173,7 +173,8 @@ class Sessions:
                 await self.store.write(op_claim(live.id, lease, self.holder))
                 rows = await self.store.read(self.store.turn_rows, live.id)
                 actions = await self.store.read(self.store.events, "cm_actions", live.id)
-                history = history_from_rows(rows, actions)
+                info = await self.store.read(self.store.events, "turn_info", live.id)
+                history = history_from_rows(rows, actions, info)
                 # an action the agent declared through another process (pool/declared.py)
                 declared = await self.store.read(pending, self.store, live.id, actions)
                 if declared is not None:

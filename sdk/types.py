@@ -74,6 +74,9 @@ class Turn(BaseModel):
     # The conversation this turn belongs to: the seq of its first turn. A session holds several
     # when a client makes side calls (a title request, sub-agents) beside its main loop.
     chain: int = 0
+    # A side chain's parent: the chain whose history this chain's first request copied under
+    # its own system prompt and tools (a helper or sub-agent call); None for a root chain.
+    parent_chain: int | None = None
 
     @model_validator(mode="after")
     def _lengths(self) -> Turn:
@@ -175,11 +178,13 @@ class Trajectory(BaseModel):
     status: SessionStatus = SessionStatus.open
 
     def main_chain(self) -> int:
-        """The session's main conversation: the chain with the most turns (the earliest on a
-        tie). Side calls of a CLI (a title request, a sub-agent) are the other chains."""
+        """The session's main conversation: the root chain with the most turns (the earliest on
+        a tie). Side calls of a CLI (a title request, a sub-agent, a side chain) are the
+        others."""
         counts: dict[int, int] = {}
         for turn in self.turns:
-            counts[turn.chain] = counts.get(turn.chain, 0) + 1
+            if turn.parent_chain is None:
+                counts[turn.chain] = counts.get(turn.chain, 0) + 1
         return min(counts, key=lambda c: (-counts[c], c)) if counts else 0
 
     def total_reward(self, weights: dict[str, float] | None = None) -> float:

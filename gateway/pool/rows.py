@@ -46,15 +46,18 @@ def turn_insert(session_id: str, *, seq: int, segment: int, parent_seq: int | No
 
 
 def turn_info(session_id: str, seq: int, *, requested_model: str | None = None,
-              forwards: int | None = None) -> WriteOp:
+              forwards: int | None = None, parent_chain: int | None = None) -> WriteOp:
     """Facts about a turn kept beside it (schema.turn_info): the model name the client asked
     for (before the alias table mapped it to a served model), and the engine's forward passes
-    for the completion (fewer than its tokens when speculative decoding accepted drafts)."""
+    for the completion (fewer than its tokens when speculative decoding accepted drafts), and for
+    the first turn of a side chain the chain it copied (gateway/history.py, rule 1)."""
     body: dict[str, Any] = {"seq": seq}
     if requested_model is not None:
         body["requested_model"] = requested_model
     if forwards is not None:
         body["forwards"] = forwards
+    if parent_chain is not None:
+        body["parent_chain"] = parent_chain
     return op_event("turn_info", session_id, body)
 
 

@@ -25,10 +25,14 @@ def _split(blob: bytes) -> list[bytes]:
     return [blob[i:i + HASH_BYTES] for i in range(0, len(blob), HASH_BYTES)]
 
 
-def history_from_rows(rows: list[dict], cm_actions: list[dict] | None = None) -> History:
-    """Rebuild the in-memory turn tree from stored turns (ordered by seq) and the session's
-    stored CM actions (they tie a turn that extends nothing to its conversation)."""
+def history_from_rows(rows: list[dict], cm_actions: list[dict] | None = None,
+                      turn_info: list[dict] | None = None) -> History:
+    """Rebuild the in-memory turn tree from stored turns (ordered by seq), the session's
+    stored CM actions (they tie a turn that extends nothing to its conversation) and its turn
+    facts (a side chain's link to the chain it copied)."""
     h = History()
+    side_of = {e["seq"]: e["parent_chain"] for e in turn_info or []
+               if e.get("parent_chain") is not None}
     actions = {e["seq"]: CMAction(**e) for e in cm_actions or [] if e.get("seq") is not None}
     for row in rows:
         parent = h.states.get(row["parent_seq"]) if row["parent_seq"] is not None else None
@@ -42,7 +46,7 @@ def history_from_rows(rows: list[dict], cm_actions: list[dict] | None = None) ->
         if parent is not None and parent.segment == state.segment:
             parent.extended = True
         key = h.request_key(parent, state.tools_key, state.appended_hashes)
-        h.add(state, key, 0, actions.get(state.seq))
+        h.add(state, key, 0, actions.get(state.seq), side_of.get(state.seq))
         h.next_seq = max(h.next_seq, state.seq + 1)
         h.next_segment = max(h.next_segment, state.segment + 1)
     return h
@@ -61,9 +65,10 @@ def build_trajectory(store: Store, session_row: dict) -> Trajectory:
     sid = session_row["id"]
     rows = store.turn_rows(sid)
     cm_actions = store.events("cm_actions", sid)
-    history = history_from_rows(rows, cm_actions)
+    turn_info = store.events("turn_info", sid)
+    history = history_from_rows(rows, cm_actions, turn_info)
     turns: list[Turn] = []
-    info = {e["seq"]: e for e in store.events("turn_info", sid)}
+    info = {e["seq"]: e for e in turn_info}
     segments: dict[int, dict[str, list]] = {}
     seg_chain: dict[int, int] = {}
     for row in rows:
@@ -79,7 +84,7 @@ def build_trajectory(store: Store, session_row: dict) -> Trajectory:
             prompt_ids=state.prompt_ids(), completion_text=row["completion_text"],
             requested_model=info.get(row["seq"], {}).get("requested_model"),
             forwards=info.get(row["seq"], {}).get("forwards"),
-            chain=state.chain,
+            chain=state.chain, parent_chain=history.side_of.get(state.chain),
         )
         turns.append(turn)
         seg = segments.setdefault(row["segment"], {"ids": [], "mask": [], "lp": [], "wv": [],

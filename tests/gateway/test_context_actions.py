@@ -117,6 +117,67 @@ def test_a_short_answer_repeated_in_another_conversation_does_not_join_it(gatewa
     assert t["cm_actions"] == [] and len({turn["chain"] for turn in t["turns"]}) == 2
 
 
+def test_a_kept_response_moved_behind_a_repeated_block_keeps_its_chain(gateway):
+    """aider 0.86: each request resends the sampled reply verbatim but moves its file block and
+    its canned reply after the history. difflib lines up the (unchanged) file block and
+    canned reply, not the sampled reply, so the reply looked dropped and every call started a
+    chain of its own. Kept is decided by the reply's identity: one chain, a CM action."""
+    key = "cm-aider"
+    c = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=key, max_retries=0)
+    files = {"role": "user", "content": "I added these files to the chat: hello.py ..."}
+    canned = {"role": "assistant", "content": "Ok, any changes I propose will be to those files."}
+    sys_msg = {"role": "system", "content": "Act as an expert software developer."}
+    first = [sys_msg, files, canned, {"role": "user", "content": "add a greeting"}]
+    reply = c.chat.completions.create(model="default", messages=first).choices[0].message
+    second = [sys_msg, {"role": "user", "content": "add a greeting"},
+              reply.model_dump(exclude_none=True), files, canned,
+              {"role": "user", "content": "now a farewell"}]
+    c.chat.completions.create(model="default", messages=second)
+    t = traj(gateway, key)
+    assert len({turn["chain"] for turn in t["turns"]}) == 1, t["turns"]
+    action, = t["cm_actions"]
+    assert action["kind"] == "rewrite" and action["source"] == "detected", action
+    # the file block and canned reply (messages 1-2) left their place and were resent after
+    assert action["removed"] == [[1, 3]] and action["added"] == [], action
+    assert action["info"]["moved"] == [[1, 3]], action
+
+
+MEMORY_TOOL = {"type": "function", "function": {
+    "name": "save_memory", "description": "Save a fact.",
+    "parameters": {"type": "object", "properties": {"fact": {"type": "string"}},
+                   "required": ["fact"]}}}
+
+
+def test_a_helper_copying_the_history_under_its_own_preamble_is_a_side_chain(gateway):
+    """Qwen Code 0.15: beside its main call, a memory extractor with its own system prompt and
+    tools copies the main history. It used to be a `rewrite` of the main chain (message 0
+    replaced); it is a chain of its own linked to the main one, and the main chain goes on
+    untouched, with no CM action."""
+    key = "cm-side"
+    c, msgs = run(gateway, key, n_turns=2)
+    extractor = [{"role": "system", "content": "You extract memories from a conversation."},
+                 *msgs[1:]]
+    c.chat.completions.create(model="default", messages=extractor, tools=[MEMORY_TOOL])
+    call(c, msgs)  # the main loop goes on from its own last turn
+    t = traj(gateway, key)
+    main, side, after = t["turns"][0], t["turns"][2], t["turns"][3]
+    assert t["cm_actions"] == [], t["cm_actions"]
+    assert side["chain"] == side["seq"] != main["chain"], t["turns"]
+    assert side["parent_chain"] == main["chain"] and main["parent_chain"] is None
+    assert after["chain"] == main["chain"] and after["segment"] == main["segment"]
+
+
+def test_a_changed_system_prompt_alone_is_not_a_side_chain(gateway):
+    """The same tools and history under a new system prompt is the chain rewriting message 0."""
+    key = "cm-sys"
+    c, msgs = run(gateway, key, n_turns=2)
+    call(c, [{"role": "system", "content": "sys, now with today's date"}, *msgs[1:]])
+    t = traj(gateway, key)
+    assert len({turn["chain"] for turn in t["turns"]}) == 1, t["turns"]
+    action, = t["cm_actions"]
+    assert action["kind"] == "rewrite" and action["removed"] == [[0, 1]], action
+
+
 def test_summarize_replaces_messages_with_text(gateway):
     c, msgs = run(gateway, "cm-sum")
     summary = {"role": "user", "content": "Summary: computed 1+1 and 2*3 so far."}
