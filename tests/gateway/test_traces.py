@@ -44,3 +44,5 @@ def test_a_recorded_client_replays_to_the_chains_and_actions_it_made(tmp_path, p
     assert actions == expect["cm_actions"], t["cm_actions"]
     segments = [turn["segment"] for turn in turns]
     assert [segments.index(s) for s in segments] == expect["segments"], turns
+    if "finish_reasons" in expect:  # what the client was told
+        assert [turn["finish_reason"] for turn in turns] == expect["finish_reasons"], turns
