@@ -27,7 +27,8 @@ messages and the first message after them (the system prompt and the task); then
      between them by a diff of message hashes; then `truncate` (only removes, nothing of it
      resent elsewhere), `summarize` (replaces more than it adds, and the request is shorter
      than the conversation was), `rewrite` (anything else: edits, and reorders, messages
-     removed from their place and resent elsewhere, listed in `info["moved"]`: aider moves
+     removed from their place and resent elsewhere (not tool results, which repeat), listed in
+     `info["moved"]`: aider moves
      its file block and canned reply after the history and strips its reminder from the last
      user message), or `preamble_change`
      (every message kept, in order, maybe with more after them, but another tool list: a
@@ -231,6 +232,9 @@ class History:
             n_system += 1
         preamble = min(n_system + 1, len(hashes))
         beyond = {j for j in range(preamble, len(hashes)) if role(j) != "system"}
+        # a message resent elsewhere is a move, unless it is a tool result: those repeat
+        # ("ok", "42") and carry no id in their hash
+        movable = {j for j in range(len(hashes)) if role(j) != "tool"}
         kept_hashes = {hashes[j] for j in beyond}
         tips = [(tip, *tip.conversation())
                 for tip in sorted(self.tips.values(), key=lambda s: s.seq, reverse=True)]
@@ -238,7 +242,8 @@ class History:
         for tip, old, responses, _ in tips:  # 1: keeps a sampled response of the chain
             if not any(old[i] in kept_hashes for i in responses):
                 continue
-            action, kept, kept_response = self._classify(old, hashes, beyond, responses, tip)
+            action, kept, kept_response = self._classify(old, hashes, beyond, responses, tip,
+                                                         movable)
             if kept_response and (best is None or kept > best[0]):
                 side = (hashes[:n_system] != old[:n_system]
                         and all(tools != tools_key for tools, _ in self._openings(tip))
@@ -255,11 +260,11 @@ class History:
             for tip, old, responses, _ in tips:
                 sampled = tip.response_text.strip()
                 if len(sampled) >= MIN_HANDED_ON and any(sampled in text(j) for j in handed):
-                    return self._classify(old, hashes, beyond, responses, tip)[0], None
+                    return self._classify(old, hashes, beyond, responses, tip, movable)[0], None
         for tip, old, responses, _ in tips:  # 3: the chain's own opening, then more
             if any(tools == tools_key and len(hashes) > len(first)
                    and hashes[:len(first)] == first for tools, first in self._openings(tip)):
-                return self._classify(old, hashes, beyond, responses, tip)[0], None
+                return self._classify(old, hashes, beyond, responses, tip, movable)[0], None
         return None, None
 
     def _openings(self, tip: TurnState) -> list[tuple[bytes, list[bytes]]]:
@@ -278,7 +283,8 @@ class History:
         return found
 
     def _classify(self, old: list[bytes], new: list[bytes], beyond: set[int],
-                  responses: set[int], ref: TurnState) -> tuple[CMAction, int, bool]:
+                  responses: set[int], ref: TurnState,
+                  movable: set[int] | None = None) -> tuple[CMAction, int, bool]:
         """The action turning `ref`'s conversation (`old`: its messages and responses, the
         latter at `responses`) into `new`; how many of its messages `new` keeps at positions
         in `beyond` (past the preamble, not system messages), and whether one is a response.
@@ -304,7 +310,8 @@ class History:
         n_removed = sum(b - a for a, b in removed)
         n_added = sum(b - a for a, b in added)
         aligned = {j1 + k for i1, i2, j1 in equal for k in range(i2 - i1)}
-        resent = {new[j] for j in range(len(new)) if j not in aligned}
+        resent = {new[j] for j in range(len(new))
+                  if j not in aligned and (movable is None or j in movable)}
         moved: list[list[int]] = []  # removed where they were, resent at another place
         for i in (i for a, b in removed for i in range(a, b) if old[i] in resent):
             if moved and moved[-1][1] == i:

@@ -29,7 +29,7 @@ from envhub.viewer.curves import read_metrics, read_samples, render
 from envhub.viewer.errors import ViewerError
 from envhub.viewer.sources import PoolSource, RunFolders, SessionRow
 from envhub.viewer.tokens import TokenDecoder
-from envhub.viewer.turns import TurnBlock, turn_blocks
+from envhub.viewer.turns import ChainNode, TurnBlock, chain_tree, turn_blocks
 
 HERE = Path(__file__).parent
 STATUSES = ("done", "env_failure", "agent_error", "open")
@@ -148,7 +148,9 @@ def create_app(source: RunFolders | PoolSource) -> FastAPI:
             raise StarletteHTTPException(404, f"no session {key!r} in run {run_id!r}")
         blocks: list[TurnBlock] = []
         loose: list[CMAction] = []
+        chains: list[ChainNode] = []
         if view.trajectory is not None:
+            chains = chain_tree(view.trajectory)
             try:
                 if view.tokenizer not in decoders:
                     decoders[view.tokenizer] = await run_in_threadpool(TokenDecoder,
@@ -158,7 +160,7 @@ def create_app(source: RunFolders | PoolSource) -> FastAPI:
             else:
                 blocks, loose = await run_in_threadpool(turn_blocks, view.trajectory,
                                                         decoders[view.tokenizer])
-        return page("session.html", view=view, blocks=blocks, loose=loose)
+        return page("session.html", view=view, blocks=blocks, loose=loose, chains=chains)
 
     drawn: dict[tuple[tuple[str, int, int], ...], list[Any]] = {}  # the last pages drawn
 

@@ -32,6 +32,7 @@ class TurnBlock:
     sampled: list[TokenSpan]
     completion_text: str | None  # text-only backends record text, not ids
     tool_calls: list[ToolCall]
+    chain: int = 0
     breaks: list[CMAction] = field(default_factory=list)  # actions that started this segment
     new_segment: bool = False
     signals: list[Signal] = field(default_factory=list)
@@ -75,7 +76,7 @@ def turn_blocks(traj: Trajectory, decoder: TokenDecoder) -> tuple[list[TurnBlock
         blocks.append(TurnBlock(
             seq=turn.seq, segment=turn.segment, weight_version=turn.weight_version,
             finish_reason=turn.finish_reason, latency_ms=turn.latency_ms,
-            trainable=turn.trainable, instance=turn.instance,
+            trainable=turn.trainable, instance=turn.instance, chain=turn.chain,
             prompt=_prompt_spans(decoder, turn.prompt_delta_ids),
             sampled=_sampled_spans(decoder, turn.completion_ids, lps, turn.weight_version),
             completion_text=turn.completion_text if not turn.completion_ids else None,
@@ -87,3 +88,40 @@ def turn_blocks(traj: Trajectory, decoder: TokenDecoder) -> tuple[list[TurnBlock
     # actions whose turn is missing from the record (e.g. a pool cut mid-write) stay visible
     loose += [a for actions in by_seq.values() for a in actions]
     return blocks, loose
+
+
+@dataclass
+class ChainNode:
+    """A conversation of the session (gateway/history.py): its turns, segments and CM actions,
+    and the side chains that copied its history (a helper or sub-agent call)."""
+
+    chain: int
+    parent: int | None
+    turns: list[int] = field(default_factory=list)
+    segments: list[int] = field(default_factory=list)
+    actions: list[CMAction] = field(default_factory=list)
+    children: list[ChainNode] = field(default_factory=list)
+    main: bool = False
+
+
+def chain_tree(traj: Trajectory) -> list[ChainNode]:
+    """The session's chains as a tree: root chains (the main one marked) in order of their first
+    turn, each with its side chains under it."""
+    nodes: dict[int, ChainNode] = {}
+    chain_of: dict[int, int] = {}
+    for turn in traj.turns:
+        node = nodes.setdefault(turn.chain, ChainNode(turn.chain, turn.parent_chain))
+        node.turns.append(turn.seq)
+        if turn.segment not in node.segments:
+            node.segments.append(turn.segment)
+        chain_of[turn.seq] = turn.chain
+    for action in traj.cm_actions:
+        if action.seq is not None and action.seq in chain_of:
+            nodes[chain_of[action.seq]].actions.append(action)
+    main = traj.main_chain()
+    roots: list[ChainNode] = []
+    for node in sorted(nodes.values(), key=lambda n: n.chain):
+        node.main = node.chain == main
+        parent = nodes.get(node.parent) if node.parent is not None else None
+        (parent.children if parent is not None else roots).append(node)
+    return roots

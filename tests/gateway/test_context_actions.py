@@ -7,6 +7,7 @@ import openai
 import pytest
 
 from tests.gateway.conftest import CALC_TOOL
+from tests.support import gateway_in_thread, scripted_backend, tool_call
 
 
 def run(gw, key: str, n_turns: int = 4):
@@ -140,6 +141,30 @@ def test_a_kept_response_moved_behind_a_repeated_block_keeps_its_chain(gateway):
     # the file block and canned reply (messages 1-2) left their place and were resent after
     assert action["removed"] == [[1, 3]] and action["added"] == [], action
     assert action["info"]["moved"] == [[1, 3]], action
+
+
+def test_a_truncate_whose_next_tool_result_repeats_a_dropped_one_stays_a_truncate(tmp_path):
+    """Tool results repeat ("42" after each call) and their hash carries no call id: the one
+    answering the latest call is not the dropped one moved (it was a `summarize` with
+    `moved`), it is new."""
+    key = "cm-trunc-same"
+    gateway = gateway_in_thread(tmp_path, scripted_backend(
+        [tool_call("calc", {"expr": "6*7"}), "The answer is 42."]))
+    c = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=key, max_retries=0)
+    msgs = [{"role": "system", "content": "sys"}, {"role": "user", "content": "task"}]
+    for _ in range(3):
+        m = c.chat.completions.create(model="default", messages=msgs,
+                                      tools=[CALC_TOOL]).choices[0].message
+        msgs.append(m.model_dump(exclude_none=True))
+        msgs += ([{"role": "tool", "tool_call_id": t.id, "content": "42"}
+                  for t in m.tool_calls or []] or [{"role": "user", "content": "more"}])
+    try:
+        call(c, msgs[:2] + msgs[4:])
+        action = traj(gateway, key)["cm_actions"][-1]
+    finally:
+        gateway.close()
+    assert action["kind"] == "truncate" and action["removed"] == [[2, 4]], action
+    assert "moved" not in action["info"], action
 
 
 MEMORY_TOOL = {"type": "function", "function": {

@@ -148,3 +148,39 @@ def test_bad_input_exits_2_with_the_fix(tmp_path: Path, args: list[str], message
     assert result.exit_code == 2, result.output
     assert message in result.output and "Traceback" not in result.output
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # nothing written
+
+
+def test_a_session_page_shows_its_chains_as_a_tree(tmp_path: Path) -> None:
+    """A helper call copying the main history under its own system prompt and tools is shown as
+    a side chain under the main chain; each turn names its chain, a CM action the messages it
+    moved and the turn it continues from."""
+    db = f"sqlite:///{tmp_path}/pool.db"
+    gw = run_in_thread(GatewayConfig(port=0, db=db), backend=scripted_backend(
+        ["I will add it.", "Noted.", "Done."]))
+    try:
+        s = Session.open(gw.url, group_id="run-c:x:t", task_id="t", env="x")
+        client = s.openai(max_retries=0)
+        msgs: list[dict] = [{"role": "system", "content": "sys"},
+                            {"role": "user", "content": "add a greeting"}]
+        m = client.chat.completions.create(model="default", messages=msgs, tools=[CALC_TOOL])
+        msgs += [m.choices[0].message.model_dump(exclude_none=True),
+                 {"role": "user", "content": "and a farewell"}]
+        client.chat.completions.create(model="default", messages=[
+            {"role": "system", "content": "You extract memories."}, *msgs[1:]])
+        client.chat.completions.create(model="default", messages=msgs, tools=[CALC_TOOL])
+        s.close("done")
+    finally:
+        gw.close()
+    source = open_source(db)
+    try:
+        with serve_in_thread(create_app(source)) as server:
+            page = httpx.get(f"{server.url}/runs/run-c/sessions/{s.id}").text
+    finally:
+        source.close()
+    tree = re.search(r'<ul class="chains">(.*)</ul>', page, re.S)
+    assert tree is not None, page
+    # chain 0 (main), and chain 1 nested under it as its side chain
+    assert re.search(r'id="chain-0"><b>chain 0</b> \(main\).*?<ul>\s*<li class="chain" '
+                     r'id="chain-1"><b>chain 1</b> · side chain of <a href="#chain-0">',
+                     tree.group(1), re.S), tree.group(1)
+    assert '<a href="#chain-1">chain 1</a> · segment' in page  # the side call's turn
