@@ -7,7 +7,9 @@ internals, so both cases behave the same.
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,11 @@ CLOSE_TIMEOUT_S = 120.0  # a loaded machine's gateway may answer slowly; the run
 # a database restarting), up to this long; then the rollout is env_failure with the reason.
 READY_WAIT_S = 600.0
 READY_FRESH_S = 1.0  # a ready answer this recent is taken as it is (one look per second)
+INTERRUPTED = "interrupted"  # why a rollout cancelled by the run stopping is env_failure
 PROVIDER_URLS = {"openai": "https://api.openai.com/v1", "anthropic": "https://api.anthropic.com"}
+
+
+log = logging.getLogger(__name__)
 
 
 class GatewayLink:
@@ -87,13 +93,54 @@ class GatewayLink:
 
     async def open_session(self, group_id: str, key: RolloutKey) -> Any:
         """A session for one rollout, once the gateway is ready (launches pause while its
-        pool cannot write)."""
+        pool cannot write).
+
+        The gateway may have created the session when its answer never reaches us: the
+        rollout was cancelled while waiting for it (the run stopping), or the connection
+        broke or timed out. Such a session would stay open in the pool for ever, its group
+        never whole. So the id is ours (chosen here), a cancelled open waits for the answer
+        (bounded by the HTTP timeout) and a failed one is closed by id with the admin key,
+        either way as env_failure; then the cancellation or the error goes on."""
+        import httpx
+
         from envhub.sdk import AsyncSession
 
         await self.ready()
-        return await AsyncSession.open(
+        sid = uuid.uuid4().hex
+        opening = asyncio.ensure_future(AsyncSession.open(
             self.url, admin_key=self.admin_key, group_id=group_id, task_id=key.task_id,
-            env=key.env, sample_index=key.sample)
+            env=key.env, sample_index=key.sample, session_id=sid))
+        try:
+            return await asyncio.shield(opening)
+        except asyncio.CancelledError:
+            await asyncio.shield(self._abandon(opening, sid, INTERRUPTED))
+            raise
+        except httpx.TransportError as e:  # no answer is not "not created"
+            await self._abandon(opening, sid, f"its opening got no answer: "
+                                              f"{type(e).__name__}: {e}")
+            raise
+
+    async def _abandon(self, opening: asyncio.Future[Any], sid: str, reason: str) -> None:
+        """End the session `opening` may have created, unscored."""
+        import httpx
+
+        try:
+            session = await opening
+        except Exception:  # noqa: BLE001 - no session object: close it by its id
+            session = None
+        if session is not None:
+            try:
+                await session.aclose(status="env_failure", reason=reason)
+                return
+            except Exception:  # noqa: BLE001 - its own close failed: the admin key's next
+                pass
+        try:
+            await self.close_session(sid, "env_failure", reason)
+        except httpx.HTTPStatusError as e:  # 404: the gateway never created it
+            if e.response.status_code != 404:
+                log.warning("closing session %s after its open failed: %s", sid, e)
+        except httpx.HTTPError as e:  # the gateway gone: resume closes what is left open
+            log.warning("closing session %s after its open failed: %s", sid, e)
 
     async def pool_refusals(self, session_id: str, key: str | None = None
                             ) -> tuple[int, str | None]:
