@@ -61,9 +61,10 @@ class Session:
         self.texts = "long enough sampled reply number "
         self.takes_text = "text" in inspect.signature(self.history.plan).parameters
 
-    def plan(self, msgs: list[tuple[bytes, str, str]]):
+    def plan(self, msgs: list[tuple[bytes, str, str]], preview: bool = False):
         kw = {"text": lambda i: msgs[i][2]} if self.takes_text else {}
-        return self.history.plan([m[0] for m in msgs], self.tools, lambda i: msgs[i][1], **kw)
+        return self.history.plan([m[0] for m in msgs], self.tools, lambda i: msgs[i][1],
+                                 consume_declared=not preview, **kw)
 
     def turn(self, k: int) -> None:
         p = self.plan(self.msgs)
@@ -99,9 +100,7 @@ def measure(mod: ModuleType, turns: int, kind: str, repeats: int) -> float:
     for _ in range(repeats):
         s.history._last = ([], [])  # each request's rolling hashes from scratch (worst case)
         t0 = time.perf_counter()
-        kw = {"text": lambda i: msgs[i][2]} if s.takes_text else {}
-        s.history.plan([m[0] for m in msgs], s.tools, lambda i: msgs[i][1],
-                       consume_declared=False, **kw)
+        s.plan(msgs, preview=True)
         times.append(time.perf_counter() - t0)
     return statistics.median(times) * 1e6
 

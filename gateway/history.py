@@ -28,11 +28,10 @@ messages and the first message after them (the system prompt and the task); then
      resent elsewhere), `summarize` (replaces more than it adds, and the request is shorter
      than the conversation was), `rewrite` (anything else: edits, and reorders, messages
      removed from their place and resent elsewhere (not tool results, which repeat), listed in
-     `info["moved"]`: aider moves
-     its file block and canned reply after the history and strips its reminder from the last
-     user message), or `preamble_change`
-     (every message kept, in order, maybe with more after them, but another tool list: a
-     framework's final call without its tools; nothing removed or added). But when both its
+     `info["moved"]`: aider moves its file block and canned reply after the history and strips
+     its reminder from the last user message), or `preamble_change` (every message kept, in
+     order, maybe with more after them, but another tool list: a framework's final call
+     without its tools; nothing removed or added). But when both its
      system prompt (its leading system messages) and its tool list differ from the chain's, it
      is a *side chain*: a helper or sub-agent that copies the chain's history under its own
      preamble (Qwen Code's memory extractor), a new chain linked to the one it copied
@@ -238,7 +237,7 @@ class History:
         kept_hashes = {hashes[j] for j in beyond}
         tips = [(tip, *tip.conversation())
                 for tip in sorted(self.tips.values(), key=lambda s: s.seq, reverse=True)]
-        best: tuple[int, CMAction, bool] | None = None
+        best: tuple[int, CMAction, TurnState | None] | None = None
         for tip, old, responses, _ in tips:  # 1: keeps a sampled response of the chain
             if not any(old[i] in kept_hashes for i in responses):
                 continue
@@ -248,12 +247,11 @@ class History:
                 side = (hashes[:n_system] != old[:n_system]
                         and all(tools != tools_key for tools, _ in self._openings(tip))
                         and tip.tools_key != tools_key)
-                best = (kept, action, side)
+                best = (kept, action, tip if side else None)
         if best is not None:
-            _, action, side = best
-            if side:  # another system prompt and tool list over the chain's history
-                origin = self.states.get(action.from_seq or 0)
-                return None, origin.chain if origin is not None else None
+            _, action, copied = best
+            if copied is not None:  # another system prompt and tool list over its history
+                return None, copied.chain
             return action, None
         if text is not None:  # 2: a chain's latest response handed on inside a message
             handed = [j for j in beyond if role(j) != "assistant"]
@@ -284,10 +282,12 @@ class History:
 
     def _classify(self, old: list[bytes], new: list[bytes], beyond: set[int],
                   responses: set[int], ref: TurnState,
-                  movable: set[int] | None = None) -> tuple[CMAction, int, bool]:
+                  movable: set[int]) -> tuple[CMAction, int, bool]:
         """The action turning `ref`'s conversation (`old`: its messages and responses, the
         latter at `responses`) into `new`; how many of its messages `new` keeps at positions
         in `beyond` (past the preamble, not system messages), and whether one is a response.
+        A message of `old` removed from its place and found again at a position of `new` in
+        `movable` that the alignment left over was moved.
 
         The alignment is a diff of message hashes, unless it leaves out a response the request
         carries: then one anchored on what the gateway sampled (the chain's responses found in
@@ -311,7 +311,7 @@ class History:
         n_added = sum(b - a for a, b in added)
         aligned = {j1 + k for i1, i2, j1 in equal for k in range(i2 - i1)}
         resent = {new[j] for j in range(len(new))
-                  if j not in aligned and (movable is None or j in movable)}
+                  if j not in aligned and j in movable}
         moved: list[list[int]] = []  # removed where they were, resent at another place
         for i in (i for a, b in removed for i in range(a, b) if old[i] in resent):
             if moved and moved[-1][1] == i:
@@ -337,12 +337,12 @@ class History:
         return sum(1 for tag, i1, i2, j1, _ in ops if tag == "equal"
                    for k in range(i2 - i1) if i1 + k in responses and j1 + k in beyond)
 
-    def _keeps_every_response(self, ops: list[Op],
-                              old: list[bytes], new: list[bytes], beyond: set[int],
-                              responses: set[int]) -> bool:
+    @staticmethod
+    def _keeps_every_response(ops: list[Op], old: list[bytes], new: list[bytes],
+                              beyond: set[int], responses: set[int]) -> bool:
         """Every response of `old` that `new` carries (past the preamble) is aligned by `ops`."""
         carried = {new[j] for j in beyond}
-        return (self._kept_responses(ops, beyond, responses)
+        return (History._kept_responses(ops, beyond, responses)
                 >= sum(1 for i in responses if old[i] in carried))
 
     @staticmethod

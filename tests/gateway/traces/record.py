@@ -17,27 +17,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 
 import httpx
-import uvicorn
 from fastapi import FastAPI, Request, Response
 
+from envhub.sdk.serve import serve_in_thread
 from tests.support import gateway_in_thread, scripted_backend
 
 KEY = "trace"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def main() -> int:
@@ -65,19 +56,14 @@ def main() -> int:
             return Response(r.content, r.status_code,
                             media_type=r.headers.get("content-type"))
 
-        port = free_port()
-        server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning"))
-        threading.Thread(target=server.run, daemon=True).start()
-        while not server.started:
-            time.sleep(0.05)
-        base = f"http://127.0.0.1:{port}"
-        env = {**os.environ, "OPENAI_API_BASE": f"{base}/v1", "OPENAI_BASE_URL": f"{base}/v1",
-               "ANTHROPIC_BASE_URL": base, "ENVHUB_TRACE_URL": base,
-               "OPENAI_API_KEY": KEY, "ANTHROPIC_API_KEY": KEY}
-        cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-        ran = subprocess.run(cmd, env=env, check=False)
+        with serve_in_thread(app) as proxy:
+            base = proxy.url
+            env = {**os.environ, "OPENAI_API_BASE": f"{base}/v1",
+                   "OPENAI_BASE_URL": f"{base}/v1", "ANTHROPIC_BASE_URL": base,
+                   "ENVHUB_TRACE_URL": base, "OPENAI_API_KEY": KEY, "ANTHROPIC_API_KEY": KEY}
+            cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+            ran = subprocess.run(cmd, env=env, check=False)
         traj = httpx.get(f"{gw.url}/sessions/{KEY}/trajectory").json()
-        server.should_exit = True
         gw.close()
     args.out.write_text(json.dumps({
         "client": args.client, "command": cmd, "exit": ran.returncode, "script": script,
