@@ -71,9 +71,16 @@ def test_fsdp_on_two_ranks_equals_one_process(work, scenario) -> None:
     torch.set_num_threads(1)
     fsdp = torch.load(work / f"{scenario}.pt", weights_only=False)
     single = run_scenario(scenario, load_groups(work), None)
-    for step in ("first", "second"):
+    # The first step starts from the same parameters: float noise of the reduction order only
+    # (measured here: at most 3e-7 relative). The second starts from parameters that agree
+    # within the 1e-5 checked below (measured: up to 5e-7), and a sequence-level ratio is the
+    # exp of a sum over the sequence's tokens, so its error grows with the sequence: CI measured
+    # 1.2e-6 relative on seq_mask_rloo's second loss (-41.4: its ratios are in the thousands
+    # after one step) on another CPU. A defect (a sequence split over ranks, a count taken per
+    # rank) is off by far more than either bound.
+    for step, rel in (("first", 1e-6), ("second", 1e-5)):
         for key in ("loss/pg", "loss/tokens", "tokens/packed", "is/masked_fraction"):
-            assert fsdp[step][key] == pytest.approx(single[step][key], rel=1e-6, abs=1e-5), (
+            assert fsdp[step][key] == pytest.approx(single[step][key], rel=rel, abs=1e-5), (
                 step, key)
     assert fsdp["first"]["grad/norm"] == pytest.approx(single["first"]["grad/norm"], rel=1e-5)
     assert fsdp["trainable"] == single["trainable"]
