@@ -47,13 +47,24 @@ messages and the first message after them (the system prompt and the task); then
      the task's user messages kept by a compaction) → a CM action of that chain, classified as
      in 1 against its latest turn (Codex CLI asks for its summary without tools, so that call
      is the tip the resumed conversation is classified against);
-  4. else it is a new conversation: a new chain, no CM action. A new conversation sharing a
+  4. else, when both its system prompt and its tool list differ from a chain's and it copies
+     assistant messages of that chain's history beyond the preamble (a client that resends
+     the model's responses in its own words, so that rule 1 finds none by identity:
+     smolagents' "Calling tools: [...]", copied by its plan-update call under a planning
+     prompt without tools) → a side chain of the chain it copies most from (the most recent
+     on a tie), no CM action;
+  5. else it is a new conversation: a new chain, no CM action. A new conversation sharing a
      system prompt and templated messages (a second run of a CLI on another task), only a
      first user message, or nothing, is one.
 What cannot be told apart: an agent that replaces both its own system prompt and its tool list
 while keeping its history is recorded as a side chain of its old conversation (declare it with
 `context_action` to record a `rewrite`); one that changes only one of them is a
-`preamble_change` (tools) or a `rewrite` of message 0 (system prompt). Recorded as a new chain:
+`preamble_change` (tools) or a `rewrite` of message 0 (system prompt). A sampled response
+handed on inside an assistant message of the client's own words is not matched by rule 2
+(it reads only other roles: smolagents' action loop resends its latest plan that way, and
+would be taken for a CM action of the planning call): smolagents' initial plan, asked alone
+and handed to its action loop so, is recorded as a chain of its own and the loop as another.
+Recorded as a new chain:
 a `reset` (the conversation keeps
 only its system prompt and goes on with a new user message: byte for byte a new conversation
 of the same agent), and a summary that keeps nothing of the old conversation (a new first user
@@ -224,8 +235,8 @@ class History:
                              text: Callable[[int], str] | None = None
                              ) -> tuple[CMAction | None, int | None]:
         """The CM action of the conversation a request that extends nothing rewrites, or None
-        when it starts a new conversation (rules 1-4 of the module docstring); and the chain
-        it is a side call of (rule 1), if it is one."""
+        when it starts a new conversation (rules 1-5 of the module docstring); and the chain
+        it is a side call of (rules 1 and 4), if it is one."""
         n_system = 0
         while n_system < len(hashes) and role(n_system) == "system":
             n_system += 1
@@ -244,9 +255,7 @@ class History:
             action, kept, kept_response = self._classify(old, hashes, beyond, responses, tip,
                                                          movable)
             if kept_response and (best is None or kept > best[0]):
-                side = (hashes[:n_system] != old[:n_system]
-                        and all(tools != tools_key for tools, _ in self._openings(tip))
-                        and tip.tools_key != tools_key)
+                side = self._other_preamble(tip, old, hashes[:n_system], tools_key)
                 best = (kept, action, tip if side else None)
         if best is not None:
             _, action, copied = best
@@ -263,7 +272,24 @@ class History:
             if any(tools == tools_key and len(hashes) > len(first)
                    and hashes[:len(first)] == first for tools, first in self._openings(tip)):
                 return self._classify(old, hashes, beyond, responses, tip, movable)[0], None
+        # 4: a helper under its own preamble copying a chain's history whose responses the
+        # client resends in its own words (smolagents' "Calling tools: [...]"): the assistant
+        # messages it copies are the chain's
+        said = {hashes[j] for j in beyond if role(j) == "assistant"}
+        copies = [(len(said.intersection(old)), tip) for tip, old, _, _ in tips
+                  if self._other_preamble(tip, old, hashes[:n_system], tools_key)]
+        most = max((n for n, _ in copies), default=0)
+        if most:
+            return None, next(tip for n, tip in copies if n == most).chain
         return None, None
+
+    def _other_preamble(self, tip: TurnState, old: list[bytes], system: list[bytes],
+                        tools_key: bytes) -> bool:
+        """A request's system prompt (`system`: its leading system messages' hashes) and tool
+        list both differ from the chain's at `tip` (its conversation `old`): a side call."""
+        return (system != old[:len(system)]
+                and all(tools != tools_key for tools, _ in self._openings(tip))
+                and tip.tools_key != tools_key)
 
     def _openings(self, tip: TurnState) -> list[tuple[bytes, list[bytes]]]:
         """(tools, messages) of the first requests a conversation can be repeated from: its
