@@ -21,7 +21,8 @@ def test_a_recorded_client_replays_to_the_chains_and_actions_it_made(tmp_path, p
     trace = json.loads(path.read_text())
     expect = trace["expect"]
     assert expect, f"{path.name}: fill `expect` from what the client did"
-    gw = gateway_in_thread(tmp_path, scripted_backend(trace["script"]))
+    engine = scripted_backend(trace["script"])
+    gw = gateway_in_thread(tmp_path, engine)
     try:
         with httpx.Client(base_url=gw.url, timeout=60,
                           headers={"authorization": "Bearer trace"}) as c:
@@ -33,6 +34,15 @@ def test_a_recorded_client_replays_to_the_chains_and_actions_it_made(tmp_path, p
         gw.close()
     turns = t["turns"]
     assert len(turns) == len(trace["requests"])  # every call is a turn
+    # token-exact: the engine received each recorded prompt, and a turn that goes on in its
+    # segment is the segment's ids as sampled plus its appended messages only
+    assert [ids for _, ids in engine.received] == [turn["prompt_ids"] for turn in turns]
+    last: dict[int, dict] = {}
+    for turn in turns:
+        if (prev := last.get(turn["segment"])) is not None:
+            assert turn["prompt_ids"] == (prev["prompt_ids"] + prev["completion_ids"]
+                                          + turn["prompt_delta_ids"]), turn["seq"]
+        last[turn["segment"]] = turn
     # chains named by the index of their first request
     first = {turn["chain"]: k for k, turn in reversed(list(enumerate(turns)))}
     assert [first[turn["chain"]] for turn in turns] == expect["chains"], turns
