@@ -166,7 +166,7 @@ def train(cfg: TrainLoopConfig, log: Callable[[str], Any] = print,
             from envhub.orchestrator.training.trackers import Trackers
 
             trackers = Trackers(cfg.log_to, cfg.out, record["config"], run_id,
-                                start.step if point is not None else None)
+                                start.step if point is not None else None, start.rows)
             stack.callback(trackers.close)
         gw = run_in_thread(engine.model_copy(update={"host": host}))
         stack.callback(gw.close)

@@ -20,11 +20,15 @@ Where each writes, with no account and no network:
                (`mlflow ui --backend-store-uri sqlite:///OUT/trackers/mlflow.db`)
   trackio      its local SQLite store in OUT/trackers/trackio (project TRACKIO_PROJECT,
                default envhub; `TRACKIO_DIR=OUT/trackers/trackio trackio show`)
-A resumed run opens the same trackers again. TensorBoard: a new event file in the same folder
-with `purge_step`, so what the crashed run logged past the checkpoint is hidden and the redone
-steps stand. W&B: the same run id, resumed; it keeps the crashed run's values of the redone
-steps (it drops a step not above its last). MLflow and Trackio: the same run; the redone
-steps' values are logged beside the crashed run's at the same steps.
+A resumed run's trackers hold what its metrics.jsonl holds, the steps the checkpoint kept and
+then the redone ones, never a value of the training the resume threw away. TensorBoard: a new
+event file in the same folder with `purge_step`, so what the crashed run logged past the
+checkpoint is hidden and the redone steps stand. W&B, MLflow and Trackio cannot take a value
+back (W&B drops a step not above its last, so the redone steps would keep the crashed run's
+values; MLflow and Trackio would log them beside the crashed run's), so each resume is a run
+of its own there, named `RUN (resumed at step K)` (W&B: id `RUN-resumed-K-XXXXXX`; MLflow:
+tags `envhub_run` and `envhub_resumed_at`, the run it supersedes ended KILLED and tagged
+`envhub_superseded_by`), into which the kept rows and sample tables are logged again first.
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ import io
 import json
 import math
 import os
-from collections.abc import Sequence
+import secrets
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -76,6 +81,8 @@ def numbers(row: dict[str, Any]) -> dict[str, float]:
 
 
 class Tracker(Protocol):
+    replays: bool  # a resume is a run of its own: the kept rows are logged to it again
+
     def row(self, row: dict[str, Any]) -> None: ...
 
     def samples(self, step: int, samples: list[dict[str, Any]]) -> None: ...
@@ -84,6 +91,8 @@ class Tracker(Protocol):
 
 
 class TensorBoard:
+    replays = False  # a resume hides the crashed run's rows past the checkpoint (purge_step)
+
     def __init__(self, out: Path, config: dict[str, Any], run_name: str,
                  resumed_at: int | None = None) -> None:
         from torch.utils.tensorboard import SummaryWriter
@@ -110,6 +119,8 @@ class TensorBoard:
 
 
 class WandB:
+    replays = True  # a resume is a run of its own, the kept rows logged again first
+
     def __init__(self, out: Path, config: dict[str, Any], run_name: str,
                  resumed_at: int | None = None) -> None:
         import wandb
@@ -118,8 +129,13 @@ class WandB:
         folder.mkdir(parents=True, exist_ok=True)
         os.environ.setdefault("WANDB_SILENT", "true")
         self.wandb = wandb
+        run_id, name = _safe(run_name), run_name
+        if resumed_at is not None:
+            run_id = f"{_safe(run_name)[:40]}-resumed-{resumed_at}-{secrets.token_hex(3)}"
+            name, config = resumed_name(run_name, resumed_at), {**config,
+                                                                 "resumed_at": resumed_at}
         self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "envhub"), dir=str(folder),
-                              config=config, name=run_name, id=_safe(run_name),
+                              config=config, name=name, id=run_id,
                               resume="allow", mode=_wandb_mode(),
                               settings=wandb.Settings(console="off", x_disable_stats=True))
 
@@ -137,6 +153,8 @@ class WandB:
 
 
 class MLflow:
+    replays = True  # a resume is a run of its own, the kept rows logged again first
+
     def __init__(self, out: Path, config: dict[str, Any], run_name: str,
                  resumed_at: int | None = None) -> None:
         import mlflow
@@ -150,17 +168,22 @@ class MLflow:
         found = self.client.get_experiment_by_name(name)
         experiment = found.experiment_id if found else self.client.create_experiment(
             name, artifact_location=(folder / "mlflow-artifacts").as_uri())
-        runs = self.client.search_runs([experiment], f"tags.envhub_run = '{run_name}'")
-        if runs:  # a resumed run: the same MLflow run
-            self.run_id = runs[0].info.run_id
-            self.client.update_run(self.run_id, status="RUNNING")
-        else:
-            self.run_id = self.client.create_run(experiment, run_name=run_name,
-                                                 tags={"envhub_run": run_name}).info.run_id
-            params = [mlflow.entities.Param(k, str(v)[:6000]) for k, v in _flat(config).items()]
-            for i in range(0, len(params), 100):  # the store takes 100 a batch
-                self.client.log_batch(self.run_id, params=params[i:i + 100])
-            self.client.log_dict(self.run_id, config, "config.json")
+        tags = {"envhub_run": run_name}
+        if resumed_at is not None:
+            tags["envhub_resumed_at"] = str(resumed_at)
+        self.run_id = self.client.create_run(
+            experiment, run_name=run_name if resumed_at is None else resumed_name(
+                run_name, resumed_at), tags=tags).info.run_id
+        if resumed_at is not None:  # the runs this one supersedes (the crashed one, or more)
+            for old in self.client.search_runs([experiment], f"tags.envhub_run = '{run_name}'"):
+                if old.info.run_id != self.run_id and "envhub_superseded_by" not in old.data.tags:
+                    self.client.set_tag(old.info.run_id, "envhub_superseded_by", self.run_id)
+                    if old.info.status == "RUNNING":
+                        self.client.set_terminated(old.info.run_id, status="KILLED")
+        params = [mlflow.entities.Param(k, str(v)[:6000]) for k, v in _flat(config).items()]
+        for i in range(0, len(params), 100):  # the store takes 100 a batch
+            self.client.log_batch(self.run_id, params=params[i:i + 100])
+        self.client.log_dict(self.run_id, config, "config.json")
 
     def row(self, row: dict[str, Any]) -> None:
         import time
@@ -182,6 +205,8 @@ class MLflow:
 
 
 class Trackio:
+    replays = True  # a resume is a run of its own, the kept rows logged again first
+
     def __init__(self, out: Path, config: dict[str, Any], run_name: str,
                  resumed_at: int | None = None) -> None:
         folder = (out / "trackers" / "trackio").resolve()
@@ -197,6 +222,9 @@ class Trackio:
                                      "in a process of its own")
         self.trackio = trackio
         with contextlib.redirect_stdout(io.StringIO()):  # its "* Created new run" lines
+            if resumed_at is not None:  # a name of its own: never the crashed run's
+                run_name = f"{resumed_name(run_name, resumed_at)} {secrets.token_hex(3)}"
+                config = {**config, "resumed_at": resumed_at}
             self.run = trackio.init(project=os.environ.get("TRACKIO_PROJECT", "envhub"),
                                     name=run_name, config=config, resume="allow", embed=False,
                                     auto_log_gpu=False, auto_log_cpu=False)
@@ -215,19 +243,27 @@ class Trackio:
             self.run.finish()
 
 
-OPEN = {"tensorboard": TensorBoard, "wandb": WandB, "mlflow": MLflow, "trackio": Trackio}
+OPEN: dict[str, Callable[[Path, dict[str, Any], str, int | None], Tracker]] = {
+    "tensorboard": TensorBoard, "wandb": WandB, "mlflow": MLflow, "trackio": Trackio}
 
 
 class Trackers:
     """The trackers of a run, each row and each step's samples to all of them."""
 
     def __init__(self, names: Sequence[str], out: Path, config: dict[str, Any],
-                 run_name: str, resumed_at: int | None = None) -> None:
-        """`resumed_at`: a resumed run's checkpoint step (its rows from there on are redone)."""
-        self.open: list[Any] = []
+                 run_name: str, resumed_at: int | None = None,
+                 kept: Sequence[dict[str, Any]] = ()) -> None:
+        """`resumed_at`: a resumed run's checkpoint step (its rows from there on are redone);
+        `kept`: the metrics rows the checkpoint holds, logged again (with the sample tables of
+        their steps, from OUT/samples.jsonl) to the trackers where a resume is a run of its
+        own."""
+        self.open: list[Tracker] = []
         try:
             for name in dict.fromkeys(names):
-                self.open.append(OPEN[name](out, config, run_name, resumed_at))
+                tracker = OPEN[name](out, config, run_name, resumed_at)
+                self.open.append(tracker)
+                if resumed_at is not None and tracker.replays:
+                    replay(tracker, kept, kept_samples(out, resumed_at))
         except BaseException:
             self.close()
             raise
@@ -244,6 +280,38 @@ class Trackers:
         for t in reversed(self.open):
             t.close()
         self.open = []
+
+
+def resumed_name(run_name: str, resumed_at: int) -> str:
+    return f"{run_name} (resumed at step {resumed_at})"
+
+
+def kept_samples(out: Path, resumed_at: int) -> dict[int, list[dict[str, Any]]]:
+    """OUT/samples.jsonl's rows of the steps before `resumed_at` (the checkpoint kept them),
+    by step (a row torn by a kill is skipped)."""
+    by_step: dict[int, list[dict[str, Any]]] = {}
+    path = out / "samples.jsonl"
+    if not path.is_file():
+        return by_step
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            sample = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(sample, dict) and isinstance(sample.get("step"), int) \
+                and sample["step"] < resumed_at:
+            by_step.setdefault(sample["step"], []).append(sample)
+    return by_step
+
+
+def replay(tracker: Tracker, rows: Sequence[dict[str, Any]],
+           samples: dict[int, list[dict[str, Any]]]) -> None:
+    """The kept rows and each kept step's samples, logged again in the order they were
+    (a step's samples right after its train row, as the loop logs them)."""
+    for row in rows:
+        tracker.row(row)
+        if row.get("phase") == "train" and row.get("step") in samples:
+            tracker.samples(int(row["step"]) + 1, samples[row["step"]])
 
 
 def _wandb_mode() -> Any:

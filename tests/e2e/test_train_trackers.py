@@ -161,3 +161,113 @@ def test_every_tracker_reads_back_the_metrics_the_config_and_the_samples(tmp_pat
     assert stored["config"]["lr"] == 0.0003 and stored["config"]["steps"] == 2
     tables = [r["samples"] for r in stored["logs"] if "samples" in r]
     assert len(tables) == 2, stored["logs"][:3]
+
+
+# One process of a run as `envhub train` drives its trackers (the trackers are read again by
+# the next process: Trackio takes its folder when imported): rows and each train row's samples,
+# then a clean close, or none at all (`crash`: the process dies as a kill -9 leaves it).
+RUN_PROCESS = """
+import json, os, sys
+from pathlib import Path
+from envhub.orchestrator.training.trackers import Trackers
+a = json.loads(sys.argv[1])
+t = Trackers(a["names"], Path(a["out"]), {"lr": 0.01}, "run-x", a["resumed_at"], a["kept"])
+for row in a["rows"]:
+    t.row(row)
+    if row["phase"] == "train":
+        t.samples(row["step"] + 1, [{"step": row["step"], "group": "g", "sample": 0,
+                                     "prompt_tail": "p", "completion": "c", "reward": 1.0,
+                                     "components": {}}])
+if a["crash"]:
+    os._exit(0)
+t.close()
+"""
+
+TRACKIO_RUNS = """
+import json
+from trackio.sqlite_storage import SQLiteStorage
+print(json.dumps({run: SQLiteStorage.get_logs("envhub", run)
+                  for run in SQLiteStorage.get_runs("envhub")}, default=str))
+"""
+
+
+def train_row(step: int, value: float) -> dict:
+    return {"phase": "train", "step": step, "reward_mean": value}
+
+
+@pytest.mark.slow
+def test_a_resumed_run_shows_only_what_its_metrics_hold_in_every_tracker(tmp_path):
+    """A run killed after step 3 with its checkpoint at 2 steps, resumed: steps 2 and 3 are
+    trained again. Every tracker's reader must give metrics.jsonl's series (the kept steps,
+    then the redone ones), never the crashed run's values of the steps it redid (W&B kept
+    them and dropped the redone ones; MLflow and Trackio held both)."""
+    out = tmp_path / "run"
+    names = ["tensorboard", "wandb", "mlflow", "trackio"]
+
+    def process(rows: list[dict], resumed_at: int | None, kept: list[dict], crash: bool):
+        arg = json.dumps({"names": names, "out": str(out), "rows": rows, "crash": crash,
+                          "resumed_at": resumed_at, "kept": kept})
+        done = subprocess.run([sys.executable, "-c", RUN_PROCESS, arg], capture_output=True,
+                              text=True, timeout=300, env={**os.environ, "WANDB_MODE": "offline"})
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    eval_row = {"phase": "eval", "after_step": 1, "eval/resolved_rate": 0.5}
+    crashed = [train_row(0, 0.0), train_row(1, 1.0), eval_row, train_row(2, 2.0),
+               train_row(3, 3.0)]
+    process(crashed, None, [], crash=True)
+    kept = crashed[:3]  # the checkpoint after 2 steps holds these rows
+    (out / "samples.jsonl").write_text("".join(
+        json.dumps({"step": s, "group": "g", "sample": 0, "prompt_tail": "p",
+                    "completion": "c", "reward": 1.0, "components": {}}) + "\n"
+        for s in range(4)))  # as the crashed run left it: steps 2 and 3 are redone
+    redone = [train_row(2, 20.0), train_row(3, 30.0), train_row(4, 40.0)]
+    process(redone, 2, kept, crash=False)
+    rows = kept + redone  # metrics.jsonl after the resumed run
+    keys = ("reward_mean", "eval/resolved_rate")
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(out / "trackers" / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    for key in keys:
+        assert [(e.step, e.value) for e in events.Scalars(key)] == expected(rows, key), key
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{out / 'trackers' / 'mlflow.db'}")
+    [experiment] = [e for e in client.search_experiments() if e.name == "envhub"]
+    runs = {r.data.tags.get("envhub_resumed_at"): r
+            for r in client.search_runs([experiment.experiment_id], "tags.envhub_run = 'run-x'")}
+    assert sorted(runs, key=str) == ["2", None], runs
+    old, new = runs[None], runs["2"]
+    assert old.info.status == "KILLED" and old.data.tags["envhub_superseded_by"] == new.info.run_id
+    assert new.info.run_name == "run-x (resumed at step 2)" and new.data.params["lr"] == "0.01"
+    for key in keys:
+        history = sorted((m.step, m.value) for m in client.get_metric_history(new.info.run_id,
+                                                                              key))
+        assert history == expected(rows, key), key
+    assert len(client.list_artifacts(new.info.run_id, "samples")) == 5  # 2 kept + 3 redone
+
+    [log] = list((out / "trackers" / "wandb").glob("offline-run-*-resumed-2-*/run-*.wandb"))
+    history: dict[str, list[tuple[int, float]]] = {}
+    for record in wandb_records(log):
+        if record.WhichOneof("record_type") == "history":
+            for item in record.history.item:
+                value = json.loads(item.value_json)
+                if isinstance(value, int | float) and not isinstance(value, bool):
+                    key = item.key or "/".join(item.nested_key)
+                    history.setdefault(key, []).append((record.history.step.num, value))
+    for key in keys:
+        assert history[key] == expected(rows, key), key
+
+    read = subprocess.run([sys.executable, "-c", TRACKIO_RUNS], capture_output=True, text=True,
+                          env={**os.environ, "TRACKIO_DIR": str(out / "trackers" / "trackio")},
+                          timeout=120)
+    assert read.returncode == 0, read.stderr[-3000:]
+    stored = json.loads(read.stdout.splitlines()[-1])
+    [resumed] = [r for r in stored if r.startswith("run-x (resumed at step 2) ")]
+    for key in keys:
+        got = sorted((int(r["step"]), float(r[key])) for r in stored[resumed]
+                     if isinstance(r.get(key), int | float))
+        assert got == expected(rows, key), (key, got)
+    assert sum("samples" in r for r in stored[resumed]) == 5
