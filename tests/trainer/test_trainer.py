@@ -78,6 +78,13 @@ OBJECTIVES = {  # every loss, aggregation, correction and estimator the trainer 
                                "correction_cap": 1e6}},
     "rloo": {"advantages": {"estimator": "rloo"}},
     "reinforce_pp": {"advantages": {"estimator": "reinforce_pp"}},
+    # LoRA trains adapters only: the same objectives through them
+    "lora_gspo_rloo": {"lora": {"rank": 4, "alpha": 8}, "advantages": {"estimator": "rloo"},
+                       "loss": {"name": "gspo", "agg": "seq_mean", "seq_eps_low": 0.5,
+                                "seq_eps_high": 0.5, "correction": "sequence_truncate"}},
+    "lora_cispo_constant": {"lora": {"rank": 4, "alpha": 8},
+                            "loss": {"name": "cispo", "agg": "constant", "agg_constant": 64.0,
+                                     "correction": "token_mask", "correction_cap": 1.5}},
 }
 
 
@@ -88,11 +95,12 @@ def test_every_objective_trains_the_same_merged_unmerged_and_split(groups, name)
     sequence is never split across forwards)."""
     results = []
     for extra in ({}, {"prefix_merge": False}, {"max_tokens_per_forward": 64}):
-        model = tiny_model("qwen2")
         cfg = TrainerConfig.model_validate({**OBJECTIVES[name], **extra})
-        before = _params(model)
-        m = Trainer(model, cfg.model_copy(update={"optim": _config().optim})).step(groups)
-        results.append((_params(model), m))
+        torch.manual_seed(0)  # LoRA's adapters are drawn from the RNG: the same each time
+        trainer = Trainer(tiny_model("qwen2"), cfg.model_copy(update={"optim": _config().optim}))
+        before = _params(trainer.model)
+        m = trainer.step(groups)
+        results.append((_params(trainer.model), m))
         assert _max_diff(before, results[-1][0]) > 1e-4, name  # it trained
     (p_tree, m_tree), (p_naive, m_naive), (p_split, _) = results
     assert m_tree["tokens/packed"] < m_naive["tokens/packed"]
