@@ -225,6 +225,7 @@ def _resumed(cfg: TrainLoopConfig, point: Any, record: dict[str, Any],
         "envhub": record["envhub"]})
     write_json(cfg.out / "run.json", meta)
     rows = rs.restore_metrics(cfg.out, point)
+    rs.restore_samples(cfg.out, point)
     rs.drop_newer_weights(cfg.out, int(point.state.get("version", 0)), log)
     return LoopStart(point.step, rows, float(point.loop.get("wall_s", 0.0)))
 

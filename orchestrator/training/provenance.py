@@ -26,7 +26,7 @@ __all__ = ["CLEARED", "NOT_RECORDED", "RUN_FILES", "clear_run", "folder_digest",
 # What `envhub train` writes under OUT: a folder holding any of these holds a run ...
 RUN_FILES = ("run.json", "metrics.jsonl", "pool.db", "pool.db-wal", "pool.db-shm", "weights",
              "rollouts", "checkpoints", "groups.jsonl", "metrics.discarded.jsonl",
-             "samples.jsonl", "trackers")
+             "samples.jsonl", "samples.discarded.jsonl", "trackers")
 # ... and what --overwrite clears besides (a vLLM that failed to start leaves only its log)
 CLEARED = (*RUN_FILES, "vllm.log")
 # Options run.json leaves out: a secret, and how this invocation treats OUT (a config file

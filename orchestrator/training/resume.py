@@ -19,7 +19,9 @@ ledger from the journal (so the task stream goes on after the last group launche
 the sessions left open by the crash as env_failure ("the run stopped"), passes the groups
 that never finished, serves the checkpoint's weights again under its version, sets
 metrics.jsonl back to the checkpoint's copy (the rows of steps after it, whose training the
-checkpoint does not hold, go to metrics.discarded.jsonl) and goes on: the groups that finished
+checkpoint does not hold, go to metrics.discarded.jsonl; samples.jsonl likewise keeps the
+sample rollouts of the steps before it, the others going to samples.discarded.jsonl) and goes
+on: the groups that finished
 after the checkpoint are trained in the window's order, those trained before it never again.
 """
 
@@ -39,6 +41,8 @@ CHECKPOINTS = "checkpoints"
 JOURNAL = "groups.jsonl"
 DISCARDED = "metrics.discarded.jsonl"
 METRICS = "metrics.jsonl"
+SAMPLES = "samples.jsonl"
+SAMPLES_DISCARDED = "samples.discarded.jsonl"
 STOPPED = "the run stopped"  # why a session open at the crash is env_failure
 
 
@@ -157,6 +161,32 @@ def restore_metrics(out: Path, point: ResumePoint) -> list[dict[str, Any]]:
     tmp.write_text(kept, encoding="utf-8")
     tmp.replace(path)
     return rows
+
+
+def restore_samples(out: Path, point: ResumePoint) -> None:
+    """samples.jsonl with the sample rollouts of the steps the checkpoint holds; those of later
+    steps (trained again now, from other groups) appended to samples.discarded.jsonl, a row
+    torn by the kill dropped."""
+    path = out / SAMPLES
+    if not path.is_file():
+        return
+    kept: list[Any] = []
+    dropped: list[Any] = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue  # torn by the kill
+        step = row.get("step") if isinstance(row, dict) else None
+        (kept if isinstance(step, int) and step < point.step else dropped).append(row)
+    if dropped:
+        with open(out / SAMPLES_DISCARDED, "a", encoding="utf-8") as f:
+            for row in dropped:
+                f.write(json.dumps({**row, "discarded_by_resume_from_step": point.step}
+                                   if isinstance(row, dict) else row) + "\n")
+    tmp = out / f".{SAMPLES}.tmp"
+    tmp.write_text("".join(json.dumps(row) + "\n" for row in kept), encoding="utf-8")
+    tmp.replace(path)
 
 
 def drop_newer_weights(out: Path, version: int, log: Callable[[str], Any]) -> None:

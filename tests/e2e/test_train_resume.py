@@ -95,6 +95,12 @@ def check_resumed(out: Path, finished_before: set[str], launched_before: list[st
     assert [s for s, _ in got] == [s for s, _ in want], got
     assert all(abs(a - b) <= 1e-6 * max(1.0, abs(b)) for (_, a), (_, b) in zip(got, want,
                                                                                 strict=True))
+    # the sample rollouts shown (envhub view, the trackers) are of training that stood: each
+    # step's from the groups that step trained, none twice
+    samples = [json.loads(x) for x in (out / "samples.jsonl").read_text().splitlines()]
+    assert samples and all(s["group"] in steps[s["step"]]["groups"] for s in samples), samples
+    keys = [(s["step"], s["group"], s["sample"]) for s in samples]
+    assert len(keys) == len(set(keys)), keys
     leftovers = sorted(p.name for p in (out / "checkpoints").iterdir())
     assert leftovers == [f"step-{STEPS - 1:06d}", f"step-{STEPS:06d}"]  # the newest two, no
     # half-written one (--keep-checkpoints' default)
