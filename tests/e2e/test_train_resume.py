@@ -127,6 +127,7 @@ def test_a_run_killed_at_any_moment_goes_on_with_resume_and_trains_each_group_on
         second = out / "checkpoints" / "step-000002"
         assert until(lambda: second.is_dir() or proc.poll() is not None, 400)
         delay = random.Random(seed).uniform(0.0, 2.0)
+        print(f"killed {delay:.3f} s after step-000002 (seed {seed})")  # shown if it fails
         # the moment is what the test varies: a seeded draw after the state it needs
         assert not until(lambda: proc.poll() is not None, delay), proc.communicate()[0][-3000:]
         os.killpg(proc.pid, signal.SIGKILL)
