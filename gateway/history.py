@@ -64,6 +64,9 @@ handed on inside an assistant message of the client's own words is not matched b
 (it reads only other roles: smolagents' action loop resends its latest plan that way, and
 would be taken for a CM action of the planning call): smolagents' initial plan, asked alone
 and handed to its action loop so, is recorded as a chain of its own and the loop as another.
+By rule 4, a new conversation under a preamble of its own that repeats an assistant message of
+another chain word for word (a canned few-shot answer both agents carry) is recorded as a side
+chain of it: a link between chains, never a CM action.
 Recorded as a new chain:
 a `reset` (the conversation keeps
 only its system prompt and goes on with a new user message: byte for byte a new conversation
