@@ -85,8 +85,13 @@ def test_fsdp_on_two_ranks_equals_one_process(work, scenario) -> None:
     assert fsdp["first"]["grad/norm"] == pytest.approx(single["first"]["grad/norm"], rel=1e-5)
     assert fsdp["trainable"] == single["trainable"]
     # the second step's gradients are non-trivial (the first step moved every parameter)
-    assert max(g.abs().max().item() for g in single["grads"].values()) > 1e-3
-    assert _max_diff(fsdp["grads"], single["grads"]) < 1e-5
+    scale = max(g.abs().max().item() for g in single["grads"].values())
+    assert scale > 1e-3
+    # within 1e-5 of the largest entry (at least 1e-5): measured here, every scenario's
+    # gradients agree to 5e-7..1.2e-6 of it; seq_mask_rloo's are ~100x the others' (its
+    # sequence weights are in the thousands, max |g| 6.6), so CI's 1.1e-5 absolute was 1.7e-6
+    # of its scale
+    assert _max_diff(fsdp["grads"], single["grads"]) < 1e-5 * max(1.0, scale)
     assert _max_diff(fsdp["params"], single["params"]) < 1e-5
     if scenario == "lora":  # only the adapters train
         assert fsdp["trainable"] and all("lora_" in n for n in fsdp["trainable"])
