@@ -166,7 +166,8 @@ def train(cfg: TrainLoopConfig, log: Callable[[str], Any] = print,
             from envhub.orchestrator.training.trackers import Trackers
 
             trackers = Trackers(cfg.log_to, cfg.out, record["config"], run_id,
-                                start.step if point is not None else None, start.rows)
+                                start.step if point is not None else None, start.rows,
+                                start.samples)
             stack.callback(trackers.close)
         gw = run_in_thread(engine.model_copy(update={"host": host}))
         stack.callback(gw.close)
@@ -225,9 +226,9 @@ def _resumed(cfg: TrainLoopConfig, point: Any, record: dict[str, Any],
         "envhub": record["envhub"]})
     write_json(cfg.out / "run.json", meta)
     rows = rs.restore_metrics(cfg.out, point)
-    rs.restore_samples(cfg.out, point)
+    samples = rs.restore_samples(cfg.out, point)
     rs.drop_newer_weights(cfg.out, int(point.state.get("version", 0)), log)
-    return LoopStart(point.step, rows, float(point.loop.get("wall_s", 0.0)))
+    return LoopStart(point.step, rows, samples, float(point.loop.get("wall_s", 0.0)))
 
 
 def torchrun_argv(nproc: int, argv: list[str]) -> list[str]:

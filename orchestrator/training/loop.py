@@ -55,6 +55,7 @@ class LoopStart:
 
     step: int = 0
     rows: list[dict[str, Any]] = field(default_factory=list)  # metrics rows so far
+    samples: list[dict[str, Any]] = field(default_factory=list)  # samples.jsonl's rows so far
     wall_s: float = 0.0  # the run's wall time before this process
 
 

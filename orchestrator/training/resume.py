@@ -163,14 +163,14 @@ def restore_metrics(out: Path, point: ResumePoint) -> list[dict[str, Any]]:
     return rows
 
 
-def restore_samples(out: Path, point: ResumePoint) -> None:
+def restore_samples(out: Path, point: ResumePoint) -> list[dict[str, Any]]:
     """samples.jsonl with the sample rollouts of the steps the checkpoint holds; those of later
     steps (trained again now, from other groups) appended to samples.discarded.jsonl, a row
-    torn by the kill dropped."""
+    torn by the kill dropped. Returns the rows kept."""
     path = out / SAMPLES
     if not path.is_file():
-        return
-    kept: list[Any] = []
+        return []
+    kept: list[dict[str, Any]] = []
     dropped: list[Any] = []
     for line in path.read_text(encoding="utf-8").splitlines():
         try:
@@ -187,6 +187,7 @@ def restore_samples(out: Path, point: ResumePoint) -> None:
     tmp = out / f".{SAMPLES}.tmp"
     tmp.write_text("".join(json.dumps(row) + "\n" for row in kept), encoding="utf-8")
     tmp.replace(path)
+    return kept
 
 
 def drop_newer_weights(out: Path, version: int, log: Callable[[str], Any]) -> None:

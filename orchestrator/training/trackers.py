@@ -252,18 +252,22 @@ class Trackers:
 
     def __init__(self, names: Sequence[str], out: Path, config: dict[str, Any],
                  run_name: str, resumed_at: int | None = None,
-                 kept: Sequence[dict[str, Any]] = ()) -> None:
+                 kept: Sequence[dict[str, Any]] = (),
+                 kept_samples: Sequence[dict[str, Any]] = ()) -> None:
         """`resumed_at`: a resumed run's checkpoint step (its rows from there on are redone);
-        `kept`: the metrics rows the checkpoint holds, logged again (with the sample tables of
-        their steps, from OUT/samples.jsonl) to the trackers where a resume is a run of its
-        own."""
+        `kept` and `kept_samples`: the metrics rows and samples.jsonl's rows the checkpoint
+        holds (resume.py restored both), logged again to the trackers where a resume is a run
+        of its own."""
         self.open: list[Tracker] = []
+        samples: dict[int, list[dict[str, Any]]] = {}
+        for sample in kept_samples:
+            samples.setdefault(sample["step"], []).append(sample)
         try:
             for name in dict.fromkeys(names):
                 tracker = OPEN[name](out, config, run_name, resumed_at)
                 self.open.append(tracker)
                 if resumed_at is not None and tracker.replays:
-                    replay(tracker, kept, kept_samples(out, resumed_at))
+                    replay(tracker, kept, samples)
         except BaseException:
             self.close()
             raise
@@ -284,24 +288,6 @@ class Trackers:
 
 def resumed_name(run_name: str, resumed_at: int) -> str:
     return f"{run_name} (resumed at step {resumed_at})"
-
-
-def kept_samples(out: Path, resumed_at: int) -> dict[int, list[dict[str, Any]]]:
-    """OUT/samples.jsonl's rows of the steps before `resumed_at` (the checkpoint kept them),
-    by step (a row torn by a kill is skipped)."""
-    by_step: dict[int, list[dict[str, Any]]] = {}
-    path = out / "samples.jsonl"
-    if not path.is_file():
-        return by_step
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            sample = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(sample, dict) and isinstance(sample.get("step"), int) \
-                and sample["step"] < resumed_at:
-            by_step.setdefault(sample["step"], []).append(sample)
-    return by_step
 
 
 def replay(tracker: Tracker, rows: Sequence[dict[str, Any]],

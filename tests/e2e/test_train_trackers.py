@@ -171,7 +171,8 @@ import json, os, sys
 from pathlib import Path
 from envhub.orchestrator.training.trackers import Trackers
 a = json.loads(sys.argv[1])
-t = Trackers(a["names"], Path(a["out"]), {"lr": 0.01}, "run-x", a["resumed_at"], a["kept"])
+t = Trackers(a["names"], Path(a["out"]), {"lr": 0.01}, "run-x", a["resumed_at"], a["kept"],
+             a["kept_samples"])
 for row in a["rows"]:
     t.row(row)
     if row["phase"] == "train":
@@ -204,9 +205,11 @@ def test_a_resumed_run_shows_only_what_its_metrics_hold_in_every_tracker(tmp_pat
     out = tmp_path / "run"
     names = ["tensorboard", "wandb", "mlflow", "trackio"]
 
-    def process(rows: list[dict], resumed_at: int | None, kept: list[dict], crash: bool):
+    def process(rows: list[dict], resumed_at: int | None, kept: list[dict],
+                kept_samples: list[dict], crash: bool):
         arg = json.dumps({"names": names, "out": str(out), "rows": rows, "crash": crash,
-                          "resumed_at": resumed_at, "kept": kept})
+                          "resumed_at": resumed_at, "kept": kept,
+                          "kept_samples": kept_samples})
         done = subprocess.run([sys.executable, "-c", RUN_PROCESS, arg], capture_output=True,
                               text=True, timeout=300, env={**os.environ, "WANDB_MODE": "offline"})
         assert done.returncode == 0, done.stderr[-3000:]
@@ -214,14 +217,14 @@ def test_a_resumed_run_shows_only_what_its_metrics_hold_in_every_tracker(tmp_pat
     eval_row = {"phase": "eval", "after_step": 1, "eval/resolved_rate": 0.5}
     crashed = [train_row(0, 0.0), train_row(1, 1.0), eval_row, train_row(2, 2.0),
                train_row(3, 3.0)]
-    process(crashed, None, [], crash=True)
-    kept = crashed[:3]  # the checkpoint after 2 steps holds these rows
-    (out / "samples.jsonl").write_text("".join(
-        json.dumps({"step": s, "group": "g", "sample": 0, "prompt_tail": "p",
-                    "completion": "c", "reward": 1.0, "components": {}}) + "\n"
-        for s in range(4)))  # as the crashed run left it: steps 2 and 3 are redone
+    process(crashed, None, [], [], crash=True)
+    # the checkpoint after 2 steps holds these rows and the samples of steps 0 and 1 (what
+    # resume.py's restore_metrics and restore_samples return)
+    kept = crashed[:3]
+    kept_samples = [{"step": s, "group": "g", "sample": 0, "prompt_tail": "p",
+                     "completion": "c", "reward": 1.0, "components": {}} for s in range(2)]
     redone = [train_row(2, 20.0), train_row(3, 30.0), train_row(4, 40.0)]
-    process(redone, 2, kept, crash=False)
+    process(redone, 2, kept, kept_samples, crash=False)
     rows = kept + redone  # metrics.jsonl after the resumed run
     keys = ("reward_mean", "eval/resolved_rate")
 
