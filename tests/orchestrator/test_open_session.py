@@ -101,13 +101,19 @@ def gw(tmp_path):
     handle.close()
 
 
+async def held_open(relay: HeldAnswers, group_id: str) -> asyncio.Future:
+    """A rollout's session opening through `relay`, once the gateway has created the session
+    and its answer is held on the way."""
+    link = GatewayLink.connect(relay.url, ADMIN)
+    opening = asyncio.ensure_future(link.open_session(group_id, RolloutKey("arith", "t0", 0)))
+    await relay.held.wait()
+    return opening
+
+
 def test_a_rollout_cancelled_while_its_session_opens_closes_that_session(gw) -> None:
     async def scenario() -> None:
         async with HeldAnswers(gw.url) as relay:
-            link = GatewayLink.connect(relay.url, ADMIN)
-            opening = asyncio.ensure_future(
-                link.open_session("g-cancelled", RolloutKey("arith", "t0", 0)))
-            await relay.held.wait()  # the gateway created it; its answer is on the way
+            opening = await held_open(relay, "g-cancelled")
             assert await asyncio.to_thread(sessions, gw.url, "g-cancelled") == [
                 ("open", None)]
             opening.cancel()
@@ -122,10 +128,7 @@ def test_a_rollout_cancelled_while_its_session_opens_closes_that_session(gw) -> 
 def test_a_session_whose_answer_was_lost_is_closed_and_the_open_fails(gw) -> None:
     async def scenario() -> None:
         async with HeldAnswers(gw.url) as relay:
-            link = GatewayLink.connect(relay.url, ADMIN)
-            opening = asyncio.ensure_future(
-                link.open_session("g-lost", RolloutKey("arith", "t0", 0)))
-            await relay.held.wait()
+            opening = await held_open(relay, "g-lost")
             relay.drop()
             with pytest.raises(httpx.TransportError):
                 await opening
