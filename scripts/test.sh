@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite, provisioned first: Debian's packages (docker.io, bubblewrap, debootstrap,
-# postgresql, npm, chromium, nginx), a running dockerd, vLLM's venv (scripts/vllm_venv.sh),
+# postgresql, npm, chromium, nginx, btrfs-progs), a running dockerd, vLLM's venv (scripts/vllm_venv.sh),
 # verifiers' venv (scripts/verifiers_venv.sh) and the browser environments' image, then .venv
 # from the lock (scripts/venv.sh). As root with apt-get it installs what is missing and says so;
 # otherwise it says in one line what is missing and how to get it, and the tests that need it
@@ -36,6 +36,7 @@ need=()
 command -v dockerd >/dev/null || need+=(docker.io)
 command -v bwrap >/dev/null || need+=(bubblewrap)
 command -v debootstrap >/dev/null || need+=(debootstrap)
+command -v mkfs.btrfs >/dev/null || need+=(btrfs-progs)  # the docker disk-bound tests' own engine (tests/bounded_docker.py)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
 command -v npm >/dev/null || need+=(npm)  # npm agents (Codex CLI, Claude Code), node for the JavaScript task service
 command -v chromium >/dev/null || need+=(chromium)  # slides, webtask and their Playwright tests

@@ -3,20 +3,26 @@ until refused gets ENOSPC at the bound in the workdir, /tmp and /dev/shm alike (
 all three), the three lie on one tmpfs of that size (read from outside the sandbox while
 the writer holds its files: the host gives at most that much memory and none of its disk),
 and rollouts of such an agent are scored, not env_failure, eight at once, with the gateway
-answering throughout."""
+answering throughout. Docker's bound (`--storage-opt size`) is tested on an engine that can
+give it (tests/bounded_docker.py): CI's main engine, overlay2 on ext4, cannot."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import shlex
 import signal
+import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+import pytest
+
 from envhub.envs.manifest import SandboxSpec
 from envhub.envs.sandbox import Sandbox, open_sandbox
+from tests.bounded_docker import bounding_engine
 from tests.support import envhub, require, require_tool
 
 T = TypeVar("T")
@@ -103,22 +109,116 @@ def test_a_local_sandbox_gets_enospc_at_its_bound_and_the_host_loses_at_most_tha
     assert {source for _, _, source, _ in seen} == {"envhub-sandbox-disk"}, seen
 
 
-def test_eight_disk_filling_rollouts_are_scored_not_env_failure(tmp_path: Path):
+@pytest.fixture(scope="module")
+def bounded_docker(tmp_path_factory: pytest.TempPathFactory):
+    """DOCKER_HOST of a Docker engine that bounds containers' layers (tests/bounded_docker.py)."""
+    with bounding_engine(tmp_path_factory.mktemp("bounded-docker")) as host:
+        yield host
+
+
+REFUSED = "grep -c -e 'No space left' -e 'Disk quota exceeded'"  # ENOSPC or EDQUOT (a quota)
+DOCKER_PLACES = ("/workspace", "/tmp", "/root")
+DOCKER_WRITER = (f"for d in {' '.join(DOCKER_PLACES)}; do dd if=/dev/zero of=$d/fill bs=1M "
+                 f"count=1024 2>&1 | {REFUSED}; done; "
+                 "du -k --apparent-size /workspace/fill /tmp/fill /root/fill 2>/dev/null; "
+                 f"(exec -a {HOLD} sleep 600) || true")
+# run in a process of its own: the sandbox code keeps one engine client per process
+DOCKER_PROBE = f"""
+import asyncio, json
+from envhub.envs.manifest import SandboxSpec
+from envhub.envs.sandbox import docker as kind, open_sandbox
+from tests.envs.test_sandbox_disk import DOCKER_WRITER, while_held
+
+async def main():
+    box = await open_sandbox("docker", SandboxSpec(disk_mb={BOUND_MB}))
+    try:
+        out, [layer] = await while_held(box, DOCKER_WRITER, lambda _: kind.docker_client().api
+                                        .containers(all=True, size=True, filters={{"id": box.id}}))
+    finally:
+        await box.close()
+    print(json.dumps([out, int(layer.get("SizeRw") or 0), kind.storage_opt_supported]))
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.docker
+def test_a_docker_sandbox_is_refused_at_its_bound_and_its_layer_holds_at_most_that(
+        bounded_docker: str):
+    """The writable layer is the docker sandbox's disk (`--storage-opt size`; on btrfs, where a
+    quota holds the image's files too, the image's size is added): writing 1 GiB into each of
+    three places, the first one takes the bound and the rest are refused; from outside, while
+    the files are held, the engine measures the container's layer at most the bound."""
+    import subprocess
+    import sys
+
+    probe = subprocess.run([sys.executable, "-c", DOCKER_PROBE], capture_output=True, text=True,
+                           timeout=300, env={**os.environ, "DOCKER_HOST": bounded_docker},
+                           cwd=Path(__file__).resolve().parents[2])
+    assert probe.returncode == 0, probe.stderr[-3000:]
+    out, layer, bounded = json.loads(probe.stdout.splitlines()[-1])
+    assert bounded is True, probe.stderr[-3000:]  # the engine took --storage-opt size
+    lines = out.split("\n")
+    assert lines[:3] == ["1", "1", "1"], out  # each place refused
+    written = sum(int(line.split()[0]) for line in lines[3:] if line.strip()) * 1024
+    # one bound for all three; on btrfs the image's files count at their allocated size, a few
+    # percent above the image's size that storage_size_mb adds: the container gets a little less
+    assert BOUND_MB * MB * 0.5 <= written <= BOUND_MB * MB, out
+    assert layer <= BOUND_MB * MB, layer  # measured by the engine, from outside
+
+
+# Fill the disk, then one model call through the rollout's gateway session (bash's /dev/tcp:
+# the docker base image has no curl), which must still be answered: its turn is in the pool.
+FILLER = r"""dd if=/dev/zero of=fill bs=1M count=1024; dd if=/dev/zero of=/tmp/fill bs=1M count=1024
+u=${OPENAI_BASE_URL#http://}; hp=${u%%/*}
+body='{"model":"m","messages":[{"role":"user","content":"still there?"}],"max_tokens":4}'
+exec 3<>/dev/tcp/${hp%:*}/${hp#*:} || exit 0
+printf 'POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer %s\r\n'\
+'Content-Type: application/json\r\nContent-Length: %s\r\nConnection: close\r\n\r\n%s' \
+  "$OPENAI_API_KEY" "${#body}" "$body" >&3
+head -1 <&3 >&2; exit 0  # the status line, for the record
+"""
+
+
+@pytest.mark.parametrize("kind", ["local", pytest.param("docker", marks=pytest.mark.docker)])
+def test_eight_disk_filling_rollouts_are_scored_not_env_failure(
+        tmp_path: Path, kind: str, request: pytest.FixtureRequest):
     """`--sandbox-disk-mb` bounds every sandbox of the run: eight agents writing until refused
-    run at once, end `done` with the environment's own 0 (nothing submitted), and every
-    sandbox's disk is gone afterwards."""
-    require_tool("bwrap")
-    require(os.geteuid() == 0, "root (a local sandbox's disk is a tmpfs mounted for it)")
-    agent = ("sh -c 'dd if=/dev/zero of=fill bs=1M count=1024; "
-             "dd if=/dev/zero of=/tmp/fill bs=1M count=1024; exit 0'")
-    done = envhub("run", "arith", "--agent", agent, "--sandbox", "local", "-n", "4", "-k", "2",
-                  "-c", "8", "--sandbox-disk-mb", "32", "--out", str(tmp_path / "run"),
-                  cwd=tmp_path)
+    run at once, then each makes a model call, which the gateway answers (its turn is in the
+    pool); all end `done` with the environment's own 0 (nothing submitted), and every sandbox's
+    disk is gone afterwards."""
+    env = {}
+    if kind == "local":
+        require_tool("bwrap")
+        require(os.geteuid() == 0, "root (a local sandbox's disk is a tmpfs mounted for it)")
+    else:
+        env["DOCKER_HOST"] = request.getfixturevalue("bounded_docker")
+    done = envhub("run", "arith", "--agent", shlex.join(["bash", "-c", FILLER]), "--sandbox",
+                  kind, "-n", "4", "-k", "2", "-c", "8", "--sandbox-disk-mb", "32",
+                  "--out", str(tmp_path / "run"), cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     records = [json.loads(p.read_text()) for p in (tmp_path / "run" / "rollouts").glob("*.json")]
     assert len(records) == 8
     assert {r["status"] for r in records} == {"done"}, [r.get("reason") for r in records]
     assert all(r["outcome"] == 0.0 for r in records)
+    refused = ("No space left on device", "Disk quota exceeded")  # ENOSPC, or EDQUOT (a quota)
+    assert all(any(r in x["agent_info"]["stderr_tail"] for r in refused) for x in records)
+    # each agent's call after its disk filled was answered, and its turn is in the pool
+    assert all("HTTP/1.1 200 OK" in r["agent_info"]["stderr_tail"] for r in records), records[0]
+    with sqlite3.connect(tmp_path / "run" / "pool.db") as pool:
+        turns = dict(pool.execute("SELECT session_id, COUNT(*) FROM turns GROUP BY session_id"))
+    assert sorted(turns.get(r["session_id"], 0) for r in records) == [1] * 8, turns
+    if kind == "docker":  # every container gone, its layer with it
+        listed = subprocess_out(["docker", "ps", "-aq"], {"DOCKER_HOST": env["DOCKER_HOST"]})
+        assert listed == "", listed
+        return
     mounts = Path("/proc/mounts").read_text()
     assert "envhub-sandbox-disk" not in mounts or all(
         str(tmp_path) not in line for line in mounts.splitlines())
+
+
+def subprocess_out(argv: list[str], env: dict[str, str]) -> str:
+    import subprocess
+
+    return subprocess.run(argv, env={**os.environ, **env}, capture_output=True, text=True,
+                          check=True, timeout=60).stdout.strip()
