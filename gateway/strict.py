@@ -33,6 +33,7 @@ it does for a call to an undeclared tool.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import unquote
@@ -239,6 +240,9 @@ def _check_schema(schema: dict[str, Any], what: str) -> None:
             stack.extend(node)
 
 
+_INDEX = re.compile(r"[0-9]{1,9}")  # an array index of a $ref pointer: ASCII, int() cheap
+
+
 def _pointer(root: Any, ref: str) -> Any:
     """What the local reference `#/a/b` (or `#`) names in `root`, or None (an anchor, `#name`,
     is not looked up: strict schemas refer by pointer)."""
@@ -249,7 +253,7 @@ def _pointer(root: Any, ref: str) -> Any:
         part = unquote(part).replace("~1", "/").replace("~0", "~")
         if isinstance(node, dict) and part in node:
             node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+        elif isinstance(node, list) and _INDEX.fullmatch(part) and int(part) < len(node):
             node = node[int(part)]
         else:
             return None

@@ -11,6 +11,8 @@ process test.sh started is killed before they are read.
 from __future__ import annotations
 
 import json
+import math
+import re
 
 from envhub.envs.environment import UNGRADABLE, EnvFailure, Verdict
 from envhub.envs.harbor.task import HarborTask
@@ -35,27 +37,49 @@ async def run_solution(task: HarborTask, sandbox: Sandbox) -> None:
                          f"{(result.stderr or result.stdout).strip()[-800:]}")
 
 
+# a plain decimal number as test.sh writes one (ASCII digits, no underscores, no inf/nan)
+NUMBER_RE = re.compile(r"[+-]?(\d{1,30}(\.\d{0,30})?|\.\d{1,30})([eE][+-]?\d{1,3})?", re.ASCII)
+
+
+def _finite(value: object) -> float | None:
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (OverflowError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
 def parse_reward(text: str, json_text: str | None) -> tuple[float | None, dict]:
-    """The reward from reward.txt (preferred) or reward.json, and the named parts."""
+    """The reward from reward.txt (preferred) or reward.json, and the named parts. Only a
+    finite number is a reward: test.sh may write a value computed from the agent's output, and
+    `inf` (which float() takes) would be clamped to a solved 1.0, a 400-digit JSON number is
+    an OverflowError and a 5,000-digit one a ValueError (both escaped as env_failure)."""
     if text.strip():
-        try:
-            return float(text.strip().split()[0]), {}
-        except ValueError:
+        word = text.strip().split()[0]
+        value = _finite(word) if NUMBER_RE.fullmatch(word) else None
+        if value is None:
             return None, {"reward_error": f"reward.txt is not a number: {text.strip()[:80]!r}"}
+        return value, {}
     if json_text is None:
         return None, {}
     try:
         data = json.loads(json_text)
-    except json.JSONDecodeError:
-        return None, {"reward_error": "reward.json is not JSON"}
-    if isinstance(data, (int, float)):
-        return float(data), {}
+    except ValueError:  # JSONDecodeError, and int() of a number past 4,300 digits
+        return None, {"reward_error": "reward.json is not JSON (or holds a number too long)"}
+    if isinstance(data, (int, float)) and not isinstance(data, bool):
+        value = _finite(data)
+        return (value, {}) if value is not None else (
+            None, {"reward_error": "reward.json's number is not finite"})
     if isinstance(data, dict):
-        numbers = {k: float(v) for k, v in data.items() if isinstance(v, (int, float))}
-        if "reward" in numbers:
-            return numbers["reward"], {"rewards": numbers}
-        if numbers:
-            return sum(numbers.values()) / len(numbers), {"rewards": numbers}
+        numbers = {k: _finite(v) for k, v in data.items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if any(v is None for v in numbers.values()):
+            return None, {"reward_error": "reward.json holds a number that is not finite"}
+        finite = {k: v for k, v in numbers.items() if v is not None}
+        if "reward" in finite:
+            return finite["reward"], {"rewards": finite}
+        if finite:
+            return sum(finite.values()) / len(finite), {"rewards": finite}
     return None, {"reward_error": "reward.json holds no number"}
 
 

@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import os
 import posixpath
+import re
 import shlex
 import time
 import uuid
@@ -222,8 +223,11 @@ class E2BSandbox:
         # the size first (the SDK's read buffers the whole file); nothing runs in the sandbox
         # by grading time (end_processes), so it cannot grow between the two calls
         code, out, _ = await self._run(f"stat -L -c %s {shlex.quote(target)}", None, 60)
-        if code == 0 and out.strip().isdigit() and int(out) > limit:
-            raise FileTooLarge(target, int(out), limit)
+        # ASCII digits only, bounded: `stat` is the agent's to replace (isdigit() takes '²',
+        # which int() refuses, and int() of 5,000 digits raises)
+        size = out.strip()
+        if code == 0 and re.fullmatch(r"[0-9]{1,19}", size) and int(size) > limit:
+            raise FileTooLarge(target, int(size), limit)
         try:
             data = bytes(await self.sdk.files.read(target, format="bytes"))
             if len(data) > limit:

@@ -21,9 +21,12 @@ ALIASES = {"SUBPASSED": None, "SUBPASS": None, "SUBSKIPPED": None, "SUBFAILED": 
            "SUBFAIL": FAILED, "XPASSED": XPASS, "XFAILED": XFAIL}
 
 HEADER_RE = re.compile(r"^=+ short test summary info =+\s*$")
-FINAL_RE = re.compile(r"^=+ (?P<body>.*?) in [\d.]+s(?: \([^)]*\))? =+\s*$")
-COUNT_RE = re.compile(r"(?<!subtests )\b(\d+) (passed|failed|errors?|skipped|xfailed|xpassed|"
-                      r"deselected|warnings?)\b")
+# ASCII digits, at most 9 of them: the code under test prints into the same log (an atexit
+# hook after pytest's summary), so a count is read only where int() is cheap and cannot raise
+# (a 5,000-digit count raised ValueError, which made the rollout an env_failure)
+FINAL_RE = re.compile(r"^=+ (?P<body>.*?) in [\d.]+s(?: \([^)]*\))? =+\s*$", re.ASCII)
+COUNT_RE = re.compile(r"(?<!subtests )\b(\d{1,9}) (passed|failed|errors?|skipped|xfailed|"
+                      r"xpassed|deselected|warnings?)\b", re.ASCII)
 
 
 @dataclass

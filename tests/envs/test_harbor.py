@@ -78,6 +78,20 @@ def test_reward_files() -> None:
     assert parse_reward("", "[1]")[0] is None
 
 
+@pytest.mark.parametrize("txt,js", [
+    ("inf", None), ("Infinity", None), ("nan", None), ("1e999", None), ("1_0", None),
+    ("\u0661", None), ("", "1" + "0" * 400), ("", "9" * 5000), ("", '{"reward": ' + "9" * 5000 +
+                                                                   "}"),
+    ("", '{"reward": 1e999}'), ("", "true"),
+])
+def test_a_reward_that_is_not_a_finite_number_is_no_reward(txt: str, js: str | None):
+    """test.sh may write a value computed from the agent's output: `inf` was clamped to a
+    solved 1.0, and JSON numbers past float's range or int()'s 4,300 digits raised out of
+    verify (an env_failure); each is now no reward (scored 0 with the reason)."""
+    reward, info = parse_reward(txt, js)
+    assert reward is None and "reward_error" in info, (reward, info)
+
+
 class TerminalHarness:
     def __init__(self, scratch: Path) -> None:
         self.loaded = load_env("terminal-task")

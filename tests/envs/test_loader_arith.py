@@ -41,6 +41,19 @@ def test_calculator_refuses_anything_but_bounded_arithmetic(expr):
         evaluate(expr)
 
 
+@pytest.mark.parametrize("expr", [
+    "((((2**-64)**64)**64)**64)**64",  # each power in bounds, together 2**-68,719,476,736
+    "((2**-64)**64)**64",
+    "(1/3)**64 * (1/7)**64 * (1/11)**64 * (1/13)**64 * (1/17)**64 * (1/19)**64",
+])
+def test_a_tiny_value_with_a_huge_denominator_is_refused_before_it_is_built(expr):
+    """Small in magnitude, so the 30-digit bound let it through: the old calculator built
+    2**-16,777,216 (4.9 s, 470 MB) for the first one's inner four powers, on the event loop."""
+    with pytest.raises(CalculatorError, match="too precise"):
+        evaluate(expr)
+    assert evaluate("(1/3)**10") == Fraction(1, 3 ** 10)  # ordinary fractions still work
+
+
 def test_answer_parsing_tolerates_formatting_only():
     assert parse_answer(" 1,234. ") == 1234 and parse_answer("$42") == 42
     assert parse_answer("forty two") is None and parse_answer("") is None

@@ -83,3 +83,17 @@ def test_only_the_last_summary_counts_and_cut_logs_have_none() -> None:
     log = parse_pytest_log(cut)
     assert log.status("t.py::a") == PASSED and not log.consistent()[0]
     assert parse_pytest_log("PASSED t.py::a\n").statuses == {}
+
+
+def test_counts_no_int_can_read_cheaply_are_not_counts():
+    """The code under test prints into the log pytest's summary is read from (an atexit hook
+    after it): a 5,000-digit count raised ValueError out of grading (an env_failure instead
+    of a score), and an Arabic-Indic one was counted."""
+    huge = parse_pytest_log("=== short test summary info ===\n=== " + "9" * 5000 +
+                            " passed in 1.0s ===\n")
+    assert huge.has_summary and huge.counts == {}
+    arabic = parse_pytest_log("=== short test summary info ===\n=== \u0661 passed in 1s ===\n")
+    assert arabic.counts == {}
+    plain = parse_pytest_log("=== short test summary info ===\n"
+                             "=== 3 passed, 1 failed in 1.0s ===\n")
+    assert plain.counts == {"passed": 3, "failed": 1}

@@ -178,6 +178,12 @@ def one_call(tmp_path: Path, arguments: dict, tools: list[dict]) -> tuple[object
     ({"type": "object", "properties": {"city": {"$ref": "file:///etc/hostname"}}},
      "not a reference inside the schema"),
     ({"type": "object", "properties": {"city": {"$ref": "#/$defs/nope"}}}, "points to nothing"),
+    # an index no int() reads cheaply (a superscript two; 5,000 digits): was an uncaught
+    # ValueError, a 500
+    ({"type": "object", "$defs": {"l": {"anyOf": [{"type": "string"}]}},
+      "properties": {"city": {"$ref": "#/$defs/l/anyOf/\u00b2"}}}, "points to nothing"),
+    ({"type": "object", "$defs": {"l": {"anyOf": [{"type": "string"}]}},
+      "properties": {"city": {"$ref": "#/$defs/l/anyOf/" + "9" * 5000}}}, "points to nothing"),
     ({"type": "object", "properties": {"city": {"type": "strin"}}}, "not a valid JSON Schema"),
     ({"type": "object", "properties": {"city": {"type": "string", "minLength": "3"}}},
      "not a valid JSON Schema"),

@@ -15,6 +15,10 @@ from fractions import Fraction
 MAX_EXPRESSION_CHARS = 200
 MAX_EXPONENT = 64
 MAX_MAGNITUDE = Fraction(10) ** 30
+# numerator and denominator of every value, at most (~300 digits): each operation on such
+# values costs microseconds, and a power is refused before it would pass it
+MAX_BITS = 1024
+TOO_PRECISE = "result too small or too precise (more than ~300 digits in a fraction)"
 # A submitted answer is read only this long, with a decimal exponent only this large:
 # Fraction("1e20000000") would build a 20-million-digit integer (17 s of the runner's loop).
 MAX_ANSWER_CHARS = 100
@@ -64,6 +68,10 @@ def _eval(node: ast.AST) -> Fraction:
             raise CalculatorError(f"exponents must be whole numbers up to {MAX_EXPONENT}")
         if base == 0 and exponent < 0:
             raise CalculatorError("division by zero")
+        # bounded before it is computed: a tiny value can hold a huge denominator, and chained
+        # powers multiply (((2**-64)**64)**64)**64 is a 2**-16,777,216 of 2 MB, one more 8 GB)
+        if _bits(base) * abs(int(exponent)) > MAX_BITS:
+            raise CalculatorError(TOO_PRECISE)
         return _bounded(base ** int(exponent))
     if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
         left, right = _eval(node.left), _eval(node.right)
@@ -73,9 +81,15 @@ def _eval(node: ast.AST) -> Fraction:
     raise CalculatorError("only numbers, + - * / // % ** and parentheses are allowed")
 
 
+def _bits(value: Fraction) -> int:
+    return max(value.numerator.bit_length(), value.denominator.bit_length())
+
+
 def _bounded(value: Fraction) -> Fraction:
     if abs(value) > MAX_MAGNITUDE:
         raise CalculatorError("result too large (more than 30 digits)")
+    if _bits(value) > MAX_BITS:
+        raise CalculatorError(TOO_PRECISE)
     return value
 
 
