@@ -20,6 +20,7 @@ import pytest
 from envhub.envs.builtin import arith
 from envhub.registry.archive import pack
 from tests.registry.conftest import API, Server, make_env, put, run_cli
+from tests.support import require_tool
 
 ROW = {"what": "", "sandbox": "none", "tasks": 2, "mean_reward": 0.0, "done": 2,
        "env_failure": 0, "agent_error": 0, "resolved": 0, "timed_out": False, "error": None,
@@ -237,3 +238,24 @@ def test_publish_runs_the_real_audit_when_given_none(server: Server, tmp_path: P
     report = json.loads((tmp_path / "runs" / "audit.json").read_text())
     assert report["digest"] == digest and not report["flagged"]
     assert "audited " in httpx.get(f"{server.url}/", params={"q": "arith"}).text
+
+
+@pytest.mark.slow
+@pytest.mark.bwrap
+def test_a_fresh_init_publishes_through_its_own_audit_in_local_sandboxes(
+        server: Server, tmp_path: Path) -> None:
+    """The template grades in a fresh sandbox with only its declared outputs copied in, so the
+    audit publish runs passes out of the box (its former verify ran the check in the agent's
+    own sandbox: toolchain-trojan's `sh` shim scored 1 in docker). The README's quickstart
+    test publishes the same template in the default (docker) sandbox."""
+    require_tool("bwrap")
+    assert run_cli("init", str(tmp_path / "fresh")).returncode == 0
+    manifest = tmp_path / "fresh" / "envhub.toml"
+    manifest.write_text(manifest.read_text().replace('kind = "auto"', 'kind = "local"', 1))
+    out = publish(server, tmp_path / "fresh", "--audit-out", str(tmp_path / "runs"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    audit = versions(server, "alice", "fresh")["0.1.0"]["audit"]
+    assert audit["status"] == "passed" and audit["sandboxes"] == ["local"], audit
+    report = json.loads((tmp_path / "runs" / "audit.json").read_text())
+    assert not report["flagged"] and {r["cheat"] for r in report["rows"]} >= {
+        "toolchain-trojan", "write-artifacts", "fill-disk"}
