@@ -49,7 +49,7 @@ if [ "$sandbox" = local ] && ! bwrap --ro-bind / / --unshare-pid --unshare-net t
 fi
 say "sandbox: $sandbox"
 
-bash scripts/venv.sh engine,docker
+bash scripts/venv.sh engine,docker,mcp  # mcp: command agents using the environment's tools (docs/tutorials/cli-agents.md)
 # four tasks by default (a full pass over all 30 with the tiny CPU model takes ~40 min);
 # flags given here override these, e.g. `bash scripts/main.sh -n 30 --sandbox docker`
 exec .venv/bin/envhub run swe-task --sandbox "$sandbox" -n 4 "$@"

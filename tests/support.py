@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from envhub.gateway.render.chat_template import ChatRenderer
     from envhub.gateway.server import GatewayHandle
 
+REPO = Path(__file__).resolve().parents[1]  # the checkout
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
@@ -210,3 +211,15 @@ async def agent(url: str, key: str, answered: list, stop: asyncio.Event) -> None
                          resp.choices[0].message.content))
         msgs += [resp.choices[0].message.model_dump(exclude_none=True),
                  {"role": "user", "content": "again"}]
+
+
+def copy_checkout(dest: Path) -> None:
+    """The checkout's files as a fresh clone would have them (tracked and new, not ignored:
+    no .venv, no runs/)."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO,
+                           capture_output=True, check=True).stdout.split(b"\0")
+    present = b"\0".join(f for f in files if f and os.path.lexists(REPO / f.decode()))
+    tar = subprocess.run(["tar", "--null", "-T", "-", "-cf", "-"], cwd=REPO, input=present,
+                         capture_output=True, check=True).stdout
+    dest.mkdir()
+    subprocess.run(["tar", "-xf", "-", "-C", str(dest)], input=tar, check=True)

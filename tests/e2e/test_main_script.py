@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import require_docker, require_tool
+from tests.support import copy_checkout, require_docker, require_tool
 
 pytestmark = pytest.mark.docker
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,18 +39,6 @@ def clean_image() -> str:
 
     recipe = BaseRecipe(suite=host_suite(), mirror=host_mirror(), packages=PACKAGES)
     return ensure_base_image(recipe).tag
-
-
-def copy_checkout(dest: Path) -> None:
-    """The checkout's files as a fresh clone would have them (tracked and new, not ignored:
-    no .venv, no runs/)."""
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
-                           capture_output=True, check=True).stdout.split(b"\0")
-    present = b"\0".join(f for f in files if f and os.path.lexists(ROOT / f.decode()))
-    tar = subprocess.run(["tar", "--null", "-T", "-", "-cf", "-"], cwd=ROOT, input=present,
-                         capture_output=True, check=True).stdout
-    dest.mkdir()
-    subprocess.run(["tar", "-xf", "-", "-C", str(dest)], input=tar, check=True)
 
 
 def pip_setup() -> list[str]:
