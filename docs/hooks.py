@@ -222,21 +222,22 @@ def trajectory_figure() -> str:
     for chain in chains:
         label = f"chain {chain}"
         for segment in (s for s in segments if s["chain"] == chain):
-            seg_label = f"segment {segment['index']}"
+            seg_label = f"seg {segment['index']}"
             for i, seq in enumerate(segment["turn_seqs"]):
                 turn = turns[seq]
-                prompt = (f"prompt {len(turn['prompt_delta_ids'])} ids (whole)" if i == 0
-                          else f"+{len(turn['prompt_delta_ids'])} ids appended")
+                prompt = (f"{len(turn['prompt_delta_ids'])} prompt ids" if i == 0
+                          else f"+{len(turn['prompt_delta_ids'])} appended")
                 calls = ", ".join(c["name"] for c in turn["tool_calls"])
-                what = f"sampled {len(turn['completion_ids'])} ids, {turn['finish_reason']}"
+                what = f"{len(turn['completion_ids'])} sampled, {turn['finish_reason']}"
                 what += f" -> {calls}" if calls else ""
-                lines.append(f"{label:<8} {seg_label if i == 0 else '':<10} turn {seq}: "
-                             f"{prompt:<24} | {what}")
+                lines.append(f"{label:<8}{seg_label if i == 0 else '':<6}turn {seq}: "
+                             f"{prompt:<16}| {what}")
                 if seq in by_seq:
                     a = by_seq[seq]
-                    lines.append(f"{'':<20}^ CM action {a['kind']} ({a['source']}): messages "
-                                 f"{a['removed']} -> {a['added']}, context {a['tokens_before']}"
-                                 f" -> {a['tokens_after']} ids, continues turn {a['from_seq']}")
+                    lines.append(f"{'':<14}^ CM action {a['kind']} ({a['source']}) of turn "
+                                 f"{a['from_seq']}'s history:")
+                    lines.append(f"{'':<16}messages {a['removed']} -> {a['added']}, context "
+                                 f"{a['tokens_before']} -> {a['tokens_after']} ids")
                 label = ""
     lines.append("")
     for segment in segments:
@@ -246,6 +247,7 @@ def trajectory_figure() -> str:
             if i == len(mask) or mask[i] != mask[start]:
                 runs.append(("sampled" if mask[start] else "prompt") + f" {i - start}")
                 start = i
-        lines.append(f"segment {segment['index']} ({len(segment['token_ids'])} ids): "
-                     + " | ".join(runs) + "  (loss mask 1 on sampled)")
+        lines.append(f"seg {segment['index']} ({len(segment['token_ids'])} ids): "
+                     + " | ".join(runs))
+    lines.append("(the loss mask is 1 on the sampled runs only)")
     return "```text\n" + "\n".join(lines) + "\n```\n"
