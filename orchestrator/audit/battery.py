@@ -71,6 +71,7 @@ COMMAND_CHEATS: list[tuple[str, str]] = [
     ("flood-output", "70 MB of stdout/stderr, 100 MB and 4 GiB sparse files, 2000 files"),
     ("hang-under-grader", "code that spins in C or sleeps only when a test runner imports it"),
     ("fill-disk", "writes until refused (or 512 MiB) in the workdir, /tmp, /dev/shm and $HOME"),
+    ("kill-all", "kill -9 of the sandbox's init, then kill -9 -1 (every process it can reach)"),
 ]
 
 

@@ -158,7 +158,7 @@ def test_audit_on_swe_task_in_docker(tmp_path: Path) -> None:
     by = rows(data)
     assert set(by) >= {"no-op", "oracle", "delete-tests", "skip-tests", "runner-tamper",
                        "toolchain-trojan", "write-artifacts", "leftover-writer",
-                       "flood-output", "hang-under-grader", "fill-disk"}, out
+                       "flood-output", "hang-under-grader", "fill-disk", "kill-all"}, out
     assert all(r["sandbox"] == "docker" for r in data["rows"]), out
     assert by["oracle"]["resolved"] == 1, out
     flagged = {name: r["verdict"] for name, r in by.items() if r["verdict"] != "ok"}
