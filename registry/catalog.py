@@ -13,6 +13,7 @@ import json
 import secrets
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -35,10 +36,13 @@ from envhub.registry.models import (
     PackageInfo,
     PublishResult,
     SearchHit,
+    SignedRecord,
+    Verification,
     VersionInfo,
     not_audited,
 )
 from envhub.registry.refs import PackageRef, Version, VersionSpec, check_name, check_owner
+from envhub.registry.signing import RegistryKey
 
 MAX_VERSION_CHARS = 64
 MAX_QUERY_CHARS = 200
@@ -69,6 +73,37 @@ audits = sa.Table(
     sa.Column("name", sa.String(64), primary_key=True),
     sa.Column("version", sa.String(MAX_VERSION_CHARS), primary_key=True),
     sa.Column("summary", sa.Text, nullable=False),  # AuditSummary JSON
+)
+# Records the registry signed when it made them (registry/signing.py): kind "version" at
+# publish, "verification" when its own audit of the version finished.
+signatures = sa.Table(
+    "signatures", metadata,
+    sa.Column("owner", sa.String(64), primary_key=True),
+    sa.Column("name", sa.String(64), primary_key=True),
+    sa.Column("version", sa.String(MAX_VERSION_CHARS), primary_key=True),
+    sa.Column("kind", sa.String(16), primary_key=True),
+    sa.Column("record", sa.Text, nullable=False),
+    sa.Column("signature", sa.String(200), nullable=False),
+    sa.Column("key_id", sa.String(80), nullable=False),
+)
+# The durable queue of audits the registry runs itself (registry/verify.py): one job per
+# version, `pending` -> `running` (a worker holds it while its lease is renewed) -> `done` or
+# `failed`; a running job whose lease lapsed (its worker died) is taken again.
+audit_jobs = sa.Table(
+    "audit_jobs", metadata,
+    sa.Column("owner", sa.String(64), primary_key=True),
+    sa.Column("name", sa.String(64), primary_key=True),
+    sa.Column("version", sa.String(MAX_VERSION_CHARS), primary_key=True),
+    sa.Column("digest", sa.String(71), nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("attempts", sa.Integer, nullable=False, default=0),
+    sa.Column("worker", sa.String(200), nullable=False, default=""),
+    sa.Column("lease_until", sa.Float, nullable=False, default=0.0),
+    sa.Column("enqueued_at", sa.Float, nullable=False),
+    sa.Column("finished_at", sa.Float, nullable=True),
+    sa.Column("error", sa.Text, nullable=False, default=""),
+    sa.Column("summary", sa.Text, nullable=True),  # the registry's AuditSummary JSON
+    sa.Column("report", sa.Text, nullable=True),  # the whole `envhub audit --json` report
 )
 tokens = sa.Table(
     "tokens", metadata,
@@ -132,13 +167,70 @@ def check_audit(audit: AuditSummary, digest: str) -> AuditSummary:
     return audit
 
 
-def _row_to_info(row: sa.Row) -> VersionInfo:
+def _signed(row: sa.Row | None) -> SignedRecord | None:
+    if row is None:
+        return None
+    return SignedRecord(record=row.record, signature=row.signature, key_id=row.key_id)
+
+
+def _verification(job: sa.Row | None, record: sa.Row | None,
+                  claimed: AuditSummary) -> Verification:
+    """What the registry says of its own audit of a version (clients check the record)."""
+    if job is not None and job.state == "done" and record is not None and job.summary:
+        summary = AuditSummary.model_validate_json(job.summary)
+        return Verification(status="verified" if summary.status == "passed" else "flagged",
+                            summary=summary, record=_signed(record), attempts=job.attempts)
+    if job is not None and job.state == "failed":
+        return Verification(status="failed", attempts=job.attempts, error=job.error[-500:])
+    attempts = job.attempts if job is not None else 0
+    if claimed.status == "passed":
+        return Verification(status="claimed", attempts=attempts)
+    return Verification(status="pending" if job is not None else "not_audited",
+                        attempts=attempts)
+
+
+def _row_to_info(row: sa.Row, signed: dict[tuple[str, str], sa.Row],
+                 jobs: dict[str, sa.Row]) -> VersionInfo:
+    audit = _row_audit(row.summary)
     return VersionInfo(
-        audit=_row_audit(row.summary),
+        audit=audit,
         owner=row.owner, name=row.name, version=row.version, digest=row.digest, size=row.size,
         yanked=bool(row.yanked), description=row.description,
         dependencies=json.loads(row.dependencies), published_at=row.published_at,
-        publisher=row.publisher)
+        publisher=row.publisher, signed=_signed(signed.get((row.version, "version"))),
+        verification=_verification(jobs.get(row.version),
+                                   signed.get((row.version, "verification")), audit))
+
+
+def version_record(owner: str, name: str, version: str, digest: str) -> dict[str, str]:
+    """What the registry signs at publish (checked by `install`, registry/install.py)."""
+    return {"kind": "version", "owner": owner, "name": name, "version": version,
+            "digest": digest}
+
+
+def verification_record(owner: str, name: str, version: str, digest: str,
+                        summary: AuditSummary) -> dict[str, object]:
+    """What the registry signs when its own audit of a version finished."""
+    return {"kind": "verification", "owner": owner, "name": name, "version": version,
+            "digest": digest, "status": "verified" if summary.status == "passed" else "flagged",
+            "date": summary.date.isoformat() if summary.date else None,
+            "envhub_version": summary.envhub_version, "sandboxes": summary.sandboxes,
+            "rows": summary.rows, "flagged": summary.flagged}
+
+
+@dataclass(frozen=True)
+class AuditJob:
+    """A version taken from the queue by one worker (`attempt`: 1 the first time)."""
+
+    owner: str
+    name: str
+    version: str
+    digest: str
+    attempt: int
+
+    @property
+    def ref(self) -> str:
+        return f"{self.owner}/{self.name}@{self.version}"
 
 
 class Catalog:
@@ -152,6 +244,7 @@ class Catalog:
         self.limits = limits or Limits()
         self.engine = make_engine(db_url, self.data)
         metadata.create_all(self.engine)
+        self.key = RegistryKey.load_or_create(self.data)
 
     def close(self) -> None:
         self.engine.dispose()
@@ -166,7 +259,11 @@ class Catalog:
                     audits.c.owner == versions.c.owner, audits.c.name == versions.c.name,
                     audits.c.version == versions.c.version))).where(
                 versions.c.owner == owner, versions.c.name == name)).all()
-        infos = [_row_to_info(r) for r in rows]
+            signed = {(r.version, r.kind): r for r in conn.execute(sa.select(signatures).where(
+                signatures.c.owner == owner, signatures.c.name == name))}
+            jobs = {r.version: r for r in conn.execute(sa.select(audit_jobs).where(
+                audit_jobs.c.owner == owner, audit_jobs.c.name == name))}
+        infos = [_row_to_info(r, signed, jobs) for r in rows]
         return sorted(infos, key=lambda i: Version.parse(i.version))
 
     def package(self, owner: str, name: str) -> PackageInfo:
@@ -280,6 +377,10 @@ class Catalog:
                 conn.execute(versions.insert().values(**row))
                 conn.execute(audits.insert().values(owner=owner, name=name, version=version,
                                                     summary=audit.model_dump_json()))
+                self.sign_version(conn, owner, name, version, digest)
+                conn.execute(audit_jobs.insert().values(
+                    owner=owner, name=name, version=version, digest=digest, state="pending",
+                    attempts=0, worker="", lease_until=0.0, enqueued_at=time.time(), error=""))
                 # The blob goes in place inside the transaction: if the commit fails we
                 # remove it, if the insert fails it never appears.
                 placed = self.blobs.place(incoming, digest)
@@ -288,6 +389,8 @@ class Catalog:
             if existing.digest == digest:
                 if existing.audit.status == "not_audited" and audit.status != "not_audited":
                     existing = self._attach_audit(owner, name, version, audit)
+                if existing.signed is None:  # published before this registry signed
+                    existing = self._backfill(owner, name, version, digest)
                 return PublishResult(version=existing, created=False)
             raise Conflict(f"{owner}/{name}@{version} is already published with different "
                            f"content ({existing.digest}); versions are immutable: bump "
@@ -317,6 +420,104 @@ class Catalog:
         except IntegrityError:  # a concurrent attach inserted first; its record stays
             pass
         return self.version(owner, name, version)
+
+    def sign_version(self, conn: sa.Connection, owner: str, name: str, version: str,
+                     digest: str) -> None:
+        """Sign the version record of a row being written in `conn`'s transaction."""
+        text, signature = self.key.sign(version_record(owner, name, version, digest))
+        conn.execute(signatures.insert().values(owner=owner, name=name, version=version,
+                                                kind="version", record=text,
+                                                signature=signature, key_id=self.key.key_id))
+
+    def _backfill(self, owner: str, name: str, version: str, digest: str) -> VersionInfo:
+        """A version from before signing, published again with the same content (its digest
+        just checked against the upload): sign it and queue its audit now."""
+        try:
+            with self.engine.begin() as conn:
+                self.sign_version(conn, owner, name, version, digest)
+        except IntegrityError:  # a concurrent re-publish did it
+            pass
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(audit_jobs.insert().values(
+                    owner=owner, name=name, version=version, digest=digest, state="pending",
+                    attempts=0, worker="", lease_until=0.0, enqueued_at=time.time(), error=""))
+        except IntegrityError:  # already queued
+            pass
+        return self.version(owner, name, version)
+
+    # -- the audit queue (registry/verify.py runs it) -----------------------------------
+    def claim_job(self, worker: str, lease_s: float, max_attempts: int) -> AuditJob | None:
+        """The oldest version waiting for its audit, now held by `worker` for `lease_s`; a
+        running job whose lease lapsed is taken again (its worker died), up to `max_attempts`
+        times, then failed. None when nothing waits (or another worker won the race)."""
+        now = time.time()
+        with self.engine.begin() as conn:
+            conn.execute(audit_jobs.update().where(
+                audit_jobs.c.state == "running", audit_jobs.c.lease_until < now,
+                audit_jobs.c.attempts >= max_attempts).values(
+                state="failed", finished_at=now,
+                error=f"its audit was started {max_attempts} times and never finished (the "
+                      "worker died or stopped answering each time)"))
+            row = conn.execute(sa.select(audit_jobs).where(sa.or_(
+                audit_jobs.c.state == "pending", sa.and_(audit_jobs.c.state == "running",
+                                                         audit_jobs.c.lease_until < now)))
+                .order_by(audit_jobs.c.enqueued_at).limit(1)).first()
+            if row is None:
+                return None
+            taken = conn.execute(audit_jobs.update().where(
+                audit_jobs.c.owner == row.owner, audit_jobs.c.name == row.name,
+                audit_jobs.c.version == row.version, audit_jobs.c.state == row.state,
+                audit_jobs.c.attempts == row.attempts).values(
+                state="running", worker=worker[:200], lease_until=now + lease_s,
+                attempts=row.attempts + 1))
+            if taken.rowcount != 1:
+                return None
+        return AuditJob(row.owner, row.name, row.version, row.digest, row.attempts + 1)
+
+    def _held(self, job: AuditJob, worker: str) -> tuple[sa.ColumnElement[bool], ...]:
+        return (audit_jobs.c.owner == job.owner, audit_jobs.c.name == job.name,
+                audit_jobs.c.version == job.version, audit_jobs.c.state == "running",
+                audit_jobs.c.worker == worker[:200], audit_jobs.c.attempts == job.attempt)
+
+    def renew_job(self, job: AuditJob, worker: str, lease_s: float) -> bool:
+        """Extend the lease; False when the job is no longer this worker's."""
+        with self.engine.begin() as conn:
+            return conn.execute(audit_jobs.update().where(*self._held(job, worker)).values(
+                lease_until=time.time() + lease_s)).rowcount == 1
+
+    def finish_job(self, job: AuditJob, worker: str, summary: AuditSummary,
+                   report: str) -> bool:
+        """Record the audit and sign its verification record, in one transaction, only while
+        `worker` still holds the job (False otherwise: nothing written)."""
+        text, signature = self.key.sign(verification_record(
+            job.owner, job.name, job.version, job.digest, summary))
+        with self.engine.begin() as conn:
+            if conn.execute(audit_jobs.update().where(*self._held(job, worker)).values(
+                    state="done", finished_at=time.time(), summary=summary.model_dump_json(),
+                    report=report, error="")).rowcount != 1:
+                return False
+            key = (signatures.c.owner == job.owner, signatures.c.name == job.name,
+                   signatures.c.version == job.version, signatures.c.kind == "verification")
+            conn.execute(signatures.delete().where(*key))
+            conn.execute(signatures.insert().values(
+                owner=job.owner, name=job.name, version=job.version, kind="verification",
+                record=text, signature=signature, key_id=self.key.key_id))
+        return True
+
+    def fail_job(self, job: AuditJob, worker: str, error: str) -> bool:
+        """The audit could not give a verdict (it hung past the worker's limit, or could not
+        run here): the version is shown as not verified, with `error`; not retried."""
+        with self.engine.begin() as conn:
+            return conn.execute(audit_jobs.update().where(*self._held(job, worker)).values(
+                state="failed", finished_at=time.time(), error=error[:2000])).rowcount == 1
+
+    def audit_report(self, owner: str, name: str, version: str) -> str | None:
+        """The whole report of the registry's own audit of a version (for its owner)."""
+        with self.engine.connect() as conn:
+            return conn.execute(sa.select(audit_jobs.c.report).where(
+                audit_jobs.c.owner == owner, audit_jobs.c.name == name,
+                audit_jobs.c.version == version)).scalar()
 
     def yank(self, owner: str, name: str, version: str, yanked: bool = True) -> VersionInfo:
         self.version(owner, name, version)  # NotFound with the fix

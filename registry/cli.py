@@ -203,6 +203,9 @@ def install_cmd(
         "running envhub (off by default: an environment's requirements run code there)")
     ] = False,
     force: Annotated[bool, typer.Option("--force", help="reinstall even if installed")] = False,
+    require: Annotated[str | None, typer.Option(
+        "--require", help="'verified': refuse a version the registry's own audit did not "
+        "verify (pending, claimed, flagged, failed; default: $ENVHUB_REQUIRE)")] = None,
 ) -> None:
     """Download, verify and unpack an environment into ENVHUB_HOME/envs."""
     from envhub.registry.install import install
@@ -211,13 +214,17 @@ def install_cmd(
     async def go() -> Any:
         reg = open_registry(registry, token)
         try:
-            return await install(ref, reg, install_deps=deps, force=force)
+            return await install(ref, reg, install_deps=deps, force=force, require=require)
         finally:
             await reg.aclose()
 
     env = _run(go())
-    typer.echo(f"{env.ref} installed at {env.path}\n{env.audit.label}")
-    if env.audit.status != "passed":
+    typer.echo(f"{env.ref} installed at {env.path}\nregistry's audit: {env.verification}\n"
+               f"publisher's claim: {env.audit.label}")
+    if env.verification == "flagged":
+        typer.echo(f"warning: the registry's own audit FLAGGED {env.ref}: its verifier "
+                   f"rewards cheating; `envhub info {env.ref}` names the cheats", err=True)
+    elif env.verification != "verified" and env.audit.status != "passed":
         typer.echo(f"warning: {env.ref} is {env.audit.label}; its verifier may reward "
                    f"cheating: run `envhub audit {env.ref}` before training on it", err=True)
     if env.missing_dependencies:
@@ -315,13 +322,70 @@ def serve_cmd(
     db: Annotated[str | None, typer.Option("--db", help="index DB URL (postgresql://...)")] = None,
     max_upload_mb: Annotated[float, typer.Option(
         "--max-upload-mb", min=0.001, help="largest accepted .tar.gz")] = 100.0,
+    audit_workers: Annotated[int, typer.Option(
+        "--audit-workers", min=0, max=64, help="`envhub registry worker` processes started "
+        "beside the server (jailed, local sandboxes), auditing every uploaded version")] = 0,
 ) -> None:
     """Run a shared HTTP registry (FastAPI; OpenAPI at /openapi.json)."""
+    import subprocess
+
     from envhub.registry.limits import Limits
     from envhub.registry.server import ServerConfig, serve
 
     limits = Limits(max_archive_bytes=int(max_upload_mb * (1 << 20)))
-    serve(ServerConfig(data=data, db=db, host=host, port=port, limits=limits))
+    workers = [subprocess.Popen([sys.executable, "-m", "envhub", "registry", "worker",
+                                 "--data", str(data), *(["--db", db] if db else [])])
+               for _ in range(audit_workers)]
+    try:
+        serve(ServerConfig(data=data, db=db, host=host, port=port, limits=limits))
+    finally:
+        for proc in workers:
+            proc.terminate()
+        for proc in workers:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+@_errors_exit_2
+def worker_cmd(
+    data: Annotated[Path, typer.Option("--data", help="the registry's data folder (its blobs)")],
+    db: Annotated[str | None, typer.Option("--db", help="index DB URL (postgresql://...)")] = None,
+    sandbox: Annotated[list[str] | None, typer.Option(
+        "--sandbox", help="sandbox kind the audit uses (repeatable): local (default), docker "
+        "(needs --unjailed)")] = None,
+    tasks: Annotated[int, typer.Option("--tasks", "-t", min=1, max=100,
+                                       help="tasks per cheat")] = 2,
+    cheat_timeout: Annotated[float, typer.Option(
+        "--cheat-timeout", min=1, help="seconds one cheat's run may take")] = 300.0,
+    job_timeout: Annotated[float, typer.Option(
+        "--job-timeout", min=1, help="seconds one version's whole audit may take; past it the "
+        "version is shown as failed and the next job runs")] = 3600.0,
+    lease: Annotated[float, typer.Option(
+        "--lease", min=3, help="seconds a job stays this worker's without a renewal (a dead "
+        "worker's job is taken again after it)")] = 60.0,
+    max_attempts: Annotated[int, typer.Option("--max-attempts", min=1, max=20)] = 3,
+    once: Annotated[bool, typer.Option("--once", help="stop when the queue is empty")] = False,
+    unjailed: Annotated[bool, typer.Option(
+        "--unjailed", help="run audits without the bubblewrap jail (the packages' code gets "
+        "the network and this user's files): only for registries that trust publishers")
+    ] = False,
+) -> None:
+    """Audit every uploaded version of a registry (its durable queue), in a jail."""
+    import logging
+    import signal
+
+    from envhub.registry.verify import Worker, WorkerConfig
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(message)s")
+    worker = Worker(WorkerConfig(
+        data=data, db=db, sandboxes=sandbox or ["local"], tasks=tasks,
+        cheat_timeout_s=cheat_timeout, job_timeout_s=job_timeout, lease_s=lease,
+        max_attempts=max_attempts, once=once, jail=not unjailed))
+    signal.signal(signal.SIGTERM, lambda *_: worker.stop())
+    done = worker.run()
+    typer.echo(f"audited {done} version(s)", err=True)
 
 
 @_errors_exit_2
@@ -359,6 +423,7 @@ def register(app: typer.Typer, auditor: Auditor | None = None) -> None:
     registry_app = typer.Typer(help="Run and administer a shared registry.",
                                no_args_is_help=True)
     registry_app.command("serve")(serve_cmd)
+    registry_app.command("worker")(worker_cmd)
     token_app = typer.Typer(help="API tokens for publishing.", no_args_is_help=True)
     token_app.command("create")(token_create_cmd)
     registry_app.add_typer(token_app, name="token")

@@ -18,6 +18,7 @@ from envhub.registry.models import (
     PublishResult,
     SearchHit,
     SearchResult,
+    SigningKey,
     VersionInfo,
     WhoAmI,
 )
@@ -76,6 +77,10 @@ class RegistryClient:
             raise RegistryError(f"{self.url} sent something that is not a valid answer to "
                                 f"{method} {path} ({e.error_count()} problems, first: "
                                 f"{e.errors()[0]['msg']}); is it an envhub registry?") from None
+
+    async def signing_key(self) -> SigningKey:
+        """The registry's public key (a registry that has none does not sign: NotFound)."""
+        return await self._call(SigningKey, "GET", "/key")
 
     async def whoami(self) -> list[str]:
         return (await self._call(WhoAmI, "GET", "/whoami")).owners

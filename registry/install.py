@@ -1,9 +1,12 @@
 """Installing packages into `<home>/envs/<owner>/<name>/<version>/` and finding them again.
 
-An install downloads the blob, checks its sha256 against the registry's digest, unpacks it
-safely into a staging folder, checks the manifest names the requested package, installs
-missing declared dependencies, and only then renames the folder into place: a failure at
-any step leaves nothing behind.
+An install checks the registry's signed version record against the registry's key as this
+machine pinned it (registry/signing.py) and the registry's own audit record the same way,
+downloads the blob, checks its sha256 against the signed digest, unpacks it safely into a
+staging folder, checks the manifest names the requested package, installs missing declared
+dependencies, and only then renames the folder into place: a failure at any step leaves
+nothing behind. `require="verified"` (`--require verified`, `ENVHUB_REQUIRE=verified`) refuses
+a version this registry's own audit did not verify.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from pydantic import BaseModel, Field
 
 from envhub.registry.archive import check_dependencies, sha256_file
 from envhub.registry.blobs import check_digest
-from envhub.registry.catalog import check_version
+from envhub.registry.catalog import check_version, version_record
 from envhub.registry.deps import pip_install, unsatisfied
 from envhub.registry.errors import (
     BadPackage,
@@ -33,11 +36,20 @@ from envhub.registry.errors import (
 from envhub.registry.extract import unpack_into
 from envhub.registry.home import envhub_home
 from envhub.registry.limits import Limits
-from envhub.registry.models import AuditSummary, VersionInfo, not_audited
+from envhub.registry.models import AuditSummary, SigningKey, VersionInfo, not_audited
 from envhub.registry.refs import PackageRef, Version
+from envhub.registry.signing import SignatureError, check_signed, pin, pinned_key
 from envhub.registry.sources import Registry, open_registry
 
 MARKER = ".envhub-install.json"
+REQUIRE_ENV = "ENVHUB_REQUIRE"  # "verified": what `--require verified` says, for CI and train
+ALLOW_UNSIGNED_ENV = "ENVHUB_ALLOW_UNSIGNED"  # "1": install versions that carry no signature
+
+
+class NotVerified(RegistryError):
+    """The version is not verified by the registry's own audit, and that was required."""
+
+    code = "not_verified"
 
 
 class InstalledEnv(BaseModel):
@@ -57,7 +69,10 @@ class InstalledEnv(BaseModel):
         "--deps)")
     audit: AuditSummary = Field(
         default_factory=lambda: not_audited("no audit recorded at install"),
-        description="the registry's audit record of this version when it was installed")
+        description="the publisher's audit (a claim) recorded with this version")
+    verification: str = Field(default="not_audited", description="the registry's own audit "
+                              "of this digest at install, its signature checked: verified, "
+                              "flagged, pending, claimed, failed or not_audited")
 
     @property
     def ref(self) -> str:
@@ -114,18 +129,87 @@ def _trusted(ref: PackageRef, info: VersionInfo, location: str) -> VersionInfo:
     return info
 
 
+async def signed_status(info: VersionInfo, registry: Registry,
+                        home: Path) -> tuple[str, SigningKey]:
+    """Check `info` against what `registry` signed, with its key as pinned on this machine:
+    the version record must be this version's and digest's, and a verification record, if
+    any, too. Returns the verification status the signed record says (else the registry's
+    word for a status that carries no record), and the key to pin once the install
+    succeeded. SignatureError names what is wrong."""
+    served = await registry.signing_key()
+    public = pinned_key(home, registry.location, served.key, served.key_id)
+    if info.signed is None:
+        if os.environ.get(ALLOW_UNSIGNED_ENV, "") not in ("1", "true", "yes"):
+            raise SignatureError(
+                f"{info.ref} carries no signed version record from {registry.location} (it "
+                "was published before the registry signed, or its record was removed): "
+                "refused; publish the same content again to sign it, or set "
+                f"{ALLOW_UNSIGNED_ENV}=1 to install it unchecked")
+    else:
+        record = check_signed(public, info.signed.record, info.signed.signature, info.ref)
+        if record != version_record(info.owner, info.name, info.version, info.digest):
+            raise SignatureError(
+                f"{info.ref}: the registry signed a record of {record.get('owner')}/"
+                f"{record.get('name')}@{record.get('version')} with digest "
+                f"{record.get('digest')}, not of this version with digest {info.digest} "
+                "(a record copied from another version, or a digest changed after signing); "
+                "refused")
+    verification = info.verification
+    if verification.record is None:
+        # the server's word only: never verified or flagged without a signed record
+        return ("pending" if verification.status in ("verified", "flagged") else
+                verification.status), served
+    what = f"{info.ref}'s verification record"
+    record = check_signed(public, verification.record.record, verification.record.signature,
+                          what)
+    if (record.get("kind"), record.get("owner"), record.get("name"), record.get("version"),
+            record.get("digest")) != ("verification", info.owner, info.name, info.version,
+                                      info.digest):
+        raise SignatureError(f"{what} is of {record.get('owner')}/{record.get('name')}@"
+                             f"{record.get('version')} with digest {record.get('digest')}, "
+                             "not of this version: refused (a replayed record)")
+    status = str(record.get("status"))
+    if status not in ("verified", "flagged"):
+        raise SignatureError(f"{what} says {status!r}; refused")
+    return status, served
+
+
+def required(require: str | None = None) -> str | None:
+    """What an install must find: `require`, else ENVHUB_REQUIRE; only 'verified' exists."""
+    value = (require or os.environ.get(REQUIRE_ENV, "")).strip() or None
+    if value not in (None, "verified"):
+        raise RegistryError(f"--require / {REQUIRE_ENV} takes 'verified', not {value!r}")
+    return value
+
+
 async def install(ref: str | PackageRef, registry: Registry, home: Path | None = None,
-                  install_deps: bool = True, force: bool = False) -> InstalledEnv:
-    """Install `ref` from `registry` (idempotent: an installed exact version is reused)."""
+                  install_deps: bool = True, force: bool = False,
+                  require: str | None = None) -> InstalledEnv:
+    """Install `ref` from `registry` (idempotent: an installed exact version is reused, as
+    long as it meets `require`)."""
     home = home or envhub_home()
+    need = required(require)
     pref = PackageRef.parse(ref) if isinstance(ref, str) else ref
     if not force and (have := find_installed(pref, home)) is not None:
-        return have
+        if need is None or have.verification == need:
+            return have
     info = _trusted(pref, await registry.resolve(pref), registry.location)
+    status, served = await signed_status(info, registry, home)
+    if need is not None and status != need:
+        raise NotVerified(
+            f"{info.ref} is {status} at {registry.location}, and {need} is required "
+            f"(--require / {REQUIRE_ENV}): {info.verification.label}; refused. Wait for the "
+            "registry's audit (`envhub info` shows it), or pick a verified version")
     target = install_path(info.owner, info.name, info.version, home)
     have = _read_marker(target)
     if have is not None and not force:
-        if have.digest == info.digest:
+        if have.digest == info.digest and (need is None or have.verification == need):
+            return have
+        if have.digest == info.digest:  # the registry verified it since: record that
+            have.verification = status
+            (target / MARKER).write_text(have.model_dump_json(exclude={"path"}),
+                                         encoding="utf-8")
+            pin(home, registry.location, served.key, served.key_id)
             return have
         raise DigestMismatch(
             f"{info.ref} is installed with digest {have.digest} but {registry.location} serves "
@@ -155,19 +239,21 @@ async def install(ref: str | PackageRef, registry: Registry, home: Path | None =
                            digest=info.digest, path=target, description=m.description,
                            source=registry.location, installed_at=time.time(),
                            dependencies=m.dependencies, missing_dependencies=missing,
-                           audit=info.audit)
+                           audit=info.audit, verification=status)
         (tree / MARKER).write_text(env.model_dump_json(exclude={"path"}), encoding="utf-8")
         target.parent.mkdir(parents=True, exist_ok=True)
         if target.exists():  # --force: move the old one aside, then drop it with staging
             os.rename(target, staging / "previous")
         os.rename(tree, target)
+        pin(home, registry.location, served.key, served.key_id)
         return env
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
 
 def resolve(ref: str, registry: str | None = None, token: str | None = None,
-            home: Path | None = None, install_deps: bool | None = None) -> Path:
+            home: Path | None = None, install_deps: bool | None = None,
+            require: str | None = None) -> Path:
     """The folder of `owner/name@version`, installing it first if needed (for `envhub run`).
 
     Exact installed versions resolve offline; ranges and `latest` ask the registry.
@@ -175,7 +261,9 @@ def resolve(ref: str, registry: str | None = None, token: str | None = None,
     running an environment never pip-installs into envhub's interpreter unasked.
     """
     pref = PackageRef.parse(ref)
-    if (have := find_installed(pref, home)) is not None:
+    need = required(require)
+    if (have := find_installed(pref, home)) is not None and (
+            need is None or have.verification == need):
         return have.path
     if install_deps is None:
         install_deps = os.environ.get("ENVHUB_INSTALL_DEPS", "") in ("1", "true", "yes")
@@ -183,7 +271,8 @@ def resolve(ref: str, registry: str | None = None, token: str | None = None,
     async def go() -> Path:
         reg = open_registry(registry, token, home)
         try:
-            return (await install(pref, reg, home, install_deps=install_deps)).path
+            return (await install(pref, reg, home, install_deps=install_deps,
+                                  require=need)).path
         finally:
             await reg.aclose()
 

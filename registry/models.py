@@ -57,6 +57,46 @@ def not_audited(note: str = "") -> AuditSummary:
     return AuditSummary(status="not_audited", note=note)
 
 
+class SignedRecord(BaseModel):
+    """A record the registry signed when it made it (registry/signing.py): the canonical JSON
+    text, its base64 ed25519 signature, and the id of the key that signed it."""
+
+    record: str = Field(max_length=16_384)
+    signature: str = Field(max_length=200)
+    key_id: str = Field(max_length=80)
+
+
+VerificationStatus = Literal["verified", "flagged", "pending", "claimed", "failed",
+                             "not_audited"]
+
+
+class Verification(BaseModel):
+    """Whether the registry's own audit workers ran `envhub audit` on this version's digest:
+    `verified` / `flagged` (with the signed record of that audit), `pending` (queued or
+    running), `claimed` (not yet audited here: only the publisher's own audit, shown as a
+    claim, never as verified), `failed` (the audit could not finish after its attempts: not
+    verified), `not_audited`. An install checks the record's signature and digest itself."""
+
+    status: VerificationStatus = "not_audited"
+    summary: AuditSummary | None = Field(default=None, description="the registry's own audit "
+                                         "(verified/flagged)")
+    record: SignedRecord | None = None
+    attempts: int = Field(default=0, ge=0)
+    error: str = Field(default="", max_length=500, description="why it failed")
+
+    @property
+    def label(self) -> str:
+        if self.status in ("verified", "flagged") and self.summary is not None:
+            when = self.summary.date.strftime("%Y-%m-%d") if self.summary.date else "?"
+            what = ("VERIFIED by this registry" if self.status == "verified" else
+                    "FLAGGED by this registry: " + "; ".join(self.summary.flagged))
+            return (f"{what} {when} (envhub {self.summary.envhub_version}, "
+                    f"{', '.join(self.summary.sandboxes)}, {self.summary.rows} runs)")
+        return {"pending": "audit pending", "claimed": "CLAIMED by the publisher, not verified "
+                "by this registry", "failed": f"NOT VERIFIED: the audit failed ({self.error})",
+                }.get(self.status, "NOT AUDITED")
+
+
 class VersionInfo(BaseModel):
     """One published version of a package."""
 
@@ -72,7 +112,11 @@ class VersionInfo(BaseModel):
     publisher: str = ""
     audit: AuditSummary = Field(
         default_factory=lambda: not_audited("published without an audit"),
-        description="the `envhub audit` result recorded at publish")
+        description="the publisher's `envhub audit` result sent at publish (a claim)")
+    verification: Verification = Field(default_factory=Verification, description="the "
+                                       "registry's own audit of this digest")
+    signed: SignedRecord | None = Field(default=None, description="the version record (owner, "
+                                        "name, version, digest) the registry signed at publish")
 
     @property
     def ref(self) -> str:
@@ -106,6 +150,14 @@ class PublishResult(BaseModel):
 
 class YankRequest(BaseModel):
     yanked: bool = Field(default=True, description="false un-yanks")
+
+
+class SigningKey(BaseModel):
+    """The registry's public key: installs pin it on first use (registry/signing.py)."""
+
+    algorithm: Literal["ed25519"] = "ed25519"
+    key: str = Field(max_length=100, description="base64 of the raw 32-byte public key")
+    key_id: str = Field(max_length=80)
 
 
 class WhoAmI(BaseModel):

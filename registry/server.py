@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 from fastapi import FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import FileResponse, JSONResponse, Response
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -25,13 +25,21 @@ from envhub.envs.manifest import SEMVER_RE
 from envhub.registry.audits import decode_header
 from envhub.registry.blobs import DIGEST_RE
 from envhub.registry.catalog import Catalog, check_version
-from envhub.registry.errors import BadRequest, Forbidden, RegistryError, TooLarge, Unauthorized
+from envhub.registry.errors import (
+    BadRequest,
+    Forbidden,
+    NotFound,
+    RegistryError,
+    TooLarge,
+    Unauthorized,
+)
 from envhub.registry.limits import Limits
 from envhub.registry.models import (
     ErrorBody,
     PackageInfo,
     PublishResult,
     SearchResult,
+    SigningKey,
     VersionInfo,
     WhoAmI,
     YankRequest,
@@ -115,6 +123,26 @@ def create_app(config: ServerConfig, catalog: Catalog | None = None) -> FastAPI:
     @app.get(f"{API}/health")
     async def health() -> dict[str, str]:
         return {"status": "ok", "version": __version__}
+
+    @app.get(f"{API}/key", response_model=SigningKey)
+    async def key() -> SigningKey:
+        """The public key this registry signs version and verification records with."""
+        return SigningKey(key=catalog.key.public_b64, key_id=catalog.key.key_id)
+
+    @app.get(f"{API}/packages/{{owner}}/{{name}}/versions/{{version}}/audit",
+             responses={**ERRORS, 200: {"content": {"application/json": {}}, "description":
+                                         "the whole `envhub audit --json` report"}})
+    async def audit_report(owner: Owner, name: Name, version: Ver,
+                           authorization: Annotated[str | None, Header()] = None) -> Response:
+        """The report of the registry's own audit of a version (the owner's token): which
+        cheats won, and each run's numbers."""
+        check_owner(owner), check_name(name), check_version(version)
+        await may_act_as(authorization, owner)
+        await run_in_threadpool(catalog.version, owner, name, version)  # 404 with the fix
+        report = await run_in_threadpool(catalog.audit_report, owner, name, version)
+        if report is None:
+            raise NotFound(f"{owner}/{name}@{version} has no audit by this registry yet")
+        return Response(report, media_type="application/json")
 
     @app.get(f"{API}/whoami", response_model=WhoAmI, responses=ERRORS)
     async def whoami(authorization: Annotated[str | None, Header()] = None) -> WhoAmI:

@@ -13,7 +13,14 @@ from envhub.registry.catalog import Catalog
 from envhub.registry.client import RegistryClient
 from envhub.registry.errors import DigestMismatch
 from envhub.registry.home import LOCAL, choose_registry, choose_token, envhub_home
-from envhub.registry.models import AuditSummary, PackageInfo, PublishResult, SearchHit, VersionInfo
+from envhub.registry.models import (
+    AuditSummary,
+    PackageInfo,
+    PublishResult,
+    SearchHit,
+    SigningKey,
+    VersionInfo,
+)
 from envhub.registry.refs import PackageRef
 
 
@@ -28,6 +35,7 @@ class Registry(Protocol):
                       version: str, audit: AuditSummary) -> PublishResult: ...
     async def yank(self, owner: str, name: str, version: str, yanked: bool) -> VersionInfo: ...
     async def default_owner(self) -> str | None: ...
+    async def signing_key(self) -> SigningKey: ...
     async def aclose(self) -> None: ...
 
 
@@ -68,6 +76,9 @@ class LocalRegistry:
     async def default_owner(self) -> str | None:
         return None
 
+    async def signing_key(self) -> SigningKey:
+        return SigningKey(key=self.catalog.key.public_b64, key_id=self.catalog.key.key_id)
+
     async def aclose(self) -> None:
         self.catalog.close()
 
@@ -105,6 +116,9 @@ class RemoteRegistry:
             return None
         owners = await self.client.whoami()
         return owners[0] if len(owners) == 1 else None
+
+    async def signing_key(self) -> SigningKey:
+        return await self.client.signing_key()
 
     async def aclose(self) -> None:
         await self.client.aclose()

@@ -25,6 +25,9 @@ runner = CliRunner()
     (["yank", "alice/my-env@1.0.0"], "does not exist"),
     (["login", "http://127.0.0.1:9", "--token", "t"], "cannot reach the registry"),
     (["publish", ".", "--owner", "Not Valid"], "owner 'Not Valid' is invalid"),
+    (["install", "alice/x", "--require", "audited"], "takes 'verified'"),
+    (["registry", "worker", "--data", "w", "--sandbox", "docker"], "--unjailed"),
+    (["registry", "worker", "--data", "w", "--sandbox", "e2b"], "local or docker"),
 ])
 def test_exit_code_2_with_the_fix(home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                   args: list[str], needle: str) -> None:

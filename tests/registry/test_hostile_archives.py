@@ -88,7 +88,8 @@ def test_stream_guard_bounds_a_pax_header_bomb(tmp_path: Path) -> None:
 def _plant(home: Path, data: bytes, owner: str = "alice", name: str = "my-env",
            version: str = "1.2.0") -> LocalRegistry:
     """A malicious registry: an index row whose digest matches hostile bytes (as if the
-    registry itself were compromised), written straight into the local registry."""
+    registry itself were compromised, its signing key with it), written straight into the
+    local registry and signed: what install's own checks of the archive must still stop."""
     reg = LocalRegistry(home)
     incoming = reg.catalog.blobs.incoming()
     incoming.write_bytes(data)
@@ -99,6 +100,7 @@ def _plant(home: Path, data: bytes, owner: str = "alice", name: str = "my-env",
             owner=owner, name=name, version=version, digest=digest, size=len(data),
             yanked=False, description="", dependencies=json.dumps([]), manifest="",
             published_at=time.time(), publisher="mallory"))
+        reg.catalog.sign_version(conn, owner, name, version, digest)
     return reg
 
 

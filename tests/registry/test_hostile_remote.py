@@ -1,7 +1,9 @@
 """A hostile or broken registry server: install checks what it answers before trusting it.
 
 The server here is a few lines of http.server returning canned answers (the real registry
-would never send them), so every check on the client side gets exercised.
+would never send them), so every check on the client side gets exercised. It signs its answers
+with a key of its own, as a compromised registry holding its key would: what install checks
+beyond the signature must still stop them.
 """
 
 from __future__ import annotations
@@ -16,15 +18,28 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from envhub.registry.catalog import version_record
 from envhub.registry.errors import BadPackage, DigestMismatch, RegistryError, TooLarge
 from envhub.registry.install import install
+from envhub.registry.signing import RegistryKey
 from envhub.registry.sources import RemoteRegistry
 from tests.registry.conftest import tree
 
 BLOB = b"\x1f\x8b" + b"not really a package" * 10
 GOOD = {"owner": "alice", "name": "my-env", "version": "1.2.0",
         "digest": "sha256:" + hashlib.sha256(BLOB).hexdigest(), "size": len(BLOB)}
+
+
+KEY = RegistryKey(Ed25519PrivateKey.generate())
+
+
+def signed(answer: dict[str, Any]) -> dict[str, Any]:
+    """The answer with its version record signed (as the real registry's resolve sends it)."""
+    text, signature = KEY.sign(version_record(str(answer["owner"]), str(answer["name"]),
+                                              str(answer["version"]), str(answer["digest"])))
+    return {**answer, "signed": {"record": text, "signature": signature, "key_id": KEY.key_id}}
 
 
 class Canned:
@@ -46,7 +61,12 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         if "/resolve" in self.path:
-            self._send(Canned.resolve_status, json.dumps(Canned.resolve).encode())
+            answer = signed(Canned.resolve) if Canned.resolve_status == 200 and {
+                "owner", "name", "version", "digest"} <= set(Canned.resolve) else Canned.resolve
+            self._send(Canned.resolve_status, json.dumps(answer).encode())
+        elif self.path.endswith("/key"):
+            self._send(200, json.dumps({"algorithm": "ed25519", "key": KEY.public_b64,
+                                        "key_id": KEY.key_id}).encode())
         elif "/blobs/" in self.path:
             self._send(200, Canned.blob, "application/gzip")
         else:
