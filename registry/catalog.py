@@ -42,7 +42,7 @@ from envhub.registry.models import (
     not_audited,
 )
 from envhub.registry.refs import PackageRef, Version, VersionSpec, check_name, check_owner
-from envhub.registry.signing import RegistryKey
+from envhub.registry.signing import RegistryKey, SignatureError, check_signed
 
 MAX_VERSION_CHARS = 64
 MAX_QUERY_CHARS = 200
@@ -173,13 +173,24 @@ def _signed(row: sa.Row | None) -> SignedRecord | None:
     return SignedRecord(record=row.record, signature=row.signature, key_id=row.key_id)
 
 
-def _verification(job: sa.Row | None, record: sa.Row | None,
-                  claimed: AuditSummary) -> Verification:
-    """What the registry says of its own audit of a version (clients check the record)."""
+def _verification(job: sa.Row | None, record: sa.Row | None, claimed: AuditSummary,
+                  key: RegistryKey, digest: str) -> Verification:
+    """What the registry says of its own audit of a version: its status is what the signed
+    record says, checked here with the registry's own key (clients check it again)."""
     if job is not None and job.state == "done" and record is not None and job.summary:
+        try:
+            signed = check_signed(key.public_b64, record.record, record.signature, "")
+        except SignatureError:
+            signed = {}
+        status = signed.get("status")
+        if status not in ("verified", "flagged") or signed.get("digest") != digest:
+            # shown as failed, the record passed on: installs check it and refuse it
+            return Verification(status="failed", attempts=job.attempts, record=_signed(record),
+                                error="its verification record does not verify with this "
+                                "registry's key (edited after it was signed)")
         summary = AuditSummary.model_validate_json(job.summary)
-        return Verification(status="verified" if summary.status == "passed" else "flagged",
-                            summary=summary, record=_signed(record), attempts=job.attempts)
+        return Verification(status=status, summary=summary, record=_signed(record),
+                            attempts=job.attempts)
     if job is not None and job.state == "failed":
         return Verification(status="failed", attempts=job.attempts, error=job.error[-500:])
     attempts = job.attempts if job is not None else 0
@@ -190,7 +201,7 @@ def _verification(job: sa.Row | None, record: sa.Row | None,
 
 
 def _row_to_info(row: sa.Row, signed: dict[tuple[str, str], sa.Row],
-                 jobs: dict[str, sa.Row]) -> VersionInfo:
+                 jobs: dict[str, sa.Row], key: RegistryKey) -> VersionInfo:
     audit = _row_audit(row.summary)
     return VersionInfo(
         audit=audit,
@@ -199,7 +210,8 @@ def _row_to_info(row: sa.Row, signed: dict[tuple[str, str], sa.Row],
         dependencies=json.loads(row.dependencies), published_at=row.published_at,
         publisher=row.publisher, signed=_signed(signed.get((row.version, "version"))),
         verification=_verification(jobs.get(row.version),
-                                   signed.get((row.version, "verification")), audit))
+                                   signed.get((row.version, "verification")), audit, key,
+                                   row.digest))
 
 
 def version_record(owner: str, name: str, version: str, digest: str) -> dict[str, str]:
@@ -263,7 +275,7 @@ class Catalog:
                 signatures.c.owner == owner, signatures.c.name == name))}
             jobs = {r.version: r for r in conn.execute(sa.select(audit_jobs).where(
                 audit_jobs.c.owner == owner, audit_jobs.c.name == name))}
-        infos = [_row_to_info(r, signed, jobs) for r in rows]
+        infos = [_row_to_info(r, signed, jobs, self.key) for r in rows]
         return sorted(infos, key=lambda i: Version.parse(i.version))
 
     def package(self, owner: str, name: str) -> PackageInfo:
@@ -450,7 +462,15 @@ class Catalog:
     def claim_job(self, worker: str, lease_s: float, max_attempts: int) -> AuditJob | None:
         """The oldest version waiting for its audit, now held by `worker` for `lease_s`; a
         running job whose lease lapsed is taken again (its worker died), up to `max_attempts`
-        times, then failed. None when nothing waits (or another worker won the race)."""
+        times, then failed. None when nothing waits (a lost race is tried again)."""
+        for _ in range(100):
+            claimed, empty = self._claim_once(worker, lease_s, max_attempts)
+            if claimed is not None or empty:
+                return claimed
+        return None
+
+    def _claim_once(self, worker: str, lease_s: float,
+                    max_attempts: int) -> tuple[AuditJob | None, bool]:
         now = time.time()
         with self.engine.begin() as conn:
             conn.execute(audit_jobs.update().where(
@@ -464,7 +484,7 @@ class Catalog:
                                                          audit_jobs.c.lease_until < now)))
                 .order_by(audit_jobs.c.enqueued_at).limit(1)).first()
             if row is None:
-                return None
+                return None, True
             taken = conn.execute(audit_jobs.update().where(
                 audit_jobs.c.owner == row.owner, audit_jobs.c.name == row.name,
                 audit_jobs.c.version == row.version, audit_jobs.c.state == row.state,
@@ -472,8 +492,8 @@ class Catalog:
                 state="running", worker=worker[:200], lease_until=now + lease_s,
                 attempts=row.attempts + 1))
             if taken.rowcount != 1:
-                return None
-        return AuditJob(row.owner, row.name, row.version, row.digest, row.attempts + 1)
+                return None, False
+        return AuditJob(row.owner, row.name, row.version, row.digest, row.attempts + 1), False
 
     def _held(self, job: AuditJob, worker: str) -> tuple[sa.ColumnElement[bool], ...]:
         return (audit_jobs.c.owner == job.owner, audit_jobs.c.name == job.name,
@@ -505,12 +525,16 @@ class Catalog:
                 record=text, signature=signature, key_id=self.key.key_id))
         return True
 
-    def fail_job(self, job: AuditJob, worker: str, error: str) -> bool:
+    def fail_job(self, job: AuditJob, worker: str, error: str, detail: str = "") -> bool:
         """The audit could not give a verdict (it hung past the worker's limit, or could not
-        run here): the version is shown as not verified, with `error`; not retried."""
+        run here): the version is shown as not verified, with `error` (public, the worker's
+        own words); `detail` (the audit's output, which the package's code wrote into) goes
+        only to the owner's report. Not retried."""
+        report = json.dumps({"error": error[:2000], "output_tail": detail[-8000:]})
         with self.engine.begin() as conn:
             return conn.execute(audit_jobs.update().where(*self._held(job, worker)).values(
-                state="failed", finished_at=time.time(), error=error[:2000])).rowcount == 1
+                state="failed", finished_at=time.time(), error=error[:2000],
+                report=report)).rowcount == 1
 
     def audit_report(self, owner: str, name: str, version: str) -> str | None:
         """The whole report of the registry's own audit of a version (for its owner)."""

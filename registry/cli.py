@@ -328,17 +328,31 @@ def serve_cmd(
 ) -> None:
     """Run a shared HTTP registry (FastAPI; OpenAPI at /openapi.json)."""
     import subprocess
+    import threading
 
     from envhub.registry.limits import Limits
     from envhub.registry.server import ServerConfig, serve
 
     limits = Limits(max_archive_bytes=int(max_upload_mb * (1 << 20)))
-    workers = [subprocess.Popen([sys.executable, "-m", "envhub", "registry", "worker",
-                                 "--data", str(data), *(["--db", db] if db else [])])
-               for _ in range(audit_workers)]
+    argv = [sys.executable, "-m", "envhub", "registry", "worker", "--data", str(data),
+            *(["--db", db] if db else [])]
+    workers = [subprocess.Popen(argv) for _ in range(audit_workers)]
+    stopping = threading.Event()
+
+    def supervise() -> None:  # a worker that died (a poison job, the OOM killer) comes back
+        while not stopping.wait(2):
+            for i, proc in enumerate(workers):
+                if proc.poll() is not None:
+                    typer.echo(f"audit worker {proc.pid} exited ({proc.returncode}); "
+                               "starting another", err=True)
+                    workers[i] = subprocess.Popen(argv)
+
+    if workers:
+        threading.Thread(target=supervise, daemon=True).start()
     try:
         serve(ServerConfig(data=data, db=db, host=host, port=port, limits=limits))
     finally:
+        stopping.set()
         for proc in workers:
             proc.terminate()
         for proc in workers:

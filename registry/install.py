@@ -34,7 +34,7 @@ from envhub.registry.errors import (
     TooLarge,
 )
 from envhub.registry.extract import unpack_into
-from envhub.registry.home import envhub_home
+from envhub.registry.home import LOCAL, envhub_home
 from envhub.registry.limits import Limits
 from envhub.registry.models import AuditSummary, SigningKey, VersionInfo, not_audited
 from envhub.registry.refs import PackageRef, Version
@@ -136,10 +136,21 @@ async def signed_status(info: VersionInfo, registry: Registry,
     any, too. Returns the verification status the signed record says (else the registry's
     word for a status that carries no record), and the key to pin once the install
     succeeded. SignatureError names what is wrong."""
-    served = await registry.signing_key()
-    public = pinned_key(home, registry.location, served.key, served.key_id)
+    allow_unsigned = os.environ.get(ALLOW_UNSIGNED_ENV, "") in ("1", "true", "yes")
+    try:
+        served = await registry.signing_key()
+    except NotFound:  # a registry from before signing: nothing it serves is signed
+        if not allow_unsigned:
+            raise SignatureError(
+                f"{registry.location} signs nothing (it has no /api/v1/key: an envhub "
+                f"registry from before signing): refused; set {ALLOW_UNSIGNED_ENV}=1 to "
+                "install from it unchecked") from None
+        return "not_audited", SigningKey(key="", key_id="")
+    # the embedded local registry's key is this machine's own: nothing to pin
+    public = served.key if registry.location == LOCAL else pinned_key(
+        home, registry.location, served.key, served.key_id)
     if info.signed is None:
-        if os.environ.get(ALLOW_UNSIGNED_ENV, "") not in ("1", "true", "yes"):
+        if not allow_unsigned:
             raise SignatureError(
                 f"{info.ref} carries no signed version record from {registry.location} (it "
                 "was published before the registry signed, or its record was removed): "
@@ -172,6 +183,11 @@ async def signed_status(info: VersionInfo, registry: Registry,
     if status not in ("verified", "flagged"):
         raise SignatureError(f"{what} says {status!r}; refused")
     return status, served
+
+
+def _pin(home: Path, location: str, served: SigningKey) -> None:
+    if location != LOCAL and served.key:
+        pin(home, location, served.key, served.key_id)
 
 
 def required(require: str | None = None) -> str | None:
@@ -209,7 +225,7 @@ async def install(ref: str | PackageRef, registry: Registry, home: Path | None =
             have.verification = status
             (target / MARKER).write_text(have.model_dump_json(exclude={"path"}),
                                          encoding="utf-8")
-            pin(home, registry.location, served.key, served.key_id)
+            _pin(home, registry.location, served)
             return have
         raise DigestMismatch(
             f"{info.ref} is installed with digest {have.digest} but {registry.location} serves "
@@ -245,7 +261,7 @@ async def install(ref: str | PackageRef, registry: Registry, home: Path | None =
         if target.exists():  # --force: move the old one aside, then drop it with staging
             os.rename(target, staging / "previous")
         os.rename(tree, target)
-        pin(home, registry.location, served.key, served.key_id)
+        _pin(home, registry.location, served)
         return env
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -141,6 +141,9 @@ def pinned_key(home: Path, location: str, served_b64: str, served_id: str) -> st
                                  f"{KEY_ENV} this machine is configured with; refused")
         return served_b64
     pin = _pins(home).get(location)
+    if pin is not None and not isinstance(pin, dict):
+        raise SignatureError(f"{pins_path(home)}: the entry of {location} is not an object; "
+                             "fix or remove it")
     if pin is not None and pin.get("key") != served_b64:
         raise SignatureError(
             f"{location} now signs with key {served_id}, but this machine pinned "

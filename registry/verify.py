@@ -27,14 +27,18 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import IO
 
+from envhub import __version__
 from envhub.registry.archive import sha256_file
 from envhub.registry.audits import summarize
 from envhub.registry.catalog import AuditJob, Catalog
@@ -43,7 +47,11 @@ from envhub.registry.extract import unpack_into
 from envhub.registry.home import envhub_home
 
 log = logging.getLogger("envhub.registry.verify")
-LOG_TAIL = 1500
+LOG_TAIL = 4000  # bytes of the audit's output kept for the owner's report of a failed audit
+MAX_REPORT_BYTES = 16 << 20
+PASSED_ENV = frozenset({"PATH", "LANG", "LANGUAGE", "TZ", "TERM", "PYTHONHASHSEED"})
+# the controls every complete audit report holds for each sandbox kind it ran in
+CONTROLS = ("no-op", "oracle")
 
 
 @dataclass
@@ -127,7 +135,15 @@ class Worker:
                     time.sleep(self.cfg.poll_s)
                     continue
                 log.info("auditing %s (%s), attempt %d", job.ref, job.digest, job.attempt)
-                self.audit(job)
+                try:
+                    self.audit(job)
+                except Exception as e:  # noqa: BLE001 - one job's failure must not stop the queue
+                    log.exception("%s: the worker failed on it", job.ref)
+                    try:
+                        self.catalog.fail_job(job, self.id, f"the worker failed on it "
+                                              f"({type(e).__name__})")
+                    except Exception:  # noqa: BLE001 - the database itself: the lease lapses
+                        log.exception("%s: cannot record the failure", job.ref)
                 done += 1
         finally:
             self.catalog.close()
@@ -141,6 +157,8 @@ class Worker:
             except RegistryError as e:
                 self.catalog.fail_job(job, self.id, e.message)
                 return
+            if not self.catalog.renew_job(job, self.id, self.cfg.lease_s):
+                return  # unpacking outlasted the lease: another worker has it
             report = work / "report.json"
             argv = [sys.executable, "-m", "envhub", "audit", str(tree), "--json", str(report),
                     "-t", str(self.cfg.tasks), "--timeout", str(self.cfg.cheat_timeout_s),
@@ -149,28 +167,46 @@ class Worker:
                 argv += ["--sandbox", kind]
             if self.cfg.jail:
                 argv = jail(argv, work, [self.cfg.data, envhub_home()])
-            env = {k: v for k, v in os.environ.items()
-                   if not k.startswith(("ENVHUB_TOKEN", "ENVHUB_REGISTRY", "AWS_", "E2B_"))}
+            # an allow-list: nothing of the worker's environment (keys, database URLs,
+            # tokens) reaches the package's code
+            env = {k: v for k, v in os.environ.items() if k in PASSED_ENV or k.startswith("LC_")}
             env.update(HOME=str(work / "home"), ENVHUB_HOME=str(work / "envhub-home"),
                        XDG_CACHE_HOME=str(work / "cache"), TMPDIR=str(work / "scratch"))
             (work / "scratch").mkdir()
-            outcome = self._run(job, argv, env, work)
+            outcome, tail = self._run(job, argv, env, work)
             if outcome is None:
                 return  # failed (recorded) or no longer ours
-            if not report.is_file():
+            text = _read_regular(report, MAX_REPORT_BYTES)
+            if text is None:
                 self.catalog.fail_job(job, self.id, f"the audit exited {outcome} without a "
-                                      f"report: {_tail(work / 'audit.log')}")
+                                      "report", detail=tail)
                 return
-            text = report.read_text(encoding="utf-8")
             try:
-                summary = summarize(json.loads(text))
+                data = json.loads(text)
+                if not isinstance(data, dict):
+                    raise ValueError("it is not a JSON object")
+                self._check_complete(data)
+                # the registry's own record: the stored digest, this worker's envhub, its date
+                # and the sandbox kinds it ran, never what the report (package-writable) says
+                summary = summarize({**data, "digest": job.digest, "envhub_version": __version__,
+                                     "date": datetime.now(UTC).isoformat()})
             except ValueError as e:
-                self.catalog.fail_job(job, self.id, f"the audit's report is unreadable: {e}")
+                self.catalog.fail_job(job, self.id, f"the audit's report is unusable: "
+                                      f"{str(e)[:300]}", detail=tail)
                 return
-            # the registry's own record of what it verified: the stored digest
-            summary = summary.model_copy(update={"digest": job.digest})
+            summary = summary.model_copy(update={"sandboxes": sorted(self.cfg.sandboxes)})
             if not self.catalog.finish_job(job, self.id, summary, text):
                 log.warning("%s: lost the job before it finished; nothing recorded", job.ref)
+
+    def _check_complete(self, data: dict) -> None:
+        """A report of the whole battery in every sandbox kind asked for (both controls in
+        each), not a few rows written by the package's own code (ValueError otherwise)."""
+        rows = [r for r in data.get("rows", []) if isinstance(r, dict)]
+        for kind in self.cfg.sandboxes:
+            names = {r.get("cheat") for r in rows if r.get("sandbox") in (kind, "none")}
+            missing = [c for c in CONTROLS if c not in names]
+            if missing:
+                raise ValueError(f"it has no {', '.join(missing)} row for sandbox {kind}")
 
     def _unpack(self, job: AuditJob, work: Path) -> Path:
         blob = self.catalog.blob_path(job.digest)
@@ -185,18 +221,20 @@ class Worker:
         return tree
 
     def _run(self, job: AuditJob, argv: list[str], env: dict[str, str],
-             work: Path) -> int | None:
-        """Run the audit, renewing the lease; its exit code, or None when it was killed
-        (past the job's time, or the job was taken from this worker)."""
+             work: Path) -> tuple[int | None, str]:
+        """Run the audit, renewing the lease: (its exit code, or None when it was killed past
+        the job's time or the job was taken from this worker; the tail of its output). The
+        output is read back through the worker's own descriptor of an unnamed file, never by
+        a path the package could have replaced (a symlink to the registry's key)."""
         started = time.monotonic()
-        with open(work / "audit.log", "wb") as out:
+        with tempfile.TemporaryFile() as out:
             proc = subprocess.Popen(argv, cwd=work, env=env, stdin=subprocess.DEVNULL,
                                     stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True)
             try:
                 while True:
                     try:
-                        return proc.wait(timeout=self.cfg.lease_s / 3)
+                        return proc.wait(timeout=self.cfg.lease_s / 3), _tail(out)
                     except subprocess.TimeoutExpired:
                         pass
                     if time.monotonic() - started > self.cfg.job_timeout_s:
@@ -204,11 +242,11 @@ class Worker:
                         self.catalog.fail_job(
                             job, self.id, f"its audit did not finish within "
                             f"{self.cfg.job_timeout_s:g} s and was stopped (a package whose "
-                            "audit hangs)")
-                        return None
+                            "audit hangs)", detail=_tail(out))
+                        return None, ""
                     if not self.catalog.renew_job(job, self.id, self.cfg.lease_s):
                         _kill(proc)
-                        return None
+                        return None, ""
             finally:
                 if proc.poll() is None:
                     _kill(proc)
@@ -225,8 +263,21 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
         pass
 
 
-def _tail(path: Path) -> str:
+def _tail(out: IO[bytes]) -> str:
+    size = out.seek(0, os.SEEK_END)
+    out.seek(max(0, size - LOG_TAIL))
+    return out.read(LOG_TAIL).decode(errors="replace")
+
+
+def _read_regular(path: Path, limit: int) -> str | None:
+    """A file the package wrote, only if it is a regular file (no symlink followed) of at most
+    `limit` bytes; None otherwise."""
     try:
-        return path.read_bytes()[-LOG_TAIL:].decode(errors="replace")
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
-        return ""
+        return None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
+            return None
+        return f.read(limit + 1)[:limit].decode("utf-8", errors="replace")

@@ -93,7 +93,35 @@ class Environment:
         self.folder, self.manifest = folder, manifest
 
     def load_tasks(self):
+        # the report the worker reads, made a link to the registry's key (were it visible)
+        os.symlink(PATHS["key"], "report.json")
         raise RuntimeError(probe(PORT, PATHS))
+
+    async def setup(self, task, ctx):
+        return await ctx.open_sandbox(self.manifest.sandbox)
+
+    def tools(self, task):
+        return []
+
+    async def solve(self, task, sandbox, ctx):
+        pass
+
+    async def verify(self, task, sandbox, ctx):
+        raise NotImplementedError
+'''
+FORGER_ENV = '''"""A package that writes the audit's report itself, claiming a pass."""
+
+import json
+
+
+class Environment:
+    def __init__(self, folder, manifest):
+        self.folder, self.manifest = folder, manifest
+
+    def load_tasks(self):
+        with open("report.json", "w") as f:
+            json.dump({"flagged": False, "rows": [{"cheat": "x", "sandbox": "local"}]}, f)
+        raise SystemExit(0)
 
     async def setup(self, task, ctx):
         return await ctx.open_sandbox(self.manifest.sandbox)
@@ -217,11 +245,13 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                 "key": str(server.data / "signing.key"),
                 "blobs": str(server.data / "blobs")})))
         publish(server, probe, "--no-audit")
-        third = worker(server, "--lease", "4", "--job-timeout", "20", "--once")
+        forger = init_package(root, "forger", FORGER_ENV)
+        publish(server, forger, "--no-audit")
+        third = worker(server, "--lease", "4", "--job-timeout", "45", "--once")
         assert third.wait(900) == 0
-        seen["after"] = {n: version(server, n) for n in ("honest", "hackable", "probe",
-                                                          "hanging")}
-        seen["jobs"] = {n: job(server, n) for n in ("honest", "hackable", "probe", "hanging")}
+        names = ("honest", "hackable", "probe", "hanging", "forger")
+        seen["after"] = {n: version(server, n) for n in names}
+        seen["jobs"] = {n: job(server, n) for n in names}
         yield seen
     finally:
         stop_server(server)
@@ -271,16 +301,25 @@ def test_an_honest_package_is_verified_after_its_worker_died_mid_audit(hub: dict
 def test_a_hostile_package_reaches_nothing_and_a_hanging_one_does_not_stall_the_queue(
         hub: dict[str, Any]):
     probe = hub["after"]["probe"]["verification"]
-    assert probe["status"] == "failed", probe
-    findings = probe["error"][probe["error"].index("FINDINGS"):].split("\n")[0]
+    assert probe["status"] == "failed" and "without a report" in probe["error"], probe
+    server = hub["server"]
+    report = httpx.get(f"{server.url}{API}/packages/alice/probe/versions/0.1.0/audit",
+                       headers={"Authorization": f"Bearer {server.tokens['alice']}"},
+                       timeout=30).json()  # the owner's: the audit's output is theirs
+    findings = report["output_tail"][report["output_tail"].index("FINDINGS"):].split("\n")[0]
     assert "registry-port=ConnectionRefusedError" in findings, findings
     assert "index=hidden" in findings and "key=hidden" in findings, findings
     assert "blobs=hidden" in findings, findings
+    key = (server.data / "signing.key").read_text()
+    public = json.dumps(hub["after"]) + httpx.get(f"{server.url}/", timeout=30).text
+    assert key.split("\n")[1] not in public + json.dumps(report)  # the report link: refused
     hanging = hub["after"]["hanging"]["verification"]
-    assert hanging["status"] == "failed" and "did not finish within 20 s" in hanging["error"]
+    assert hanging["status"] == "failed" and "did not finish within 45 s" in hanging["error"]
     assert hub["jobs"]["hanging"] == ("failed", 1)
+    # the package's own report claiming a pass, without the battery's rows: not a verdict
+    forger = hub["after"]["forger"]["verification"]
+    assert forger["status"] == "failed" and "no no-op, oracle row" in forger["error"], forger
     # the probe is a real probe: on the host, outside the jail, it sees what it looks for
-    server = hub["server"]
     namespace: dict[str, Any] = {}
     exec(PROBE_ENV.split("class Environment")[0], namespace)  # noqa: S102 - our test's code
     seen = namespace["probe"](int(server.url.rsplit(":", 1)[1]),
@@ -306,10 +345,13 @@ def test_install_refuses_what_the_registry_did_not_sign(hub: dict[str, Any], tmp
         out = install(server, tmp_path / f"u-{time.monotonic_ns()}", name, *args)
         assert out.returncode == 2 and message in out.stderr, (message, out.stderr[-1500:])
 
-    # a verification record edited in the database: flagged -> verified
+    # a verification record edited in the database: flagged -> verified (valid JSON, the
+    # signature of the original)
     record, signature = row("hackable", "verification")
-    put_row("hackable", "verification", record.replace('"flagged":[', '"flagged":[]]')
-            .replace('"status":"flagged"', '"status":"verified"'), signature)
+    version_row = row("hackable", "version")
+    edited = {**json.loads(record), "status": "verified", "flagged": []}
+    put_row("hackable", "verification",
+            json.dumps(edited, sort_keys=True, separators=(",", ":")), signature)
     refused("hackable", "does not carry a valid signature")
     put_row("hackable", "verification", record, signature)
     # the honest package's (valid) verification record replayed onto the hackable one
@@ -320,7 +362,7 @@ def test_install_refuses_what_the_registry_did_not_sign(hub: dict[str, Any], tmp
     # a version record of another digest replayed
     put_row("hackable", "version", *row("honest", "version"))
     refused("hackable", "not of this version")
-    put_row("hackable", "version", *row("hackable", "version"))
+    put_row("hackable", "version", *version_row)
     # the blob changed on the server's disk, and its digest in the index with it
     from envhub.registry.blobs import BlobStore
 
