@@ -69,6 +69,20 @@ class Environment:
             solved = False
         return Verdict(1.0 if solved is True else 0.0, solved is True)
 '''
+# The rest of the Environment protocol, for the packages below that fail or hang before it
+STUBS = '''
+    async def setup(self, task, ctx):
+        return await ctx.open_sandbox(self.manifest.sandbox)
+
+    def tools(self, task):
+        return []
+
+    async def solve(self, task, sandbox, ctx):
+        pass
+
+    async def verify(self, task, sandbox, ctx):
+        raise NotImplementedError
+'''
 # Its own code, run by the audit: what can it reach? It says so in the error that ends the audit.
 PROBE_ENV = '''"""A hostile package: its load_tasks probes what the audit process can reach."""
 
@@ -96,19 +110,7 @@ class Environment:
         # the report the worker reads, made a link to the registry's key (were it visible)
         os.symlink(PATHS["key"], "report.json")
         raise RuntimeError(probe(PORT, PATHS))
-
-    async def setup(self, task, ctx):
-        return await ctx.open_sandbox(self.manifest.sandbox)
-
-    def tools(self, task):
-        return []
-
-    async def solve(self, task, sandbox, ctx):
-        pass
-
-    async def verify(self, task, sandbox, ctx):
-        raise NotImplementedError
-'''
+''' + STUBS
 FORGER_ENV = '''"""A package that writes the audit's report itself, claiming a pass."""
 
 import json
@@ -122,19 +124,7 @@ class Environment:
         with open("report.json", "w") as f:
             json.dump({"flagged": False, "rows": [{"cheat": "x", "sandbox": "local"}]}, f)
         raise SystemExit(0)
-
-    async def setup(self, task, ctx):
-        return await ctx.open_sandbox(self.manifest.sandbox)
-
-    def tools(self, task):
-        return []
-
-    async def solve(self, task, sandbox, ctx):
-        pass
-
-    async def verify(self, task, sandbox, ctx):
-        raise NotImplementedError
-'''
+''' + STUBS
 HANGING_ENV = '''"""A package whose audit hangs: its load_tasks never returns."""
 
 import time
@@ -147,19 +137,7 @@ class Environment:
     def load_tasks(self):
         while True:
             time.sleep(60)
-
-    async def setup(self, task, ctx):
-        return await ctx.open_sandbox(self.manifest.sandbox)
-
-    def tools(self, task):
-        return []
-
-    async def solve(self, task, sandbox, ctx):
-        pass
-
-    async def verify(self, task, sandbox, ctx):
-        raise NotImplementedError
-'''
+''' + STUBS
 
 
 def init_package(root: Path, name: str, env_py: str | None = None) -> Path:
