@@ -7,9 +7,11 @@ overlay2 on ext4, which refuses it, and this kernel has no XFS quotas. Giving th
 btrfs data root was tried (0f13e00): the qgroup accounting of every dropped container
 (btrfs-cleaner, ~20% of a core) pushed the docker-heavy swe tests past their limit under load.
 So the bound is tested on an engine of its own: dockerd on a btrfs filesystem in a sparse
-loop file, with its own socket, exec root and containerd, no bridge and no iptables rules (its
-containers have no network), holding only the base image, loaded from the main engine. It
-lives as long as the test module that asks for it.
+loop file, with its own socket, exec root and containerd, a bridge interface of its own and no
+iptables rules, holding only the base image, loaded from the main engine. It lives as long as
+the test module that asks for it. Not `--bridge none`: a daemon started so deletes the host's
+`docker0`, the main engine's bridge, after which every networked container of the main engine
+fails ("could not find bridge docker0": five tests of a loaded CI run failed that way).
 """
 
 from __future__ import annotations
@@ -47,6 +49,9 @@ def bounding_engine(root: Path) -> Iterator[str]:
     # short paths: containerd's socket under the exec root must fit a Unix socket's 108 bytes
     run = Path(f"/run/envhub-bounded-{os.getpid()}")
     host = f"unix://{run}/docker.sock"
+    bridge = f"envhub-b{os.getpid() % 100000}"  # at most 15 characters
+    require_tool("ip")
+    main_bridge = Path("/sys/class/net/docker0").exists()  # the main engine's: must survive
     mount.mkdir()
     with open(image, "wb") as f:
         f.truncate(SIZE_GB << 30)
@@ -63,11 +68,14 @@ def bounding_engine(root: Path) -> Iterator[str]:
             threshold.write_text("8")
         run.mkdir(exist_ok=True)
         (root / "daemon.json").write_text("{}")  # no user's /etc/docker/daemon.json applies
+        _sh("ip", "link", "add", bridge, "type", "bridge")
+        _sh("ip", "addr", "add", f"10.213.{os.getpid() % 250}.1/24", "dev", bridge)
+        _sh("ip", "link", "set", bridge, "up")
         log = open(root / "dockerd.log", "wb")  # noqa: SIM115 - closed below, after the daemon
         daemon = subprocess.Popen(
             ["dockerd", "--data-root", str(mount / "data"), "--exec-root", str(run / "exec"),
              "--pidfile", str(run / "docker.pid"), "-H", host, "--storage-driver", "btrfs",
-             "--bridge", "none", "--iptables=false", "--ip6tables=false",
+             "--bridge", bridge, "--iptables=false", "--ip6tables=false",
              "--config-file", str(root / "daemon.json")],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         env = {**os.environ, "DOCKER_HOST": host}
@@ -90,6 +98,9 @@ def bounding_engine(root: Path) -> Iterator[str]:
                 daemon.kill()
                 daemon.wait(10)
             log.close()
+        subprocess.run(["ip", "link", "del", bridge], capture_output=True, check=False)
         subprocess.run(["umount", "-l", str(mount)], capture_output=True, check=False)
         image.unlink(missing_ok=True)
         shutil.rmtree(run, ignore_errors=True)
+    assert not main_bridge or Path("/sys/class/net/docker0").exists(), \
+        "the second engine removed the main engine's docker0 bridge"
