@@ -37,6 +37,7 @@ command -v dockerd >/dev/null || need+=(docker.io)
 command -v bwrap >/dev/null || need+=(bubblewrap)
 command -v debootstrap >/dev/null || need+=(debootstrap)
 command -v mkfs.btrfs >/dev/null || need+=(btrfs-progs)  # the docker disk-bound tests' own engine (tests/bounded_docker.py)
+command -v ip >/dev/null || need+=(iproute2)  # that engine's own bridge
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
 command -v npm >/dev/null || need+=(npm)  # npm agents (Codex CLI, Claude Code), node for the JavaScript task service
 command -v chromium >/dev/null || need+=(chromium)  # slides, webtask and their Playwright tests
