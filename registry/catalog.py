@@ -105,6 +105,23 @@ audit_jobs = sa.Table(
     sa.Column("summary", sa.Text, nullable=True),  # the registry's AuditSummary JSON
     sa.Column("report", sa.Text, nullable=True),  # the whole `envhub audit --json` report
 )
+# Verdicts a re-audit superseded (`Catalog.reaudit`): each with its signed record, kept.
+audit_history = sa.Table(
+    "audit_history", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("owner", sa.String(64), nullable=False),
+    sa.Column("name", sa.String(64), nullable=False),
+    sa.Column("version", sa.String(MAX_VERSION_CHARS), nullable=False),
+    sa.Column("digest", sa.String(71), nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("finished_at", sa.Float, nullable=True),
+    sa.Column("error", sa.Text, nullable=False, default=""),
+    sa.Column("summary", sa.Text, nullable=True),
+    sa.Column("report", sa.Text, nullable=True),
+    sa.Column("record", sa.Text, nullable=True),
+    sa.Column("signature", sa.String(200), nullable=True),
+    sa.Column("requeued_at", sa.Float, nullable=False),
+)
 tokens = sa.Table(
     "tokens", metadata,
     # Only sha256(token) is stored: a leaked database does not leak usable tokens.
@@ -176,8 +193,9 @@ def _signed(row: sa.Row | None) -> SignedRecord | None:
 def _verification(job: sa.Row | None, record: sa.Row | None, claimed: AuditSummary,
                   key: RegistryKey, digest: str) -> Verification:
     """What the registry says of its own audit of a version: its status is what the signed
-    record says, checked here with the registry's own key (clients check it again)."""
-    if job is not None and job.state == "done" and record is not None and job.summary:
+    record says, checked here with the registry's own key (clients check it again). The last
+    signed verdict stands while a re-audit (`reaudit`) is queued, running or failed."""
+    if job is not None and record is not None and job.summary:
         try:
             signed = check_signed(key.public_b64, record.record, record.signature, "")
         except SignatureError:
@@ -190,7 +208,8 @@ def _verification(job: sa.Row | None, record: sa.Row | None, claimed: AuditSumma
                                 "registry's key (edited after it was signed)")
         summary = AuditSummary.model_validate_json(job.summary)
         return Verification(status=status, summary=summary, record=_signed(record),
-                            attempts=job.attempts)
+                            attempts=job.attempts,
+                            error=job.error[-500:] if job.state == "failed" else "")
     if job is not None and job.state == "failed":
         return Verification(status="failed", attempts=job.attempts, error=job.error[-500:])
     attempts = job.attempts if job is not None else 0
@@ -535,6 +554,37 @@ class Catalog:
             return conn.execute(audit_jobs.update().where(*self._held(job, worker)).values(
                 state="failed", finished_at=time.time(), error=error[:2000],
                 report=report)).rowcount == 1
+
+    def reaudit(self, envhub_version: str | None = None) -> int:
+        """Queue again every finished audit (`done` or `failed`); with `envhub_version`, only
+        the failed ones and those another envhub ran (its battery may differ). Each superseded
+        verdict goes to `audit_history` with its signed record; the last signed verdict stays
+        shown until the new one lands. The number queued."""
+        now = time.time()
+        queued = 0
+        with self.engine.begin() as conn:
+            for job in conn.execute(sa.select(audit_jobs).where(
+                    audit_jobs.c.state.in_(("done", "failed")))).all():
+                if envhub_version is not None and job.summary and AuditSummary \
+                        .model_validate_json(job.summary).envhub_version == envhub_version:
+                    continue
+                record = conn.execute(sa.select(signatures).where(
+                    signatures.c.owner == job.owner, signatures.c.name == job.name,
+                    signatures.c.version == job.version,
+                    signatures.c.kind == "verification")).first()
+                conn.execute(audit_history.insert().values(
+                    owner=job.owner, name=job.name, version=job.version, digest=job.digest,
+                    state=job.state, finished_at=job.finished_at, error=job.error,
+                    summary=job.summary, report=job.report,
+                    record=record.record if record else None,
+                    signature=record.signature if record else None, requeued_at=now))
+                conn.execute(audit_jobs.update().where(
+                    audit_jobs.c.owner == job.owner, audit_jobs.c.name == job.name,
+                    audit_jobs.c.version == job.version, audit_jobs.c.state == job.state)
+                    .values(state="pending", attempts=0, worker="", lease_until=0.0,
+                            enqueued_at=now, error=""))
+                queued += 1
+        return queued
 
     def audit_report(self, owner: str, name: str, version: str) -> str | None:
         """The whole report of the registry's own audit of a version (for its owner)."""

@@ -423,6 +423,31 @@ def token_create_cmd(
         catalog.close()
 
 
+@_errors_exit_2
+def reaudit_cmd(
+    data: Annotated[Path, typer.Option("--data", help="the registry's data folder")],
+    db: Annotated[str | None, typer.Option("--db", help="index DB URL (postgresql://...)")] = None,
+    all_versions: Annotated[bool, typer.Option(
+        "--all", help="every finished audit (default: the failed ones and those another "
+        "envhub version ran)")
+    ] = False,
+) -> None:
+    """Queue finished audits again for the workers (after an envhub upgrade changed the
+    battery); superseded verdicts are kept in the audit history."""
+    from envhub import __version__
+    from envhub.registry.catalog import Catalog
+
+    if not (data / "index.db").exists() and db is None:
+        raise _fail(f"{data} holds no registry (no index.db); pass the folder `envhub "
+                    "registry serve --data` uses")
+    catalog = Catalog(data, db)
+    try:
+        queued = catalog.reaudit(None if all_versions else __version__)
+    finally:
+        catalog.close()
+    typer.echo(f"{queued} version(s) queued for a new audit")
+
+
 def register(app: typer.Typer, auditor: Auditor | None = None) -> None:
     """Add this component's commands to the top-level app; `auditor` runs the audit that
     `envhub publish` records (without one, publish takes only --audit FILE or --no-audit)."""
@@ -438,6 +463,7 @@ def register(app: typer.Typer, auditor: Auditor | None = None) -> None:
                                no_args_is_help=True)
     registry_app.command("serve")(serve_cmd)
     registry_app.command("worker")(worker_cmd)
+    registry_app.command("reaudit")(reaudit_cmd)
     token_app = typer.Typer(help="API tokens for publishing.", no_args_is_help=True)
     token_app.command("create")(token_create_cmd)
     registry_app.add_typer(token_app, name="token")

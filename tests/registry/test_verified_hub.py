@@ -365,3 +365,25 @@ def test_install_refuses_what_the_registry_did_not_sign(hub: dict[str, Any], tmp
         env={**os.environ, "ENVHUB_HOME": str(tmp_path / "other"),
              "ENVHUB_REGISTRY_KEY": "B" * 43 + "="})
     assert configured.returncode == 2 and "ENVHUB_REGISTRY_KEY" in configured.stderr
+
+
+def test_a_reaudit_keeps_the_last_verdict_until_the_new_one_lands(hub: dict[str, Any]):
+    server = hub["server"]
+    # by default: the failed audits and those another envhub ran (none here)
+    same = run_cli("registry", "reaudit", "--data", str(server.data))
+    assert same.returncode == 0 and "3 version(s) queued" in same.stdout, same
+    assert job(server, "hanging") == ("pending", 0) and job(server, "honest")[0] == "done"
+    again = run_cli("registry", "reaudit", "--data", str(server.data), "--all")
+    assert again.returncode == 0 and "2 version(s) queued" in again.stdout, again
+    assert job(server, "honest") == ("pending", 0)
+    with sqlite3.connect(server.data / "index.db") as db:
+        kept = db.execute("SELECT state, record IS NOT NULL FROM audit_history WHERE name = "
+                          "'honest'").fetchall()
+    assert kept == [("done", 1)]  # the superseded verdict, with its signed record
+    shown = version(server, "honest")["verification"]
+    assert shown["status"] == "verified" and shown["record"] is not None, shown
+    assert version(server, "hackable")["verification"]["status"] == "flagged"
+    ok = install(server, hub["root"] / "u7", "honest", "--require", "verified")
+    assert ok.returncode == 0, ok.stderr
+    missing = run_cli("registry", "reaudit", "--data", str(hub["root"] / "nowhere"))
+    assert missing.returncode == 2 and "no index.db" in missing.stderr
