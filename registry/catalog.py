@@ -48,12 +48,27 @@ MAX_VERSION_CHARS = 64
 MAX_QUERY_CHARS = 200
 
 metadata = sa.MetaData()
+
+
+def _version_columns(primary_key: bool = True) -> list[sa.Column]:
+    """owner, name, version: the columns naming one version (the key of the tables that hold
+    one row per version)."""
+    return [sa.Column("owner", sa.String(64), primary_key=primary_key, nullable=False),
+            sa.Column("name", sa.String(64), primary_key=primary_key, nullable=False),
+            sa.Column("version", sa.String(MAX_VERSION_CHARS), primary_key=primary_key,
+                      nullable=False)]
+
+
+def _of(table: sa.Table, owner: str, name: str,
+        version: str) -> tuple[sa.ColumnElement[bool], ...]:
+    """The rows of `table` about one version."""
+    return (table.c.owner == owner, table.c.name == name, table.c.version == version)
+
+
 versions = sa.Table(
     "versions", metadata,
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-    sa.Column("owner", sa.String(64), nullable=False),
-    sa.Column("name", sa.String(64), nullable=False),
-    sa.Column("version", sa.String(MAX_VERSION_CHARS), nullable=False),
+    *_version_columns(primary_key=False),
     sa.Column("digest", sa.String(71), nullable=False),
     sa.Column("size", sa.BigInteger, nullable=False),
     sa.Column("yanked", sa.Boolean, nullable=False, default=False),
@@ -69,18 +84,14 @@ versions = sa.Table(
 # A version without a row was published without an audit (older clients and registries).
 audits = sa.Table(
     "audits", metadata,
-    sa.Column("owner", sa.String(64), primary_key=True),
-    sa.Column("name", sa.String(64), primary_key=True),
-    sa.Column("version", sa.String(MAX_VERSION_CHARS), primary_key=True),
+    *_version_columns(),
     sa.Column("summary", sa.Text, nullable=False),  # AuditSummary JSON
 )
 # Records the registry signed when it made them (registry/signing.py): kind "version" at
 # publish, "verification" when its own audit of the version finished.
 signatures = sa.Table(
     "signatures", metadata,
-    sa.Column("owner", sa.String(64), primary_key=True),
-    sa.Column("name", sa.String(64), primary_key=True),
-    sa.Column("version", sa.String(MAX_VERSION_CHARS), primary_key=True),
+    *_version_columns(),
     sa.Column("kind", sa.String(16), primary_key=True),
     sa.Column("record", sa.Text, nullable=False),
     sa.Column("signature", sa.String(200), nullable=False),
@@ -91,9 +102,7 @@ signatures = sa.Table(
 # `failed`; a running job whose lease lapsed (its worker died) is taken again.
 audit_jobs = sa.Table(
     "audit_jobs", metadata,
-    sa.Column("owner", sa.String(64), primary_key=True),
-    sa.Column("name", sa.String(64), primary_key=True),
-    sa.Column("version", sa.String(MAX_VERSION_CHARS), primary_key=True),
+    *_version_columns(),
     sa.Column("digest", sa.String(71), nullable=False),
     sa.Column("state", sa.String(16), nullable=False),
     sa.Column("attempts", sa.Integer, nullable=False, default=0),
@@ -109,9 +118,7 @@ audit_jobs = sa.Table(
 audit_history = sa.Table(
     "audit_history", metadata,
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-    sa.Column("owner", sa.String(64), nullable=False),
-    sa.Column("name", sa.String(64), nullable=False),
-    sa.Column("version", sa.String(MAX_VERSION_CHARS), nullable=False),
+    *_version_columns(primary_key=False),
     sa.Column("digest", sa.String(71), nullable=False),
     sa.Column("state", sa.String(16), nullable=False),
     sa.Column("finished_at", sa.Float, nullable=True),
@@ -320,8 +327,7 @@ class Catalog:
         self.version(owner, name, version)  # NotFound with the fix
         with self.engine.connect() as conn:
             return str(conn.execute(sa.select(versions.c.manifest).where(
-                versions.c.owner == owner, versions.c.name == name,
-                versions.c.version == version)).scalar_one())
+                *_of(versions, owner, name, version))).scalar_one())
 
     def resolve(self, ref: PackageRef) -> VersionInfo:
         infos = self.versions(ref.owner, ref.name)
@@ -436,7 +442,7 @@ class Catalog:
                       audit: AuditSummary) -> VersionInfo:
         """A version published without an audit gets its first one (same digest, checked by
         the caller); an audited version's record never changes."""
-        key = (audits.c.owner == owner, audits.c.name == name, audits.c.version == version)
+        key = _of(audits, owner, name, version)
         summary = audit.model_dump_json()
         try:
             with self.engine.begin() as conn:
@@ -505,8 +511,8 @@ class Catalog:
             if row is None:
                 return None, True
             taken = conn.execute(audit_jobs.update().where(
-                audit_jobs.c.owner == row.owner, audit_jobs.c.name == row.name,
-                audit_jobs.c.version == row.version, audit_jobs.c.state == row.state,
+                *_of(audit_jobs, row.owner, row.name, row.version),
+                audit_jobs.c.state == row.state,
                 audit_jobs.c.attempts == row.attempts).values(
                 state="running", worker=worker[:200], lease_until=now + lease_s,
                 attempts=row.attempts + 1))
@@ -515,8 +521,8 @@ class Catalog:
         return AuditJob(row.owner, row.name, row.version, row.digest, row.attempts + 1), False
 
     def _held(self, job: AuditJob, worker: str) -> tuple[sa.ColumnElement[bool], ...]:
-        return (audit_jobs.c.owner == job.owner, audit_jobs.c.name == job.name,
-                audit_jobs.c.version == job.version, audit_jobs.c.state == "running",
+        return (*_of(audit_jobs, job.owner, job.name, job.version),
+                audit_jobs.c.state == "running",
                 audit_jobs.c.worker == worker[:200], audit_jobs.c.attempts == job.attempt)
 
     def renew_job(self, job: AuditJob, worker: str, lease_s: float) -> bool:
@@ -536,8 +542,8 @@ class Catalog:
                     state="done", finished_at=time.time(), summary=summary.model_dump_json(),
                     report=report, error="")).rowcount != 1:
                 return False
-            key = (signatures.c.owner == job.owner, signatures.c.name == job.name,
-                   signatures.c.version == job.version, signatures.c.kind == "verification")
+            key = (*_of(signatures, job.owner, job.name, job.version),
+                   signatures.c.kind == "verification")
             conn.execute(signatures.delete().where(*key))
             conn.execute(signatures.insert().values(
                 owner=job.owner, name=job.name, version=job.version, kind="verification",
@@ -569,8 +575,7 @@ class Catalog:
                         .model_validate_json(job.summary).envhub_version == envhub_version:
                     continue
                 record = conn.execute(sa.select(signatures).where(
-                    signatures.c.owner == job.owner, signatures.c.name == job.name,
-                    signatures.c.version == job.version,
+                    *_of(signatures, job.owner, job.name, job.version),
                     signatures.c.kind == "verification")).first()
                 conn.execute(audit_history.insert().values(
                     owner=job.owner, name=job.name, version=job.version, digest=job.digest,
@@ -579,8 +584,8 @@ class Catalog:
                     record=record.record if record else None,
                     signature=record.signature if record else None, requeued_at=now))
                 conn.execute(audit_jobs.update().where(
-                    audit_jobs.c.owner == job.owner, audit_jobs.c.name == job.name,
-                    audit_jobs.c.version == job.version, audit_jobs.c.state == job.state)
+                    *_of(audit_jobs, job.owner, job.name, job.version),
+                    audit_jobs.c.state == job.state)
                     .values(state="pending", attempts=0, worker="", lease_until=0.0,
                             enqueued_at=now, error=""))
                 queued += 1
@@ -590,15 +595,13 @@ class Catalog:
         """The whole report of the registry's own audit of a version (for its owner)."""
         with self.engine.connect() as conn:
             return conn.execute(sa.select(audit_jobs.c.report).where(
-                audit_jobs.c.owner == owner, audit_jobs.c.name == name,
-                audit_jobs.c.version == version)).scalar()
+                *_of(audit_jobs, owner, name, version))).scalar()
 
     def yank(self, owner: str, name: str, version: str, yanked: bool = True) -> VersionInfo:
         self.version(owner, name, version)  # NotFound with the fix
         with self.engine.begin() as conn:
             conn.execute(versions.update().where(
-                versions.c.owner == owner, versions.c.name == name,
-                versions.c.version == version).values(yanked=yanked))
+                *_of(versions, owner, name, version)).values(yanked=yanked))
         return self.version(owner, name, version)
 
     # -- tokens ------------------------------------------------------------------------
