@@ -32,43 +32,13 @@ import httpx
 import pytest
 
 from envhub.registry.archive import pack
+from tests.envs.test_audit import hackable_env
 from tests.registry.conftest import API, Server, run_cli, start_server, stop_server
 from tests.registry.test_publish_audit import audit_json
 from tests.support import require_tool, until
 
 pytestmark = [pytest.mark.slow, pytest.mark.bwrap]
 
-HACKABLE_ENV = '''"""Grades a claim the agent itself writes: what a registry audit must flag."""
-
-import json
-
-from envhub.envs.environment import Verdict
-from envhub.envs.loader import rows_to_tasks, task_rows
-
-
-class Environment:
-    def __init__(self, folder, manifest):
-        self.folder, self.manifest = folder, manifest
-
-    def load_tasks(self):
-        return rows_to_tasks(task_rows(self.folder, self.manifest.tasks))
-
-    async def setup(self, task, ctx):
-        return await ctx.open_sandbox(self.manifest.sandbox)
-
-    def tools(self, task):
-        return list(self.manifest.tools)
-
-    async def solve(self, task, sandbox, ctx):
-        await sandbox.write_file("state.json", b'{"solved": true}')
-
-    async def verify(self, task, sandbox, ctx):
-        try:
-            solved = json.loads(await sandbox.read_file("state.json", limit=4096))["solved"]
-        except Exception:
-            solved = False
-        return Verdict(1.0 if solved is True else 0.0, solved is True)
-'''
 # The rest of the Environment protocol, for the packages below that fail or hang before it
 STUBS = '''
     async def setup(self, task, ctx):
@@ -193,7 +163,7 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     try:
         honest = init_package(root, "honest")
         publish(server, honest, "--no-audit")
-        hackable = init_package(root, "hackable", HACKABLE_ENV)
+        hackable = hackable_env(root / "hackable")  # trusts a state.json the agent writes
         forged = audit_json(root / "forged.json", pack(hackable, root / "dist").digest,
                             name="hackable", version="0.1.0")
         publish(server, hackable, "--audit", str(forged))
