@@ -284,6 +284,15 @@ class Catalog:
         metadata.create_all(self.engine)
         self.key = RegistryKey.load_or_create(self.data)
 
+    @classmethod
+    def existing(cls, data: str | Path, db_url: str | None = None) -> Catalog:
+        """The registry under `data`, refused (BadRequest with the fix) where there is none,
+        rather than made empty: for the commands that work on a registry `serve` runs."""
+        if db_url is None and not (Path(data) / "index.db").exists():
+            raise BadRequest(f"{data} holds no registry (no index.db); pass the folder "
+                             "`envhub registry serve --data` uses")
+        return cls(data, db_url)
+
     def close(self) -> None:
         self.engine.dispose()
 

@@ -437,10 +437,7 @@ def reaudit_cmd(
     from envhub import __version__
     from envhub.registry.catalog import Catalog
 
-    if not (data / "index.db").exists() and db is None:
-        raise _fail(f"{data} holds no registry (no index.db); pass the folder `envhub "
-                    "registry serve --data` uses")
-    catalog = Catalog(data, db)
+    catalog = Catalog.existing(data, db)
     try:
         queued = catalog.reaudit(None if all_versions else __version__)
     finally:

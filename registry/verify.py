@@ -116,7 +116,7 @@ class Worker:
     def __init__(self, cfg: WorkerConfig) -> None:
         check_config(cfg)
         self.cfg = cfg
-        self.catalog = Catalog(cfg.data, cfg.db)
+        self.catalog = Catalog.existing(cfg.data, cfg.db)
         self.id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._stopping = False
 

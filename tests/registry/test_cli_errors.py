@@ -28,6 +28,7 @@ runner = CliRunner()
     (["install", "alice/x", "--require", "audited"], "takes 'verified'"),
     (["registry", "worker", "--data", "w", "--sandbox", "docker"], "--unjailed"),
     (["registry", "worker", "--data", "w", "--sandbox", "e2b"], "local or docker"),
+    (["registry", "worker", "--data", "w"], "holds no registry"),
 ])
 def test_exit_code_2_with_the_fix(home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                   args: list[str], needle: str) -> None:
