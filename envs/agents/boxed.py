@@ -29,7 +29,7 @@ from typing import Any
 from envhub.envs.agents.base import AgentContext, AgentResult
 from envhub.envs.agents.channel import PLACEHOLDER_KEY
 from envhub.envs.agents.command import PLACEHOLDERS, TAIL_CHARS, command_words, substitute
-from envhub.envs.agents.install import AgentInstall, build_bundle
+from envhub.envs.agents.install import build_bundle, parse_installs
 from envhub.envs.environment import EnvFailure
 from envhub.envs.errors import AgentError, AgentSpecError
 
@@ -57,7 +57,7 @@ class BoxedCommandAgent:
     def __init__(self, command: str, installs: list[str] | None = None) -> None:
         self.argv = command_words(command)
         self.name = command
-        self.installs = [AgentInstall.parse(s) for s in installs or []]
+        self.installs = parse_installs(installs or [])
         self._bundles: dict[str, Path] = {}
         self._images: dict[str, str] = {}
         self._lock = asyncio.Lock()

@@ -11,6 +11,10 @@ Specs (`--agent-install`, repeatable):
   npm:PACKAGE[@V]  an npm package (Codex CLI, Claude Code), installed with the host's npm; a
                    portable node comes with it into bin/, its `bin` entries become programs
                    (npm.py)
+  recipe:NAME      a shipped agent recipe (recipes/NAME.sh: claude-code, codex, opencode,
+                   mini-swe-agent, aider): the script, the package versions it was tested with
+                   (its `#@install SPEC` lines) and `envhub-tool`, the environment's tools as a
+                   shell command; run it with `--agent NAME.sh`
 """
 
 from __future__ import annotations
@@ -32,6 +36,10 @@ from envhub.envs.agents.npm import add_to_bundle, check_spec, host_node
 from envhub.envs.errors import AgentSpecError
 
 KINDS = ("pip", "script", "npm")
+RECIPES = Path(__file__).with_name("recipes")
+TOOL_COMMAND = RECIPES / "envhub-tool"
+USAGE = ("use pip:REQUIREMENT (e.g. pip:mini-swe-agent==2.4.6), npm:PACKAGE[@VERSION], "
+         "script:PATH or recipe:NAME")
 FORWARDER = Path(__file__).with_name("forwarder.py")
 # A console script as a program: the bundle's lib/ first on sys.path (not PYTHONPATH, which the
 # agent's own tool commands would inherit and which could shadow the task's packages).
@@ -52,9 +60,7 @@ class AgentInstall:
     def parse(cls, text: str) -> AgentInstall:
         kind, sep, value = text.partition(":")
         if not sep or kind not in KINDS or not value.strip():
-            raise AgentSpecError(f"--agent-install {text!r}: use pip:REQUIREMENT (e.g. "
-                                 "pip:mini-swe-agent==2.4.6), npm:PACKAGE[@VERSION] "
-                                 "or script:PATH")
+            raise AgentSpecError(f"--agent-install {text!r}: {USAGE}")
         if kind == "npm":
             check_spec(value)
         if kind == "script" and not Path(value).is_file():
@@ -68,6 +74,35 @@ class AgentInstall:
         if self.kind == "npm":  # the bundle carries the host's node too
             return f"npm:{self.value}:node-{host_node()[1]}"
         return f"{self.kind}:{self.value}"
+
+
+def recipe_names() -> list[str]:
+    return sorted(p.name.removesuffix(".sh") for p in RECIPES.glob("*.sh"))
+
+
+def recipe_path(name: str) -> Path:
+    """The shipped recipe script `name` (AgentSpecError naming the recipes when there is none)."""
+    if name not in recipe_names():
+        raise AgentSpecError(f"--agent-install recipe:{name}: no such recipe; the shipped ones "
+                             f"are {', '.join(recipe_names())}")
+    return RECIPES / f"{name}.sh"
+
+
+def parse_installs(specs: list[str]) -> list[AgentInstall]:
+    """`--agent-install` specs as installs, each `recipe:NAME` expanded into its `#@install`
+    packages, its script and `envhub-tool`; an install named twice is kept once."""
+    out: list[AgentInstall] = []
+    for text in specs:
+        kind, _, name = text.partition(":")
+        if kind != "recipe":
+            out.append(AgentInstall.parse(text))
+            continue
+        script = recipe_path(name.strip())
+        lines = script.read_text(encoding="utf-8").splitlines()
+        out += [AgentInstall.parse(line.removeprefix("#@install").strip())
+                for line in lines if line.startswith("#@install ")]
+        out += [AgentInstall("script", str(script)), AgentInstall("script", str(TOOL_COMMAND))]
+    return list(dict.fromkeys(out))
 
 
 def cache_root() -> Path:

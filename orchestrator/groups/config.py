@@ -124,8 +124,9 @@ class RunConfig(ServicesOptions):
         "its session)")
     agent_install: list[str] = Field(
         default_factory=list, description="how a command agent is made present inside the "
-        "sandbox: pip:REQUIREMENT | npm:PACKAGE[@VERSION] | script:PATH (repeatable); its "
-        "programs are on PATH there")
+        "sandbox: pip:REQUIREMENT | npm:PACKAGE[@VERSION] | script:PATH | recipe:NAME (a "
+        "shipped CLI recipe: claude-code, codex, opencode, mini-swe-agent, aider; run it with "
+        "--agent NAME.sh) (repeatable); its programs are on PATH there")
     agent_on_host: bool = Field(False, description="run a command agent as a process on this "
                                 "machine instead of inside the sandbox: NO containment (prints "
                                 "a warning)")

@@ -1,9 +1,13 @@
 #!/bin/sh
-# Codex CLI (npm @openai/codex), unchanged, using the environment's tools over MCP: the provider
-# config of codex_agent.sh (only the session's forwarder; nothing that wants the network) plus
-# the server table envhub writes into the channel folder (/run/envhub/codex.toml:
-# [mcp_servers.envhub] url = $ENVHUB_MCP_URL). Codex offers the server's tools to the model as a
-# Responses `namespace` tool (the model sees mcp__envhub__<tool>). One `codex exec` of the task.
+# Codex CLI (npm @openai/codex), unchanged, as a command agent: one `codex exec` of the task
+# against this rollout's session (its Responses API, the only provider), with the
+# environment's tools over MCP when it has any (the [mcp_servers.envhub] table envhub writes
+# at /run/envhub/codex.toml, appended to its config; Codex offers the tools to the model as a
+# Responses `namespace` tool, mcp__envhub__<tool>).
+#   envhub run ENV --agent codex.sh --agent-install recipe:codex
+# Offline: no update check, web search, analytics, feedback, plugins or other network
+# features; approvals and Codex's own sandbox off (the rollout's sandbox is the boundary).
+#@install npm:@openai/codex@0.169.0
 export HOME=/tmp/agent-home CODEX_HOME=/tmp/agent-home/.codex
 mkdir -p "$CODEX_HOME"
 cat > "$CODEX_HOME/config.toml" <<TOML
@@ -45,7 +49,7 @@ tool_suggest = false
 skill_mcp_dependency_install = false
 in_app_updates = false
 TOML
-cat /run/envhub/codex.toml >> "$CODEX_HOME/config.toml"
+if [ -f /run/envhub/codex.toml ]; then cat /run/envhub/codex.toml >> "$CODEX_HOME/config.toml"; fi
 codex exec --dangerously-bypass-approvals-and-sandbox --skip-git-repo-check --json \
   "$(cat "$ENVHUB_TASK_FILE")" </dev/null
 echo "CLI_EXIT $?"
