@@ -8,6 +8,10 @@ twice. A page asks for a table with a marker on a line of its own:
     <!-- envhub-reference: http registry --> the registry server's routes
     <!-- envhub-reference: trajectory -->   a real session recorded by a real gateway (scripted
                                             model) at build time, drawn
+    <!-- envhub-reference: metrics -->      every column of OUT/metrics.jsonl: the rows of a real
+                                            one-step `envhub train` run on the bundled model
+                                            (cached by the sources' digest), then the names the
+                                            code emits only under options
 
 The code is imported from the checkout the docs are built in (the folder above docs/), so a
 field added to a config shows up in the next build.
@@ -42,6 +46,8 @@ def _generate(kind: str, arg: str | None) -> str:
         return http_reference(arg)
     if kind == "trajectory":
         return trajectory_figure()
+    if kind == "metrics":
+        return metrics_reference()
     raise ValueError(f"unknown reference marker: {kind} {arg or ''}")
 
 
@@ -251,3 +257,130 @@ def trajectory_figure() -> str:
                      + " | ".join(runs))
     lines.append("(the loss mask is 1 on the sampled runs only)")
     return "```text\n" + "\n".join(lines) + "\n```\n"
+
+
+# -- metrics ---------------------------------------------------------------------------------
+
+# What each namespace of a metrics row is: the prose of the page; the names come from the run.
+NAMESPACES = {
+    "": "the step's rollouts (the groups it trained on: failures counted, never averaged in as "
+        "zeros), its timing in seconds, the producer's state, the weight version trained",
+    "trainer/": "the trainer's own statistics of the step (trainer/*.py): the objective's "
+                "terms, the importance-sampling mask, KL estimates, entropy, packing",
+    "filter/": "what each filter removed or added this step (0 when nothing happened)",
+    "staleness/": "how many weight versions behind the trainer the trained samples were",
+    "versions/": "samples whose turns were drawn under more than one weight version",
+    "mix/": "per environment (mix/ENV/...): groups launched, samples trained and dropped stale, "
+            "its share of the step",
+    "env/": "per environment, with several: the rollout metrics above (env/ENV/...)",
+    "eval/": "held-out evaluation rows (phase eval): the rollout metrics on tasks never trained on",
+    "dynamic/": "--dynamic-sampling: groups with signal, extra groups drawn, the bound reached",
+    "difficulty/": "--difficulty-filter: tasks it has seen solved always or never",
+}
+# groups of 4 on arith, where the bundled model solves about half: a step with signal, so the
+# optimizer step's own columns (grad/norm, ...) are in the row
+METRIC_RUN = ["arith", "--steps", "1", "--groups", "4", "--k", "4", "--max-turns", "2",
+              "--eval-every", "1", "--eval-tasks", "1", "--eval-samples", "1",
+              "--seed", "0", "-q"]
+
+
+def recorded_metrics() -> list[dict[str, Any]]:
+    """The rows of `envhub train METRIC_RUN` run with this checkout's envhub, cached in the
+    temporary folder by the digest of the code that writes them (trainer/, orchestrator/)."""
+    import hashlib
+    import json
+    import os
+    import subprocess
+
+    digest = hashlib.sha256()
+    for folder in ("trainer", "orchestrator"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            digest.update(path.relative_to(ROOT).as_posix().encode() + path.read_bytes())
+    cache = Path(tempfile.gettempdir()) / f"envhub-docs-metrics-{digest.hexdigest()[:16]}.jsonl"
+    if not cache.is_file():
+        with tempfile.TemporaryDirectory() as tmp:
+            env = {**os.environ, "ENVHUB_HOME": f"{tmp}/home"}
+            ran = subprocess.run([sys.executable, "-m", "envhub", "train", *METRIC_RUN,
+                                  "--out", f"{tmp}/run"], cwd=ROOT, env=env,
+                                 capture_output=True, text=True, timeout=600, check=False)
+            if ran.returncode != 0:
+                raise RuntimeError(f"the metrics reference's training run failed: "
+                                   f"{ran.stderr[-3000:]}")
+            rows = (Path(tmp) / "run" / "metrics.jsonl").read_text()
+        partial = cache.with_suffix(f".{os.getpid()}")
+        partial.write_text(rows)
+        partial.replace(cache)
+    return [json.loads(line) for line in cache.read_text().splitlines() if line.strip()]
+
+
+def emitted_keys() -> dict[str, str]:
+    """Metric-shaped string keys (`a/b`) of dict displays and item assignments in the code that
+    emits rows (trainer/, orchestrator/training/): {key: "file:line"}."""
+    import ast
+
+    shape = re.compile(r"^[a-z][a-z0-9_]*(/[a-z0-9_]+)+$")
+    found: dict[str, str] = {}
+    for folder in ("trainer", "orchestrator/training"):
+        for path in sorted((ROOT / folder).glob("*.py")):
+            if path.name.startswith(("recipe_", "export")):  # other formats' columns, not rows
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                keys: list[Any] = []
+                if isinstance(node, ast.Dict):
+                    keys = [k for k in node.keys if k is not None]
+                elif isinstance(node, ast.Assign):
+                    keys = [t.slice for t in node.targets if isinstance(t, ast.Subscript)]
+                for key in keys:
+                    if (isinstance(key, ast.Constant) and isinstance(key.value, str)
+                            and shape.match(key.value)):
+                        found.setdefault(key.value,
+                                         f"{path.relative_to(ROOT).as_posix()}:{key.lineno}")
+    return found
+
+
+def _namespace(name: str) -> str:
+    head, sep, _ = name.partition("/")
+    return f"{head}/" if sep and f"{head}/" in NAMESPACES else ""
+
+
+def _example(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, list):
+        return f"[{len(value)} items]"
+    return str(value)
+
+
+def metrics_reference() -> str:
+    rows = recorded_metrics()
+    train = next(r for r in rows if r["phase"] == "train")
+    evals = [r for r in rows if r["phase"] == "eval"]
+    seen = set(train) | {k for r in evals for k in r}
+    out = [f"A real run (`envhub train {' '.join(METRIC_RUN)}`) wrote {len(rows)} rows when "
+           f"this site was built: {len(train)} columns in its train row, "
+           f"{len(evals[0]) if evals else 0} in each eval row.", ""]
+    for namespace, what in NAMESPACES.items():
+        names = sorted(k for k in seen if _namespace(k) == namespace)
+        if not names:
+            continue
+        out += [f"### `{namespace or 'no prefix'}`", "", _cell(what), "",
+                "| column | phase | value in that run |", "|---|---|---|"]
+        for name in names:
+            row = train if name in train else next(r for r in evals if name in r)
+            out.append(f"| `{name}` | {row['phase']} | {_cell(_example(row[name]))} |")
+        out.append("")
+    # the trainer's statistics reach the row under trainer/ (step_metrics); a key the code
+    # emits that the run above did not is written only under some option
+    rest = []
+    for key, where in sorted(emitted_keys().items()):
+        if key in seen or f"trainer/{key}" in seen:
+            continue
+        name = f"trainer/{key}" if where.startswith("trainer/") else key
+        rest.append(f"| `{name}` | `{where}` |")
+    if rest:
+        out += ["### Only under some options", "",
+                "Emitted by the code (found where it writes them) but not by the run above: "
+                "they need an option it did not set (a correction, dynamic sampling, a "
+                "difficulty filter, several environments).", "",
+                "| column | written at |", "|---|---|", *rest, ""]
+    return "\n".join(out)

@@ -1,7 +1,8 @@
 """The documentation site (mkdocs.yml, docs/): `mkdocs build --strict` passes, a broken link
 fails it, and the generated reference follows the code: every flag of `envhub run`, `envhub
-train` and `envhub gateway` and every manifest field is on its page, and a config field added
-in a scratch copy of the checkout appears in that copy's build."""
+train` and `envhub gateway`, every manifest field and the metrics a real run writes are on
+their pages, and a config field or a metrics column added in a scratch copy of the checkout
+appears in that copy's build."""
 
 from __future__ import annotations
 
@@ -68,6 +69,13 @@ def test_the_site_builds_strict_with_every_flag_and_field(site: Path):
     assert "/v1/chat/completions" in http and "/api/v1/packages/{owner}/{name}" in http
     trajectory = page_text(site, "concepts/trajectory")
     assert "CM action summarize" in trajectory and "chain 2" in trajectory
+    # every column of a real run's rows (its train row's optimizer columns included), and
+    # what only options produce, found in the code
+    metrics = page_text(site, "reference/metrics")
+    for column in ("reward_mean", "trainer/is/masked_fraction", "trainer/grad/norm",
+                   "filter/stale", "staleness/max", "mix/arith/trained_share",
+                   "eval/resolved_rate", "dynamic/extra_groups"):
+        assert column in metrics, column
     # the quickstart is the README's own, included
     quickstart = " ".join(page_text(site, "quickstart").split())
     assert "envhub registry token create --owner alice" in quickstart, quickstart[:3000]
@@ -98,3 +106,19 @@ def test_the_reference_follows_a_config_field_added_in_a_copy(tmp_path: Path):
     run = command_section(tmp_path / "site", "run")
     assert "--docs-probe" in run and "a field the docs test added" in run
     assert "--docs-probe" not in command_section(tmp_path / "site", "train")
+
+
+def test_the_metrics_reference_follows_a_column_added_in_a_copy(tmp_path: Path):
+    """A column the loop writes into every train row, added in a scratch copy, is on that
+    copy's metrics page: the page comes from the rows a real run of the copy wrote."""
+    copy = tmp_path / "checkout"
+    copy_checkout(copy)
+    metrics = copy / "orchestrator" / "training" / "metrics.py"
+    text = metrics.read_text()
+    anchor = "    row.update(trainer)\n"
+    assert anchor in text
+    metrics.write_text(text.replace(anchor, anchor + '    row["docs_probe/rows"] = 7\n', 1))
+    built = build(copy, tmp_path / "site")
+    assert built.returncode == 0, built.stderr[-4000:]
+    page = page_text(tmp_path / "site", "reference/metrics")
+    assert "docs_probe/rows train 7" in " ".join(page.split()), page[:3000]
