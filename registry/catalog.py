@@ -28,6 +28,7 @@ from envhub.registry.errors import (
     DigestMismatch,
     MissingExtra,
     NotFound,
+    QuotaExceeded,
 )
 from envhub.registry.extract import scan
 from envhub.registry.limits import Limits, brief
@@ -413,6 +414,7 @@ class Catalog:
                              "and version")
         check_dependencies(m.dependencies, source="envhub.toml in the archive")
         audit = check_audit(audit or not_audited("published without an audit"), digest)
+        self._check_quota(owner, name, version, digest, incoming.stat().st_size)
         row = {"owner": owner, "name": name, "version": version, "digest": digest,
                "size": incoming.stat().st_size, "yanked": False, "description": m.description,
                "dependencies": json.dumps(m.dependencies), "manifest": archive.manifest_text,
@@ -446,6 +448,20 @@ class Catalog:
                 self.blobs.remove(digest)
             raise
         return PublishResult(version=self.version(owner, name, version), created=True)
+
+    def _check_quota(self, owner: str, name: str, version: str, digest: str, size: int) -> None:
+        """TooLarge when `owner`'s stored archives and this one pass `max_owner_bytes` (a
+        re-publish of the same content stores nothing and passes)."""
+        with self.engine.connect() as conn:
+            same = conn.execute(sa.select(versions.c.digest).where(
+                *_of(versions, owner, name, version))).scalar()
+            stored = int(conn.execute(sa.select(sa.func.coalesce(sa.func.sum(versions.c.size), 0))
+                                      .where(versions.c.owner == owner)).scalar() or 0)
+        if same != digest and stored + size > self.limits.max_owner_bytes:
+            raise QuotaExceeded(f"owner {owner} stores {stored} bytes of packages; with this "
+                           f"{size}-byte one that passes this registry's quota of "
+                           f"{self.limits.max_owner_bytes} bytes per owner; yanked versions "
+                           "count too: ask the registry's operator for more")
 
     def _attach_audit(self, owner: str, name: str, version: str,
                       audit: AuditSummary) -> VersionInfo:

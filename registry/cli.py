@@ -322,6 +322,12 @@ def serve_cmd(
     db: Annotated[str | None, typer.Option("--db", help="index DB URL (postgresql://...)")] = None,
     max_upload_mb: Annotated[float, typer.Option(
         "--max-upload-mb", min=0.001, help="largest accepted .tar.gz")] = 100.0,
+    owner_quota_mb: Annotated[float, typer.Option(
+        "--owner-quota-mb", min=0.001, help="archive megabytes stored per owner (yanked "
+        "versions count); past it a publish is 413 quota_exceeded")] = 10240.0,
+    uploads_per_hour: Annotated[int, typer.Option(
+        "--uploads-per-hour", min=1, max=1_000_000, help="uploads one token may start in any "
+        "hour (per server process); past it 429 with Retry-After")] = 120,
     audit_workers: Annotated[int, typer.Option(
         "--audit-workers", min=0, max=64, help="`envhub registry worker` processes started "
         "beside the server (jailed, local sandboxes), auditing every uploaded version")] = 0,
@@ -333,7 +339,9 @@ def serve_cmd(
     from envhub.registry.limits import Limits
     from envhub.registry.server import ServerConfig, serve
 
-    limits = Limits(max_archive_bytes=int(max_upload_mb * (1 << 20)))
+    limits = Limits(max_archive_bytes=int(max_upload_mb * (1 << 20)),
+                    max_owner_bytes=int(owner_quota_mb * (1 << 20)),
+                    uploads_per_hour=uploads_per_hour)
     argv = [sys.executable, "-m", "envhub", "registry", "worker", "--data", str(data),
             *(["--db", db] if db else [])]
     workers = [subprocess.Popen(argv) for _ in range(audit_workers)]

@@ -58,6 +58,20 @@ class Conflict(RegistryError):
     code = "conflict"
 
 
+class QuotaExceeded(TooLarge):
+    """The owner's stored packages would pass the registry's per-owner quota."""
+
+    code = "quota_exceeded"
+
+
+class RateLimited(RegistryError):
+    """Too many uploads from one token in the window; `retry_after` seconds until the next."""
+
+    status_code = 429
+    code = "rate_limited"
+    retry_after = 60
+
+
 class Unavailable(RegistryError):
     """The registry could not be reached (client side only)."""
 
@@ -73,8 +87,8 @@ class DependencyError(RegistryError):
 
 _BY_CODE: dict[str, type[RegistryError]] = {
     cls.code: cls
-    for cls in (BadRequest, BadPackage, DigestMismatch, TooLarge, Unauthorized, Forbidden,
-                NotFound, Conflict, Unavailable, DependencyError)
+    for cls in (BadRequest, BadPackage, DigestMismatch, TooLarge, QuotaExceeded, Unauthorized,
+                Forbidden, NotFound, Conflict, RateLimited, Unavailable, DependencyError)
 }
 
 

@@ -29,11 +29,12 @@ from envhub.registry.errors import (
     BadRequest,
     Forbidden,
     NotFound,
+    RateLimited,
     RegistryError,
     TooLarge,
     Unauthorized,
 )
-from envhub.registry.limits import Limits
+from envhub.registry.limits import Limits, UploadWindow
 from envhub.registry.models import (
     ErrorBody,
     PackageInfo,
@@ -89,9 +90,14 @@ def create_app(config: ServerConfig, catalog: Catalog | None = None) -> FastAPI:
     app = FastAPI(title="envhub registry", version=__version__,
                   description="Publish, find and download envhub environment packages.")
 
+    uploads = UploadWindow(limits.uploads_per_hour)
+
     @app.exception_handler(RegistryError)
     async def _registry_error(_req: Request, exc: RegistryError) -> JSONResponse:
-        return _error(exc.status_code, exc.code, exc.message)
+        resp = _error(exc.status_code, exc.code, exc.message)
+        if isinstance(exc, RateLimited):
+            resp.headers["Retry-After"] = str(exc.retry_after)
+        return resp
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_req: Request, exc: RequestValidationError) -> JSONResponse:
@@ -187,6 +193,12 @@ def create_app(config: ServerConfig, catalog: Catalog | None = None) -> FastAPI:
         """Upload a package built by `envhub pack`; 201 new, 200 same content again."""
         check_owner(owner), check_name(name), check_version(version)
         owners = await may_act_as(authorization, owner)
+        wait = uploads.admit(_bearer(authorization))
+        if wait is not None:  # before the body is read: a flood costs a header each
+            error = RateLimited(f"this token started {limits.uploads_per_hour} uploads in the "
+                                f"last hour, this registry's limit; retry in {wait} s")
+            error.retry_after = wait
+            raise error
         audit = None if x_envhub_audit is None else decode_header(x_envhub_audit)
         declared = request.headers.get("content-length")
         if declared is not None:

@@ -71,7 +71,8 @@ class Server:
         return self.data / "blobs"
 
 
-def start_server(data: Path, db: str | None = None, max_upload_mb: float = 1.0) -> Server:
+def start_server(data: Path, db: str | None = None, max_upload_mb: float = 1.0,
+                 *flags: str) -> Server:
     """`envhub registry serve` as a subprocess; tokens for alice and bob created by CLI."""
     db_args = ["--db", db] if db else []
     tokens = {}
@@ -84,7 +85,7 @@ def start_server(data: Path, db: str | None = None, max_upload_mb: float = 1.0) 
     env = {**os.environ, "ENVHUB_LOG_LEVEL": "warning"}
     proc = subprocess.Popen(
         [*ENVHUB, "registry", "serve", "--port", str(port), "--data", str(data),
-         "--max-upload-mb", str(max_upload_mb), *db_args], env=env)
+         "--max-upload-mb", str(max_upload_mb), *db_args, *flags], env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while True:
