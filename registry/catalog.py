@@ -26,6 +26,7 @@ from envhub.registry.errors import (
     BadRequest,
     Conflict,
     DigestMismatch,
+    Forbidden,
     MissingExtra,
     NotFound,
     QuotaExceeded,
@@ -43,7 +44,14 @@ from envhub.registry.models import (
     not_audited,
 )
 from envhub.registry.refs import PackageRef, Version, VersionSpec, check_name, check_owner
-from envhub.registry.signing import RegistryKey, SignatureError, check_signed
+from envhub.registry.signing import (
+    RegistryKey,
+    SignatureError,
+    canonical,
+    check_public_key,
+    check_signed,
+    publisher_record,
+)
 
 MAX_VERSION_CHARS = 64
 MAX_QUERY_CHARS = 200
@@ -97,6 +105,15 @@ signatures = sa.Table(
     sa.Column("record", sa.Text, nullable=False),
     sa.Column("signature", sa.String(200), nullable=False),
     sa.Column("key_id", sa.String(80), nullable=False),
+)
+# Owners' publisher keys (registry/signing.py): set by the registry's operator; an owner with
+# a key publishes only uploads signed with it (kind "publisher" in `signatures`).
+publisher_keys = sa.Table(
+    "publisher_keys", metadata,
+    sa.Column("owner", sa.String(64), primary_key=True),
+    sa.Column("key", sa.String(80), nullable=False),
+    sa.Column("key_id", sa.String(80), nullable=False),
+    sa.Column("set_at", sa.Float, nullable=False),
 )
 # The durable queue of audits the registry runs itself (registry/verify.py): one job per
 # version, `pending` -> `running` (a worker holds it while its lease is renewed) -> `done` or
@@ -236,6 +253,7 @@ def _row_to_info(row: sa.Row, signed: dict[tuple[str, str], sa.Row],
         yanked=bool(row.yanked), description=row.description,
         dependencies=json.loads(row.dependencies), published_at=row.published_at,
         publisher=row.publisher, signed=_signed(signed.get((row.version, "version"))),
+        publisher_signed=_signed(signed.get((row.version, "publisher"))),
         verification=_verification(jobs.get(row.version),
                                    signed.get((row.version, "verification")), audit, key,
                                    row.digest))
@@ -379,7 +397,8 @@ class Catalog:
     # -- writing -----------------------------------------------------------------------
     def publish_file(self, owner: str, archive: Path, publisher: str = "",
                      expected_digest: str | None = None,
-                     audit: AuditSummary | None = None) -> PublishResult:
+                     audit: AuditSummary | None = None,
+                     publisher_signature: str | None = None) -> PublishResult:
         """Publish a .tar.gz from anywhere (copied first; the original is left alone)."""
         tmp = self.blobs.incoming()
         try:
@@ -387,13 +406,14 @@ class Catalog:
             info = scan(tmp, self.limits)
             return self.publish(owner, info.manifest.name, info.manifest.version, tmp,
                                 publisher=publisher, expected_digest=expected_digest,
-                                audit=audit)
+                                audit=audit, publisher_signature=publisher_signature)
         finally:
             tmp.unlink(missing_ok=True)
 
     def publish(self, owner: str, name: str, version: str, incoming: Path, publisher: str = "",
                 expected_digest: str | None = None,
-                audit: AuditSummary | None = None) -> PublishResult:
+                audit: AuditSummary | None = None,
+                publisher_signature: str | None = None) -> PublishResult:
         """Validate the archive at `incoming` (a file from `blobs.incoming()`) and record it,
         with its audit (None: recorded as not audited, as old clients publish).
 
@@ -415,6 +435,7 @@ class Catalog:
         check_dependencies(m.dependencies, source="envhub.toml in the archive")
         audit = check_audit(audit or not_audited("published without an audit"), digest)
         self._check_quota(owner, name, version, digest, incoming.stat().st_size)
+        signed_by = self._check_publisher(owner, name, version, digest, publisher_signature)
         row = {"owner": owner, "name": name, "version": version, "digest": digest,
                "size": incoming.stat().st_size, "yanked": False, "description": m.description,
                "dependencies": json.dumps(m.dependencies), "manifest": archive.manifest_text,
@@ -426,6 +447,11 @@ class Catalog:
                 conn.execute(audits.insert().values(owner=owner, name=name, version=version,
                                                     summary=audit.model_dump_json()))
                 self.sign_version(conn, owner, name, version, digest)
+                if signed_by is not None:
+                    conn.execute(signatures.insert().values(
+                        owner=owner, name=name, version=version, kind="publisher",
+                        record=canonical(publisher_record(owner, name, version, digest)),
+                        signature=publisher_signature, key_id=signed_by))
                 conn.execute(audit_jobs.insert().values(
                     owner=owner, name=name, version=version, digest=digest, state="pending",
                     attempts=0, worker="", lease_until=0.0, enqueued_at=time.time(), error=""))
@@ -448,6 +474,47 @@ class Catalog:
                 self.blobs.remove(digest)
             raise
         return PublishResult(version=self.version(owner, name, version), created=True)
+
+    def set_publisher_key(self, owner: str, public: str) -> str:
+        """Register (or replace) `owner`'s publisher key (base64); its id."""
+        check_owner(owner)
+        key, kid = check_public_key(public)
+        with self.engine.begin() as conn:
+            conn.execute(publisher_keys.delete().where(publisher_keys.c.owner == owner))
+            conn.execute(publisher_keys.insert().values(owner=owner, key=key, key_id=kid,
+                                                        set_at=time.time()))
+        return kid
+
+    def publisher_key(self, owner: str) -> tuple[str, str] | None:
+        """(`owner`'s publisher key, its id), or None when it has none."""
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(publisher_keys).where(
+                publisher_keys.c.owner == owner)).first()
+        return None if row is None else (row.key, row.key_id)
+
+    def _check_publisher(self, owner: str, name: str, version: str, digest: str,
+                         signature: str | None) -> str | None:
+        """The id of the owner key that signed this upload, None for an owner without one;
+        Forbidden / BadRequest naming the fix otherwise."""
+        key = self.publisher_key(owner)
+        if key is None:
+            if signature is not None:
+                raise BadRequest(f"the upload is signed, but owner {owner} has no publisher "
+                                 "key on this registry; ask its operator to register yours "
+                                 "(`envhub registry publisher-key`) or publish without --sign")
+            return None
+        if signature is None:
+            raise Forbidden(f"owner {owner} signs its uploads (key {key[1]}): publish with "
+                            "--sign KEY")
+        try:
+            check_signed(key[0], canonical(publisher_record(owner, name, version, digest)),
+                         signature, f"{owner}/{name}@{version}")
+        except SignatureError:
+            raise Forbidden(f"the upload's signature does not verify with {owner}'s publisher "
+                            f"key {key[1]} for {owner}/{name}@{version} with digest {digest}: "
+                            "sign with that key (or ask the operator to register your new "
+                            "one)") from None
+        return key[1]
 
     def _check_quota(self, owner: str, name: str, version: str, digest: str, size: int) -> None:
         """TooLarge when `owner`'s stored archives and this one pass `max_owner_bytes` (a

@@ -117,7 +117,8 @@ async def _audit_package(archive: Path, digest: str, manifest: Any, choice: Audi
 
 
 async def _publish(path: Path, registry: str | None, token: str | None,
-                   owner: str | None, choice: AuditChoice) -> tuple[str, Any]:
+                   owner: str | None, choice: AuditChoice,
+                   sign: Path | None = None) -> tuple[str, Any]:
     import tempfile
 
     from envhub.registry.archive import pack, sha256_file
@@ -139,10 +140,16 @@ async def _publish(path: Path, registry: str | None, token: str | None,
                 raise BadRequest("which owner? pass --owner NAME (your token may publish "
                                  "under several owners)")
             who = check_owner(str(who or "local"))
+            signature = None
+            if sign is not None:  # before the audit: a bad key file costs nothing
+                from envhub.registry.signing import publisher_record, sign_as_publisher
+
+                signature = sign_as_publisher(sign, publisher_record(
+                    who, manifest.name, manifest.version, digest))[1]
             # after the cheap checks, before the upload: a refused audit publishes nothing
             summary = await _audit_package(archive, digest, manifest, choice, Path(tmp))
             result = await reg.publish(who, archive, digest, manifest.name, manifest.version,
-                                       summary)
+                                       summary, signature)
         finally:
             await reg.aclose()
         return reg.location, result
@@ -170,6 +177,9 @@ def publish_cmd(
     audit_out: Annotated[Path | None, typer.Option(
         "--audit-out", help="folder for the audit's runs (default: runs/publish-audit-*)")
     ] = None,
+    sign: Annotated[Path | None, typer.Option(
+        "--sign", help="sign the upload with this publisher key (`envhub registry keygen`; "
+        "required once the registry's operator registered the owner's key)")] = None,
 ) -> None:
     """Pack (if needed), audit and publish an environment: immutable, addressed as
     owner/name@version. Exit 1 when the audit flags a cheat, 2 on bad input or a missing,
@@ -181,7 +191,7 @@ def publish_cmd(
         raise BadRequest("--audit FILE and --no-audit contradict each other; pass one")
     choice = AuditChoice(audit_file, no_audit, audit_tasks, audit_timeout, audit_out)
     try:
-        location, result = _run(_publish(path, registry, token, owner, choice))
+        location, result = _run(_publish(path, registry, token, owner, choice, sign))
     except AuditFlagged as e:
         typer.echo(f"error: {e.message}", err=True)
         raise typer.Exit(1) from None
@@ -220,7 +230,9 @@ def install_cmd(
 
     env = _run(go())
     typer.echo(f"{env.ref} installed at {env.path}\nregistry's audit: {env.verification}\n"
-               f"publisher's claim: {env.audit.label}")
+               f"publisher's claim: {env.audit.label}"
+               + (f"\nsigned by its publisher: {env.publisher_key}" if env.publisher_key
+                  else ""))
     if env.verification == "flagged":
         typer.echo(f"warning: the registry's own audit FLAGGED {env.ref}: its verifier "
                    f"rewards cheating; `envhub info {env.ref}` names the cheats", err=True)
@@ -432,6 +444,49 @@ def token_create_cmd(
 
 
 @_errors_exit_2
+def keygen_cmd(
+    out: Annotated[Path, typer.Option("--out", help="file for the private key (0600); the "
+                                      "public key goes to OUT.pub")],
+) -> None:
+    """Make an ed25519 publisher key: sign uploads with `envhub publish --sign OUT`, and give
+    OUT.pub to the registry's operator (`envhub registry publisher-key`)."""
+    from envhub.registry.signing import generate_publisher_key
+
+    public = generate_publisher_key(out)
+    typer.echo(f"private key: {out} (keep it secret)\npublic key: {out}.pub\n{public}")
+
+
+@_errors_exit_2
+def publisher_key_cmd(
+    owner: Annotated[str, typer.Option("--owner", help="the owner whose uploads must be "
+                                       "signed with this key")],
+    key: Annotated[str, typer.Option("--key", help="the owner's public key: a KEY.pub file "
+                                     "from `envhub registry keygen`, or its base64 text")],
+    data: Annotated[Path, typer.Option("--data", help="the registry's data folder")],
+    db: Annotated[str | None, typer.Option("--db", help="index DB URL (postgresql://...)")] = None,
+) -> None:
+    """Register (or replace) an owner's publisher key: from now on the registry takes that
+    owner's uploads only when signed with it, and installs check the signature."""
+    from envhub.registry.catalog import Catalog
+    from envhub.registry.refs import check_owner
+    from envhub.registry.signing import check_public_key
+
+    check_owner(owner)
+    try:
+        text = Path(key).read_text(encoding="ascii", errors="replace") if Path(
+            key).is_file() else key
+    except OSError:  # a name too long for a file: the key's text
+        text = key
+    check_public_key(text)  # before the data folder is created
+    catalog = Catalog.existing(data, db)
+    try:
+        kid = catalog.set_publisher_key(owner, text)
+    finally:
+        catalog.close()
+    typer.echo(f"{owner}'s uploads must now be signed with {kid}")
+
+
+@_errors_exit_2
 def reaudit_cmd(
     data: Annotated[Path, typer.Option("--data", help="the registry's data folder")],
     db: Annotated[str | None, typer.Option("--db", help="index DB URL (postgresql://...)")] = None,
@@ -469,6 +524,8 @@ def register(app: typer.Typer, auditor: Auditor | None = None) -> None:
     registry_app.command("serve")(serve_cmd)
     registry_app.command("worker")(worker_cmd)
     registry_app.command("reaudit")(reaudit_cmd)
+    registry_app.command("keygen")(keygen_cmd)
+    registry_app.command("publisher-key")(publisher_key_cmd)
     token_app = typer.Typer(help="API tokens for publishing.", no_args_is_help=True)
     token_app.command("create")(token_create_cmd)
     registry_app.add_typer(token_app, name="token")

@@ -11,7 +11,13 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from envhub.registry.audits import HEADER, encode_header
-from envhub.registry.errors import DigestMismatch, RegistryError, Unavailable, from_wire
+from envhub.registry.errors import (
+    DigestMismatch,
+    NotFound,
+    RegistryError,
+    Unavailable,
+    from_wire,
+)
 from envhub.registry.models import (
     AuditSummary,
     PackageInfo,
@@ -82,6 +88,13 @@ class RegistryClient:
         """The registry's public key (a registry that has none does not sign: NotFound)."""
         return await self._call(SigningKey, "GET", "/key")
 
+    async def owner_key(self, owner: str) -> SigningKey | None:
+        """`owner`'s publisher key, None when it has none."""
+        try:
+            return await self._call(SigningKey, "GET", f"/owners/{owner}/key")
+        except NotFound:
+            return None
+
     async def whoami(self) -> list[str]:
         return (await self._call(WhoAmI, "GET", "/whoami")).owners
 
@@ -97,9 +110,12 @@ class RegistryClient:
                                 params={"spec": str(ref.spec)})
 
     async def publish(self, owner: str, name: str, version: str, archive: Path,
-                      digest: str, audit: AuditSummary) -> PublishResult:
+                      digest: str, audit: AuditSummary,
+                      signature: str | None = None) -> PublishResult:
         headers = {"Content-Type": "application/gzip", "X-Envhub-Digest": digest,
                    HEADER: encode_header(audit)}
+        if signature is not None:
+            headers["X-Envhub-Publisher-Signature"] = signature
         return await self._call(PublishResult, "PUT",
                                 f"/packages/{owner}/{name}/versions/{version}",
                                 content=archive.read_bytes(), headers=headers)

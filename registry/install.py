@@ -38,7 +38,14 @@ from envhub.registry.home import LOCAL, envhub_home
 from envhub.registry.limits import Limits
 from envhub.registry.models import AuditSummary, SigningKey, VersionInfo, not_audited
 from envhub.registry.refs import PackageRef, Version
-from envhub.registry.signing import SignatureError, check_signed, pin, pinned_key
+from envhub.registry.signing import (
+    SignatureError,
+    check_signed,
+    pin,
+    pinned_key,
+    pinned_owner_key,
+    publisher_record,
+)
 from envhub.registry.sources import Registry, open_registry
 
 MARKER = ".envhub-install.json"
@@ -70,6 +77,9 @@ class InstalledEnv(BaseModel):
     audit: AuditSummary = Field(
         default_factory=lambda: not_audited("no audit recorded at install"),
         description="the publisher's audit (a claim) recorded with this version")
+    publisher_key: str = Field(default="", description="the id of the owner's publisher key "
+                               "whose signature of this version was checked at install "
+                               "('' when the version carries none)")
     verification: str = Field(default="not_audited", description="the registry's own audit "
                               "of this digest at install, its signature checked: verified, "
                               "flagged, pending, claimed, failed or not_audited")
@@ -185,6 +195,29 @@ async def signed_status(info: VersionInfo, registry: Registry,
     return status, served
 
 
+async def publisher_signature(info: VersionInfo, registry: Registry, home: Path) -> str:
+    """The id of the owner key whose signature `info` carries, checked against the owner's key
+    as this machine first saw it ('' for a version without one). SignatureError names what is
+    wrong: a signature that does not verify, a record of another version, a replaced key."""
+    if info.publisher_signed is None:
+        return ""
+    key = await registry.owner_key(info.owner)
+    what = f"{info.ref}'s publisher signature"
+    if key is None:
+        raise SignatureError(f"{what}: {registry.location} serves no publisher key for "
+                             f"{info.owner}, so it cannot be checked; refused")
+    if registry.location != LOCAL:
+        pinned_owner_key(home, registry.location, info.owner, key.key, key.key_id)
+    record = check_signed(key.key, info.publisher_signed.record,
+                          info.publisher_signed.signature, what, f"owner {info.owner}")
+    if record != publisher_record(info.owner, info.name, info.version, info.digest):
+        raise SignatureError(f"{what} is of {record.get('owner')}/{record.get('name')}@"
+                             f"{record.get('version')} with digest {record.get('digest')}, not "
+                             "of this version: refused (a signature copied from another "
+                             "version)")
+    return key.key_id
+
+
 def _pin(home: Path, location: str, served: SigningKey) -> None:
     if location != LOCAL and served.key:
         pin(home, location, served.key, served.key_id)
@@ -211,6 +244,7 @@ async def install(ref: str | PackageRef, registry: Registry, home: Path | None =
             return have
     info = _trusted(pref, await registry.resolve(pref), registry.location)
     status, served = await signed_status(info, registry, home)
+    signer = await publisher_signature(info, registry, home)
     if need is not None and status != need:
         raise NotVerified(
             f"{info.ref} is {status} at {registry.location}, and {need} is required "
@@ -255,7 +289,7 @@ async def install(ref: str | PackageRef, registry: Registry, home: Path | None =
                            digest=info.digest, path=target, description=m.description,
                            source=registry.location, installed_at=time.time(),
                            dependencies=m.dependencies, missing_dependencies=missing,
-                           audit=info.audit, verification=status)
+                           audit=info.audit, verification=status, publisher_key=signer)
         (tree / MARKER).write_text(env.model_dump_json(exclude={"path"}), encoding="utf-8")
         target.parent.mkdir(parents=True, exist_ok=True)
         if target.exists():  # --force: move the old one aside, then drop it with staging

@@ -117,6 +117,9 @@ class VersionInfo(BaseModel):
                                        "registry's own audit of this digest")
     signed: SignedRecord | None = Field(default=None, description="the version record (owner, "
                                         "name, version, digest) the registry signed at publish")
+    publisher_signed: SignedRecord | None = Field(
+        default=None, description="the same record signed by the owner's publisher key "
+        "(`envhub publish --sign`), when the owner has one")
 
     @property
     def ref(self) -> str:

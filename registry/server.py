@@ -135,6 +135,15 @@ def create_app(config: ServerConfig, catalog: Catalog | None = None) -> FastAPI:
         """The public key this registry signs version and verification records with."""
         return SigningKey(key=catalog.key.public_b64, key_id=catalog.key.key_id)
 
+    @app.get(f"{API}/owners/{{owner}}/key", response_model=SigningKey, responses=ERRORS)
+    async def owner_key(owner: Owner) -> SigningKey:
+        """The owner's publisher key, whose signature its uploads carry (404: it has none)."""
+        check_owner(owner)
+        found = await run_in_threadpool(catalog.publisher_key, owner)
+        if found is None:
+            raise NotFound(f"owner {owner} has no publisher key on this registry")
+        return SigningKey(key=found[0], key_id=found[1])
+
     @app.get(f"{API}/packages/{{owner}}/{{name}}/versions/{{version}}/audit",
              responses={**ERRORS, 200: {"content": {"application/json": {}}, "description":
                                          "the whole `envhub audit --json` report"}})
@@ -189,7 +198,12 @@ def create_app(config: ServerConfig, catalog: Catalog | None = None) -> FastAPI:
                       x_envhub_digest: Annotated[str | None, Header()] = None,
                       x_envhub_audit: Annotated[str | None, Header(
                           description="base64url JSON AuditSummary of this exact package; "
-                          "absent: recorded as not audited")] = None) -> JSONResponse:
+                          "absent: recorded as not audited")] = None,
+                      x_envhub_publisher_signature: Annotated[str | None, Header(
+                          max_length=200, description="base64 ed25519 signature of the "
+                          "publisher record (owner, name, version, digest) by the owner's "
+                          "publisher key; required when the owner has one")] = None
+                      ) -> JSONResponse:
         """Upload a package built by `envhub pack`; 201 new, 200 same content again."""
         check_owner(owner), check_name(name), check_version(version)
         owners = await may_act_as(authorization, owner)
@@ -221,7 +235,8 @@ def create_app(config: ServerConfig, catalog: Catalog | None = None) -> FastAPI:
             if received == 0:
                 raise BadRequest("the request body is empty; send the .tar.gz from `envhub pack`")
             result = await run_in_threadpool(catalog.publish, owner, name, version, tmp,
-                                             ",".join(owners), x_envhub_digest, audit)
+                                             ",".join(owners), x_envhub_digest, audit,
+                                             x_envhub_publisher_signature)
         finally:
             tmp.unlink(missing_ok=True)
         return JSONResponse(result.model_dump(mode="json"),

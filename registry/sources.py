@@ -32,10 +32,12 @@ class Registry(Protocol):
     async def resolve(self, ref: PackageRef) -> VersionInfo: ...
     async def fetch(self, info: VersionInfo, dest: Path) -> None: ...
     async def publish(self, owner: str, archive: Path, digest: str, name: str,
-                      version: str, audit: AuditSummary) -> PublishResult: ...
+                      version: str, audit: AuditSummary,
+                      signature: str | None = None) -> PublishResult: ...
     async def yank(self, owner: str, name: str, version: str, yanked: bool) -> VersionInfo: ...
     async def default_owner(self) -> str | None: ...
     async def signing_key(self) -> SigningKey: ...
+    async def owner_key(self, owner: str) -> SigningKey | None: ...
     async def aclose(self) -> None: ...
 
 
@@ -66,9 +68,10 @@ class LocalRegistry:
                                  f"{info.digest}; delete {src} and publish it again")
 
     async def publish(self, owner: str, archive: Path, digest: str, name: str,
-                      version: str, audit: AuditSummary) -> PublishResult:
+                      version: str, audit: AuditSummary,
+                      signature: str | None = None) -> PublishResult:
         return await asyncio.to_thread(self.catalog.publish_file, owner, archive, "local",
-                                       digest, audit)
+                                       digest, audit, signature)
 
     async def yank(self, owner: str, name: str, version: str, yanked: bool) -> VersionInfo:
         return await asyncio.to_thread(self.catalog.yank, owner, name, version, yanked)
@@ -78,6 +81,10 @@ class LocalRegistry:
 
     async def signing_key(self) -> SigningKey:
         return SigningKey(key=self.catalog.key.public_b64, key_id=self.catalog.key.key_id)
+
+    async def owner_key(self, owner: str) -> SigningKey | None:
+        found = await asyncio.to_thread(self.catalog.publisher_key, owner)
+        return None if found is None else SigningKey(key=found[0], key_id=found[1])
 
     async def aclose(self) -> None:
         self.catalog.close()
@@ -104,8 +111,10 @@ class RemoteRegistry:
         await self.client.download(info, dest)
 
     async def publish(self, owner: str, archive: Path, digest: str, name: str,
-                      version: str, audit: AuditSummary) -> PublishResult:
-        return await self.client.publish(owner, name, version, archive, digest, audit)
+                      version: str, audit: AuditSummary,
+                      signature: str | None = None) -> PublishResult:
+        return await self.client.publish(owner, name, version, archive, digest, audit,
+                                         signature)
 
     async def yank(self, owner: str, name: str, version: str, yanked: bool) -> VersionInfo:
         return await self.client.yank(owner, name, version, yanked)
@@ -119,6 +128,9 @@ class RemoteRegistry:
 
     async def signing_key(self) -> SigningKey:
         return await self.client.signing_key()
+
+    async def owner_key(self, owner: str) -> SigningKey | None:
+        return await self.client.owner_key(owner)
 
     async def aclose(self) -> None:
         await self.client.aclose()
