@@ -101,3 +101,57 @@ def test_concurrent_publish_on_postgres(pg_server: Server, tmp_path: Path) -> No
     versions = httpx.get(f"{pg_server.url}{API}/packages/alice/pg-race").json()["versions"]
     assert len(versions) == 1
     assert len(tree(pg_server.blobs) - before) <= 3  # one blob (+ its two folders at most)
+
+
+def test_the_audit_queue_on_postgres_gives_each_job_to_one_worker(
+        pg_server: Server, postgres_url: str, tmp_path: Path) -> None:
+    """The registry's audit queue (the conditional updates of Catalog.claim_job) on a shared
+    PostgreSQL: four workers, each with its own connection, claim at once; every queued
+    version is taken exactly once. A lease that lapsed is taken again, and the worker that lost
+    it can neither renew nor finish it."""
+    import threading
+
+    from envhub.registry.catalog import Catalog
+    from envhub.registry.models import not_audited
+
+    for i in range(8):
+        env = make_env(tmp_path / f"q{i}", name="pg-queue", version=f"1.0.{i}")
+        out = run_cli("publish", str(env), "--no-audit", "--registry", pg_server.url,
+                      "--token", pg_server.tokens["alice"], "--owner", "alice")
+        assert out.returncode == 0, out.stderr
+    claimed: dict[str, list[str]] = {}
+    start = threading.Barrier(4)
+
+    def work(worker: str) -> None:
+        catalog = Catalog(pg_server.data, postgres_url)
+        try:
+            start.wait()
+            while (job := catalog.claim_job(worker, lease_s=600, max_attempts=3)) is not None:
+                claimed.setdefault(f"{job.owner}/{job.name}@{job.version}", []).append(worker)
+        finally:
+            catalog.close()
+
+    threads = [threading.Thread(target=work, args=(f"w{i}",)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    mine = {ref: who for ref, who in claimed.items() if "/pg-queue@" in ref}
+    assert sorted(mine) == [f"alice/pg-queue@1.0.{i}" for i in range(8)], claimed
+    assert all(len(who) == 1 for who in mine.values()), mine  # never given twice
+
+    # a lapsed lease: another worker takes the job, the first one has lost it
+    env = make_env(tmp_path / "lapsed", name="pg-queue", version="2.0.0")
+    assert run_cli("publish", str(env), "--no-audit", "--registry", pg_server.url, "--token",
+                   pg_server.tokens["alice"], "--owner", "alice").returncode == 0
+    catalog = Catalog(pg_server.data, postgres_url)
+    try:
+        first = catalog.claim_job("dead", lease_s=-1, max_attempts=3)  # lapsed at once
+        assert first is not None and first.version == "2.0.0" and first.attempt == 1
+        again = catalog.claim_job("alive", lease_s=600, max_attempts=3)
+        assert again is not None and again.version == "2.0.0" and again.attempt == 2
+        assert not catalog.renew_job(first, "dead", 600)
+        assert not catalog.finish_job(first, "dead", not_audited("test"), "{}")
+        assert catalog.renew_job(again, "alive", 600)
+    finally:
+        catalog.close()
