@@ -401,6 +401,11 @@ def worker_cmd(
         "worker's job is taken again after it)")] = 60.0,
     max_attempts: Annotated[int, typer.Option("--max-attempts", min=1, max=20)] = 3,
     once: Annotated[bool, typer.Option("--once", help="stop when the queue is empty")] = False,
+    memory_mb: Annotated[int, typer.Option(
+        "--memory-mb", min=256, help="memory (data segment) of the audit process and of each "
+        "process it starts; a package past it fails its audit")] = 8192,
+    file_mb: Annotated[int, typer.Option(
+        "--file-mb", min=1, help="the largest file the audit may write")] = 4096,
     unjailed: Annotated[bool, typer.Option(
         "--unjailed", help="run audits without the bubblewrap jail (the packages' code gets "
         "the network and this user's files): only for registries that trust publishers")
@@ -416,7 +421,8 @@ def worker_cmd(
     worker = Worker(WorkerConfig(
         data=data, db=db, sandboxes=sandbox or ["local"], tasks=tasks,
         cheat_timeout_s=cheat_timeout, job_timeout_s=job_timeout, lease_s=lease,
-        max_attempts=max_attempts, once=once, jail=not unjailed))
+        max_attempts=max_attempts, once=once, jail=not unjailed, memory_mb=memory_mb,
+        file_mb=file_mb))
     signal.signal(signal.SIGTERM, lambda *_: worker.stop())
     done = worker.run()
     typer.echo(f"audited {done} version(s)", err=True)

@@ -11,6 +11,9 @@ lets its lease lapse: another worker takes the job again (up to `max_attempts` s
 version shows `failed`). An audit past `job_timeout_s` is killed and the version shows
 `failed` with that reason; the next job runs.
 
+Resources: the audit process and everything it starts get rlimits (`--memory-mb` of data
+segment each, `--file-mb` per file, no core dumps), and the whole audit `--job-timeout`.
+
 The jail (bubblewrap): the package's own Python runs in the audit process, so the audit runs
 with no network (its gateway and sandboxes on the jail's own loopback), the host read-only,
 a private /tmp, /run and HOME, and the registry's data folder, the worker's ENVHUB_HOME and
@@ -69,6 +72,8 @@ class WorkerConfig:
     poll_s: float = 2.0
     once: bool = False  # stop when the queue is empty
     jail: bool = True
+    memory_mb: int = 8192  # the audit process's data segment (RLIMIT_DATA), its children's each
+    file_mb: int = 4096  # the largest file it (or a sandbox under it) may write (RLIMIT_FSIZE)
 
 
 def check_config(cfg: WorkerConfig) -> None:
@@ -83,6 +88,9 @@ def check_config(cfg: WorkerConfig) -> None:
     if cfg.jail and shutil.which("bwrap") is None:
         raise BadRequest("the audit jail needs bubblewrap: apt-get install bubblewrap "
                          "(or --unjailed if this registry trusts its publishers' code)")
+    if cfg.memory_mb < 256 or cfg.file_mb < 1:
+        raise BadRequest("--memory-mb must be at least 256 (an audit loads a model) and "
+                         "--file-mb at least 1")
     if cfg.lease_s < 3 or cfg.job_timeout_s < 1 or cfg.max_attempts < 1:
         raise BadRequest("--lease must be at least 3 s, --job-timeout positive, and "
                          "--max-attempts at least 1")
@@ -167,6 +175,9 @@ class Worker:
                 argv += ["--sandbox", kind]
             if self.cfg.jail:
                 argv = jail(argv, work, [self.cfg.data, envhub_home()])
+            # resources: memory and file size by rlimits (inherited by everything the audit
+            # starts), time by the job's timeout (so CPU time by it times the cores)
+            argv = [*_limits(self.cfg), *argv]
             # an allow-list: nothing of the worker's environment (keys, database URLs,
             # tokens) reaches the package's code
             env = {k: v for k, v in os.environ.items() if k in PASSED_ENV or k.startswith("LC_")}
@@ -250,6 +261,16 @@ class Worker:
             finally:
                 if proc.poll() is None:
                     _kill(proc)
+
+
+def _limits(cfg: WorkerConfig) -> list[str]:
+    """The argv prefix setting the audit process's rlimits (util-linux prlimit)."""
+    prlimit = shutil.which("prlimit")
+    if prlimit is None:
+        raise RegistryError("the audit's memory and file-size limits need prlimit "
+                            "(util-linux): apt-get install util-linux")
+    return [prlimit, f"--data={cfg.memory_mb << 20}", f"--fsize={cfg.file_mb << 20}",
+            "--core=0", "--"]
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:

@@ -21,6 +21,7 @@ import asyncio
 import logging
 import os
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -56,6 +57,14 @@ PROC_READ_ONLY = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus")
 BASE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             "LANG": "C.UTF-8", "TERM": "dumb", "HOME": SANDBOX_WORKDIR}
 FILE_SIZE_LIMIT = 4 << 30  # one runaway `yes > f` must not fill the host disk
+
+
+def _within(limit: int, want: int) -> int:
+    """`want`, or this process's hard `limit` when that is lower: a sandbox started by a
+    process with tighter rlimits (the registry's audit worker) cannot raise them, and asking
+    would fail every command."""
+    hard = resource.getrlimit(limit)[1]
+    return want if hard == resource.RLIM_INFINITY else min(want, hard)
 _warned = False
 
 
@@ -224,8 +233,9 @@ class LocalSandbox:
         empty without prlimit."""
         if not shutil.which("prlimit"):
             return []
-        return ["prlimit", f"--data={self.spec.memory_mb << 20}", f"--fsize={FILE_SIZE_LIMIT}",
-                "--core=0", "--"]
+        data = _within(resource.RLIMIT_DATA, self.spec.memory_mb << 20)
+        fsize = _within(resource.RLIMIT_FSIZE, FILE_SIZE_LIMIT)
+        return ["prlimit", f"--data={data}", f"--fsize={fsize}", "--core=0", "--"]
 
     async def exec(self, cmd: str, timeout: float | None = None, cwd: str | None = None,
                    env: dict[str, str] | None = None) -> ExecResult:

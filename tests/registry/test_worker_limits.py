@@ -1,0 +1,70 @@
+"""The registry's audit worker bounds the audit's resources: the audit process and everything
+it starts run under rlimits (`envhub registry worker --memory-mb --file-mb`), so a package
+that allocates past the bound fails its own audit (shown `failed`, the allocation's error in
+its owner's report) instead of taking the worker's machine. Sandboxes started under tighter
+limits than they would set keep working (they never ask above their parent's hard limit)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.registry.conftest import API, make_env, run_cli, start_server, stop_server
+from tests.support import require, require_tool
+
+pytestmark = pytest.mark.bwrap
+
+
+def test_a_package_past_the_memory_bound_fails_its_audit(tmp_path: Path) -> None:
+    require_tool("bwrap")
+    require(shutil.which("prlimit") is not None, "prlimit (util-linux)")
+    server = start_server(tmp_path / "data")
+    try:
+        env = make_env(tmp_path / "hog", name="hog", version="0.1.0")
+        with open(env / "env.py", "a", encoding="utf-8") as f:
+            # 2 GiB written at import: fine without a bound on this machine, refused under it
+            f.write("\n_HOG = bytearray(2 << 30)\n_HOG[::4096] = b'x' * len(_HOG[::4096])\n")
+        out = run_cli("publish", str(env), "--no-audit", "--registry", server.url, "--token",
+                      server.tokens["alice"], "--owner", "alice")
+        assert out.returncode == 0, out.stderr
+        worker = subprocess.run(
+            [sys.executable, "-m", "envhub", "registry", "worker", "--data", str(server.data),
+             "--once", "--tasks", "1", "--memory-mb", "768", "--job-timeout", "300"],
+            capture_output=True, text=True, timeout=600, check=False)
+        assert worker.returncode == 0, worker.stderr[-3000:]
+        info = httpx.get(f"{server.url}{API}/packages/alice/hog/versions/0.1.0",
+                         timeout=30).json()
+        assert info["verification"]["status"] == "failed", info["verification"]
+        report = httpx.get(f"{server.url}{API}/packages/alice/hog/versions/0.1.0/audit",
+                           headers={"Authorization": f"Bearer {server.tokens['alice']}"},
+                           timeout=30).json()
+        assert "MemoryError" in report["output_tail"], json.dumps(report)[:3000]
+    finally:
+        stop_server(server)
+
+
+def test_a_sandbox_under_a_tighter_file_size_limit_still_runs(tmp_path: Path) -> None:
+    """The local sandbox sets RLIMIT_FSIZE to 4 GiB; started under a 1 GiB hard limit (as a
+    worker with --file-mb 1024 starts it), it keeps 1 GiB rather than failing every command."""
+    require_tool("bwrap")
+    require(shutil.which("prlimit") is not None, "prlimit (util-linux)")
+    env = {**os.environ, "ENVHUB_HOME": str(tmp_path / "home")}
+    made = subprocess.run([sys.executable, "-m", "envhub", "init", "tight"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert made.returncode == 0, made.stderr
+    ran = subprocess.run(["prlimit", f"--fsize={1 << 30}:{1 << 30}", "--",
+                          sys.executable, "-m", "envhub", "run", "./tight", "--agent", "oracle",
+                          "--sandbox", "local", "-n", "1", "--out", "out", "-q"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+                         check=False)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    overall = json.loads((tmp_path / "out" / "summary.json").read_text())["overall"]
+    assert overall["env_failure"] == 0 and overall["resolved"] == overall["rollouts"] == 1, \
+        overall
