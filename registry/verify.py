@@ -109,8 +109,7 @@ def jail(argv: list[str], work: Path, hidden: list[Path]) -> list[str]:
     home = Path.home().resolve()
     if home != Path("/") and home.is_dir():
         args += ["--tmpfs", str(home)]
-        code = Path(__file__).resolve().parents[1]  # envhub's checkout or site-packages
-        for keep in {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve(), code}:
+        for keep in _kept(home):
             if keep.is_relative_to(home):
                 args += ["--ro-bind", str(keep), str(keep)]
     for folder in hidden:  # after the binds above: hidden even inside them
@@ -118,6 +117,53 @@ def jail(argv: list[str], work: Path, hidden: list[Path]) -> list[str]:
             args += ["--tmpfs", str(folder.resolve())]
     args += ["--bind", str(work), str(work), "--chdir", str(work)]
     return [*args, "--", *argv]
+
+
+NOBODY = 65534  # the uid and gid a root worker's audits run as
+
+
+def unprivileged(argv: list[str], work: Path) -> list[str]:
+    """`argv` (the jail) started as nobody when this worker is root. bubblewrap run by root
+    keeps root's capabilities inside, with which the package's code could unmount what the
+    jail hides (the registry's key) or remount the host read-write. As nobody it has none, and
+    bubblewrap runs unprivileged (its own user namespace, where the sandboxes the audit starts
+    nest). Interpreter and code under root's home (0700: nobody cannot pass) are moved into a
+    private mount namespace's fresh home first; `work` is handed to nobody."""
+    if os.geteuid() != 0:
+        return argv
+    setpriv, unshare = shutil.which("setpriv"), shutil.which("unshare")
+    if setpriv is None or unshare is None:
+        raise RegistryError("a root worker runs audits as nobody with setpriv and unshare "
+                            "(util-linux): apt-get install util-linux")
+    for path in (work, *work.rglob("*")):
+        os.lchown(path, NOBODY, NOBODY)
+    home = Path.home().resolve()
+    stage = work / ".stage"
+    lines = ["set -e"]
+    if home != Path("/") and home.is_dir():
+        keep = sorted({p for p in _kept(home) if p.is_relative_to(home)})
+        for i, path in enumerate(keep):
+            lines += [f"mkdir -p {stage}/{i}", f"mount --rbind {_q(path)} {stage}/{i}"]
+        lines.append(f"mount -t tmpfs -o mode=0755,nosuid,nodev envhub-jail-home {_q(home)}")
+        for i, path in enumerate(keep):
+            lines += [f"mkdir -p {_q(path)}", f"mount --move {stage}/{i} {_q(path)}"]
+    lines.append(f'exec {setpriv} --reuid {NOBODY} --regid {NOBODY} --clear-groups '
+                 '--inh-caps=-all --bounding-set=-all -- "$@"')
+    return [unshare, "--mount", "--propagation", "private", "--", "sh", "-c",
+            "\n".join(lines), "envhub-jail", *argv]
+
+
+def _kept(home: Path) -> set[Path]:
+    """The interpreter, the venv and envhub's own code: what the jail binds back into a
+    hidden home."""
+    code = Path(__file__).resolve().parents[1]  # envhub's checkout or site-packages
+    return {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve(), code}
+
+
+def _q(path: Path) -> str:
+    import shlex
+
+    return shlex.quote(str(path))
 
 
 class Worker:
@@ -173,8 +219,9 @@ class Worker:
                     "--out", str(work / "runs")]
             for kind in self.cfg.sandboxes:
                 argv += ["--sandbox", kind]
+            (work / "scratch").mkdir()
             if self.cfg.jail:
-                argv = jail(argv, work, [self.cfg.data, envhub_home()])
+                argv = unprivileged(jail(argv, work, [self.cfg.data, envhub_home()]), work)
             # resources: memory and file size by rlimits (inherited by everything the audit
             # starts), time by the job's timeout (so CPU time by it times the cores)
             argv = [*_limits(self.cfg), *argv]
@@ -183,7 +230,6 @@ class Worker:
             env = {k: v for k, v in os.environ.items() if k in PASSED_ENV or k.startswith("LC_")}
             env.update(HOME=str(work / "home"), ENVHUB_HOME=str(work / "envhub-home"),
                        XDG_CACHE_HOME=str(work / "cache"), TMPDIR=str(work / "scratch"))
-            (work / "scratch").mkdir()
             outcome, tail = self._run(job, argv, env, work)
             if outcome is None:
                 return  # failed (recorded) or no longer ours

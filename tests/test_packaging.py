@@ -47,7 +47,8 @@ def test_wheel_holds_every_component_with_its_data(wheel: Path) -> None:
                  "envhub/viewer/templates/session.html", "envhub/viewer/static/view.css",
                  "envhub/envs/builtin/swe_task/envhub.toml",
                  "envhub/envs/scaffold/template/envhub.toml.tmpl",
-                 "envhub/envs/agents/recipes/opencode.sh", "envhub/envs/agents/recipes/envhub-tool"):
+                 "envhub/envs/agents/recipes/opencode.sh",
+                 "envhub/envs/agents/recipes/envhub-tool"):
         assert data in names, data
     assert not [n for n in names if n.startswith(("tests/", "bench/", "scripts/"))]
 

@@ -72,6 +72,21 @@ def probe(port, paths):
     return "FINDINGS " + " ".join(seen)
 
 
+def undo(paths):
+    """Unmount what hides each path's folder (as root with its capabilities, which a jail
+    run by root keeps, this reveals it) and remount / read-write: the count that worked."""
+    import ctypes
+    import ctypes.util
+
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    done = 0
+    for path in paths.values():
+        for _ in range(3):  # each mount stacked there
+            done += libc.umount2(os.path.dirname(path).encode(), 2) == 0  # MNT_DETACH
+    done += libc.mount(b"none", b"/", None, 0x20 | 0x1000 | 0x4000, None) == 0  # rw remount
+    return done
+
+
 class Environment:
     def __init__(self, folder, manifest):
         self.folder, self.manifest = folder, manifest
@@ -79,7 +94,8 @@ class Environment:
     def load_tasks(self):
         # the report the worker reads, made a link to the registry's key (were it visible)
         os.symlink(PATHS["key"], "report.json")
-        raise RuntimeError(probe(PORT, PATHS))
+        undone = undo(PATHS)
+        raise RuntimeError(probe(PORT, PATHS) + " undone=" + str(undone))
 ''' + STUBS
 FORGER_ENV = '''"""A package that writes the audit's report itself, claiming a pass."""
 
@@ -258,6 +274,8 @@ def test_a_hostile_package_reaches_nothing_and_a_hanging_one_does_not_stall_the_
     assert "registry-port=ConnectionRefusedError" in findings, findings
     assert "index=hidden" in findings and "key=hidden" in findings, findings
     assert "blobs=hidden" in findings, findings
+    # it could not undo the jail: no unmount or remount worked (it runs without capabilities)
+    assert "undone=0" in findings, findings
     key = (server.data / "signing.key").read_text()
     public = json.dumps(hub["after"]) + httpx.get(f"{server.url}/", timeout=30).text
     assert key.split("\n")[1] not in public + json.dumps(report)  # the report link: refused
