@@ -6,7 +6,8 @@ session (calls == turns), token-exact (TITO on every turn), its compaction recor
 action, and the model name it asked for kept on each turn.
 
 The packages are installed from the npm registry at test time into the agent cache (then
-reused); the CLIs' per-run settings are in cli_agents/*.sh.
+reused); the CLIs' per-run settings are in cli_agents/*.sh (Codex's on top of its shipped
+recipe).
 """
 
 from __future__ import annotations
@@ -35,9 +36,11 @@ def run_cli(tmp_path: Path, cli: str, kind: str, script: str | None = None) -> d
     require_docker() if kind == "docker" else require_tool("bwrap")
     spec, default_script, _ = CLIS[cli]
     script = script or default_script
+    # Codex's script runs its shipped recipe (codex.sh) first
+    recipe = ["--agent-install", "recipe:codex"] if cli == "codex" else []
     ran = envhub("run", "swe-task", "--agent", script, "--agent-install", f"npm:{spec}",
-                 "--agent-install", f"script:{HERE / script}", "--sandbox", kind, "-n", "1",
-                 "-k", "1", "--time-limit", "420", "--out", "out", "-q", cwd=tmp_path)
+                 *recipe, "--agent-install", f"script:{HERE / script}", "--sandbox", kind,
+                 "-n", "1", "-k", "1", "--time-limit", "420", "--out", "out", "-q", cwd=tmp_path)
     assert ran.returncode == 0, ran.stderr[-3000:]
     record = only_rollout(tmp_path / "out")
     info = record["agent_info"]

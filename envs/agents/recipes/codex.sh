@@ -7,6 +7,7 @@
 #   envhub run ENV --agent codex.sh --agent-install recipe:codex
 # Offline: no update check, web search, analytics, feedback, plugins or other network
 # features; approvals and Codex's own sandbox off (the rollout's sandbox is the boundary).
+# CODEX_COMPACT_LIMIT: its auto-compact token limit (default: Codex's own).
 #@install npm:@openai/codex@0.169.0
 export HOME=/tmp/agent-home CODEX_HOME=/tmp/agent-home/.codex
 mkdir -p "$CODEX_HOME"
@@ -16,6 +17,7 @@ model_provider = "envhub"
 check_for_update_on_startup = false
 web_search = "disabled"
 model_context_window = 32768
+${CODEX_COMPACT_LIMIT:+model_auto_compact_token_limit = $CODEX_COMPACT_LIMIT}
 
 [model_providers.envhub]
 name = "envhub"
