@@ -166,6 +166,10 @@ def pin(home: Path, location: str, served_b64: str, served_id: str) -> None:
     if location in pins or os.environ.get(KEY_ENV, "").strip():
         return
     pins[location] = {"key": served_b64, "key_id": served_id}
+    _save_pins(home, pins)
+
+
+def _save_pins(home: Path, pins: dict[str, dict[str, str]]) -> None:
     home.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=home, prefix=".registry-keys-")
     with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -242,8 +246,4 @@ def pinned_owner_key(home: Path, location: str, owner: str, served_b64: str,
             f"purpose, remove the entry '{entry}' from {pins_path(home)}")
     if pin is None:
         pins[entry] = {"key": served_b64, "key_id": served_id}
-        home.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=home, prefix=".registry-keys-")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(pins, f, indent=1, sort_keys=True)
-        os.replace(tmp, pins_path(home))
+        _save_pins(home, pins)

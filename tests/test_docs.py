@@ -92,17 +92,24 @@ def test_a_broken_link_fails_the_strict_build(tmp_path: Path):
     assert "no-such-page.md" in built.stderr, built.stderr[-2000:]
 
 
-def test_the_reference_follows_a_config_field_added_in_a_copy(tmp_path: Path):
+def build_edited_copy(tmp_path: Path, file: str, anchor: str, before: str = "",
+                      after: str = "") -> Path:
+    """The site of a scratch copy of the checkout where `file` has `before` and `after` around
+    its first `anchor` (asserted built)."""
     copy = tmp_path / "checkout"
     copy_checkout(copy)
-    config = copy / "orchestrator" / "groups" / "config.py"
-    text = config.read_text()
-    anchor = "    k: int = Field(1, ge=1"
+    text = (copy / file).read_text()
     assert anchor in text
-    config.write_text(text.replace(anchor, '    docs_probe: int = Field(7, description="a field'
-                                   ' the docs test added")\n' + anchor, 1))
+    (copy / file).write_text(text.replace(anchor, before + anchor + after, 1))
     built = build(copy, tmp_path / "site")
     assert built.returncode == 0, built.stderr[-4000:]
+    return tmp_path / "site"
+
+
+def test_the_reference_follows_a_config_field_added_in_a_copy(tmp_path: Path):
+    build_edited_copy(tmp_path, "orchestrator/groups/config.py", "    k: int = Field(1, ge=1",
+                      before='    docs_probe: int = Field(7, description="a field the docs '
+                      'test added")\n')
     run = command_section(tmp_path / "site", "run")
     assert "--docs-probe" in run and "a field the docs test added" in run
     assert "--docs-probe" not in command_section(tmp_path / "site", "train")
@@ -111,14 +118,8 @@ def test_the_reference_follows_a_config_field_added_in_a_copy(tmp_path: Path):
 def test_the_metrics_reference_follows_a_column_added_in_a_copy(tmp_path: Path):
     """A column the loop writes into every train row, added in a scratch copy, is on that
     copy's metrics page: the page comes from the rows a real run of the copy wrote."""
-    copy = tmp_path / "checkout"
-    copy_checkout(copy)
-    metrics = copy / "orchestrator" / "training" / "metrics.py"
-    text = metrics.read_text()
-    anchor = "    row.update(trainer)\n"
-    assert anchor in text
-    metrics.write_text(text.replace(anchor, anchor + '    row["docs_probe/rows"] = 7\n', 1))
-    built = build(copy, tmp_path / "site")
-    assert built.returncode == 0, built.stderr[-4000:]
-    page = page_text(tmp_path / "site", "reference/metrics")
+    site = build_edited_copy(tmp_path, "orchestrator/training/metrics.py",
+                             "    row.update(trainer)\n",
+                             after='    row["docs_probe/rows"] = 7\n')
+    page = page_text(site, "reference/metrics")
     assert "docs_probe/rows train 7" in " ".join(page.split()), page[:3000]
