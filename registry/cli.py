@@ -406,6 +406,9 @@ def worker_cmd(
         "process it starts; a package past it fails its audit")] = 8192,
     file_mb: Annotated[int, typer.Option(
         "--file-mb", min=1, help="the largest file the audit may write")] = 4096,
+    disk_mb: Annotated[int, typer.Option(
+        "--disk-mb", min=64, help="all one audit may write (a tmpfs at its folder, when run "
+        "as root: memory, not disk)")] = 16384,
     unjailed: Annotated[bool, typer.Option(
         "--unjailed", help="run audits without the bubblewrap jail (the packages' code gets "
         "the network and this user's files): only for registries that trust publishers")
@@ -422,7 +425,7 @@ def worker_cmd(
         data=data, db=db, sandboxes=sandbox or ["local"], tasks=tasks,
         cheat_timeout_s=cheat_timeout, job_timeout_s=job_timeout, lease_s=lease,
         max_attempts=max_attempts, once=once, jail=not unjailed, memory_mb=memory_mb,
-        file_mb=file_mb))
+        file_mb=file_mb, disk_mb=disk_mb))
     signal.signal(signal.SIGTERM, lambda *_: worker.stop())
     done = worker.run()
     typer.echo(f"audited {done} version(s)", err=True)

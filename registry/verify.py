@@ -12,7 +12,8 @@ version shows `failed`). An audit past `job_timeout_s` is killed and the version
 `failed` with that reason; the next job runs.
 
 Resources: the audit process and everything it starts get rlimits (`--memory-mb` of data
-segment each, `--file-mb` per file, no core dumps), and the whole audit `--job-timeout`.
+segment each, `--file-mb` per file, no core dumps), everything it writes goes to a tmpfs of
+`--disk-mb` (as root), and the whole audit has `--job-timeout`.
 
 The jail (bubblewrap): the package's own Python runs in the audit process, so the audit runs
 with no network (its gateway and sandboxes on the jail's own loopback), the host read-only,
@@ -24,6 +25,7 @@ user with the Docker socket, for registries that trust their publishers.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -36,6 +38,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -53,6 +56,8 @@ log = logging.getLogger("envhub.registry.verify")
 LOG_TAIL = 4000  # bytes of the audit's output kept for the owner's report of a failed audit
 MAX_REPORT_BYTES = 16 << 20
 PASSED_ENV = frozenset({"PATH", "LANG", "LANGUAGE", "TZ", "TERM", "PYTHONHASHSEED"})
+# each of the jail's own tmpfs (/tmp, /run, the home; its TMPDIR and HOME are in the work folder)
+JAIL_TMPFS_BYTES = 256 << 20
 # the controls every complete audit report holds for each sandbox kind it ran in
 CONTROLS = ("no-op", "oracle")
 
@@ -74,6 +79,7 @@ class WorkerConfig:
     jail: bool = True
     memory_mb: int = 8192  # the audit process's data segment (RLIMIT_DATA), its children's each
     file_mb: int = 4096  # the largest file it (or a sandbox under it) may write (RLIMIT_FSIZE)
+    disk_mb: int = 16384  # everything one audit writes (a tmpfs at its folder, as root)
 
 
 def check_config(cfg: WorkerConfig) -> None:
@@ -88,9 +94,9 @@ def check_config(cfg: WorkerConfig) -> None:
     if cfg.jail and shutil.which("bwrap") is None:
         raise BadRequest("the audit jail needs bubblewrap: apt-get install bubblewrap "
                          "(or --unjailed if this registry trusts its publishers' code)")
-    if cfg.memory_mb < 256 or cfg.file_mb < 1:
-        raise BadRequest("--memory-mb must be at least 256 (an audit loads a model) and "
-                         "--file-mb at least 1")
+    if cfg.memory_mb < 256 or cfg.file_mb < 1 or cfg.disk_mb < 64:
+        raise BadRequest("--memory-mb must be at least 256 (an audit loads a model), "
+                         "--file-mb at least 1 and --disk-mb at least 64")
     if cfg.lease_s < 3 or cfg.job_timeout_s < 1 or cfg.max_attempts < 1:
         raise BadRequest("--lease must be at least 3 s, --job-timeout positive, and "
                          "--max-attempts at least 1")
@@ -105,16 +111,17 @@ def jail(argv: list[str], work: Path, hidden: list[Path]) -> list[str]:
     assert bwrap is not None  # check_config
     args = [bwrap, "--die-with-parent", "--new-session", "--unshare-net", "--unshare-ipc",
             "--unshare-pid", "--unshare-uts", "--ro-bind", "/", "/", "--dev", "/dev",
-            "--proc", "/proc", "--tmpfs", "/tmp", "--tmpfs", "/run"]
+            "--proc", "/proc", "--size", str(JAIL_TMPFS_BYTES), "--tmpfs", "/tmp",
+            "--size", str(JAIL_TMPFS_BYTES), "--tmpfs", "/run"]
     home = Path.home().resolve()
     if home != Path("/") and home.is_dir():
-        args += ["--tmpfs", str(home)]
+        args += ["--size", str(JAIL_TMPFS_BYTES), "--tmpfs", str(home)]
         for keep in _kept(home):
             if keep.is_relative_to(home):
                 args += ["--ro-bind", str(keep), str(keep)]
     for folder in hidden:  # after the binds above: hidden even inside them
         if folder.is_dir() and folder.resolve() != Path("/"):
-            args += ["--tmpfs", str(folder.resolve())]
+            args += ["--size", str(1 << 20), "--tmpfs", str(folder.resolve())]
     args += ["--bind", str(work), str(work), "--chdir", str(work)]
     return [*args, "--", *argv]
 
@@ -204,7 +211,8 @@ class Worker:
         return done
 
     def audit(self, job: AuditJob) -> None:
-        with tempfile.TemporaryDirectory(prefix="envhub-verify-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="envhub-verify-") as tmp, \
+                bounded(Path(tmp), self.cfg.disk_mb):
             work = Path(tmp)
             try:
                 tree = self._unpack(job, work)
@@ -307,6 +315,29 @@ class Worker:
             finally:
                 if proc.poll() is None:
                     _kill(proc)
+
+
+@contextlib.contextmanager
+def bounded(work: Path, disk_mb: int) -> Iterator[None]:
+    """`work` on a tmpfs of `disk_mb` while the audit runs, so that what the package writes
+    stops at ENOSPC there (as root; other users keep the per-file bound only, said once)."""
+    global _unbounded_said
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        if not _unbounded_said:
+            _unbounded_said = True
+            log.warning("not root: an audit's folder is bounded per file only (--file-mb)")
+        yield
+        return
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={disk_mb}m,mode=0700,nosuid,nodev",
+                    "envhub-audit", str(work)], check=True, capture_output=True, timeout=30)
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", "-l", str(work)], capture_output=True, timeout=30,
+                       check=False)
+
+
+_unbounded_said = False
 
 
 def _limits(cfg: WorkerConfig) -> list[str]:

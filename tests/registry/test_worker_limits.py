@@ -50,6 +50,38 @@ def test_a_package_past_the_memory_bound_fails_its_audit(tmp_path: Path) -> None
         stop_server(server)
 
 
+def test_a_package_filling_the_disk_stops_at_the_bound(tmp_path: Path) -> None:
+    """As root, one audit writes into a tmpfs of --disk-mb: a package writing 1 MiB files at
+    import gets ENOSPC after at most that much (it prints how much it wrote)."""
+    require_tool("bwrap")
+    require(os.geteuid() == 0, "root (the disk bound is a tmpfs mount)")
+    server = start_server(tmp_path / "data")
+    try:
+        env = make_env(tmp_path / "filler", name="filler", version="0.1.0")
+        with open(env / "env.py", "a", encoding="utf-8") as f:
+            f.write("\nimport os as _os\n_n = 0\ntry:\n    while _n < 4096:\n"
+                    "        with open(f'fill-{_n}', 'wb') as _f:\n"
+                    "            _f.write(_os.urandom(1 << 20))\n        _n += 1\n"
+                    "except OSError as _e:\n    print('FILLED', _n, _e.strerror, flush=True)\n"
+                    "    raise\n")
+        out = run_cli("publish", str(env), "--no-audit", "--registry", server.url, "--token",
+                      server.tokens["alice"], "--owner", "alice")
+        assert out.returncode == 0, out.stderr
+        worker = subprocess.run(
+            [sys.executable, "-m", "envhub", "registry", "worker", "--data", str(server.data),
+             "--once", "--tasks", "1", "--disk-mb", "64", "--job-timeout", "300"],
+            capture_output=True, text=True, timeout=600, check=False)
+        assert worker.returncode == 0, worker.stderr[-3000:]
+        report = httpx.get(f"{server.url}{API}/packages/alice/filler/versions/0.1.0/audit",
+                           headers={"Authorization": f"Bearer {server.tokens['alice']}"},
+                           timeout=30).json()
+        line = next(x for x in report["output_tail"].splitlines() if x.startswith("FILLED"))
+        _, written, reason = line.split(" ", 2)
+        assert reason == "No space left on device" and int(written) <= 64, line
+    finally:
+        stop_server(server)
+
+
 def test_a_sandbox_under_a_tighter_file_size_limit_still_runs(tmp_path: Path) -> None:
     """The local sandbox sets RLIMIT_FSIZE to 4 GiB; started under a 1 GiB hard limit (as a
     worker with --file-mb 1024 starts it), it keeps 1 GiB rather than failing every command."""
