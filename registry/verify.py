@@ -104,21 +104,25 @@ def check_config(cfg: WorkerConfig) -> None:
 
 def jail(argv: list[str], work: Path, hidden: list[Path]) -> list[str]:
     """`argv` under bubblewrap: no network, the host read-only, `work` writable, `hidden`
-    folders replaced by empty ones (the user's home among them, with the interpreter, the
-    venv and envhub's own code bound back read-only when they live there), /tmp and /run
-    private (the Docker socket with them)."""
+    folders and the user's home replaced by empty ones, /tmp and /run private (the Docker
+    socket with them); the interpreter, the venv and envhub's own code bound back read-only
+    where those cover them."""
     bwrap = shutil.which("bwrap")
     assert bwrap is not None  # check_config
     args = [bwrap, "--die-with-parent", "--new-session", "--unshare-net", "--unshare-ipc",
             "--unshare-pid", "--unshare-uts", "--ro-bind", "/", "/", "--dev", "/dev",
             "--proc", "/proc", "--size", str(JAIL_TMPFS_BYTES), "--tmpfs", "/tmp",
             "--size", str(JAIL_TMPFS_BYTES), "--tmpfs", "/run"]
+    covered = [Path("/tmp").resolve(), Path("/run").resolve()]
     home = Path.home().resolve()
     if home != Path("/") and home.is_dir():
         args += ["--size", str(JAIL_TMPFS_BYTES), "--tmpfs", str(home)]
-        for keep in _kept(home):
-            if keep.is_relative_to(home):
-                args += ["--ro-bind", str(keep), str(keep)]
+        covered.append(home)
+    # the interpreter, the venv and envhub's code where the fresh /tmp, /run or home cover
+    # them (a checkout in /tmp, a pyenv in the home): bound back read-only
+    for keep in sorted(_kept(home)):
+        if any(keep.is_relative_to(root) for root in covered):
+            args += ["--ro-bind", str(keep), str(keep)]
     for folder in hidden:  # after the binds above: hidden even inside them
         if folder.is_dir() and folder.resolve() != Path("/"):
             args += ["--size", str(1 << 20), "--tmpfs", str(folder.resolve())]
