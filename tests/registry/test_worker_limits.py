@@ -22,32 +22,39 @@ from tests.support import require, require_tool
 pytestmark = pytest.mark.bwrap
 
 
-def test_a_package_past_the_memory_bound_fails_its_audit(tmp_path: Path) -> None:
-    require_tool("bwrap")
-    require(shutil.which("prlimit") is not None, "prlimit (util-linux)")
+def audited(tmp_path: Path, name: str, code: str, *flags: str) -> tuple[dict, dict]:
+    """(the version's info, its owner's audit report) after a worker run with `flags` audited
+    a package whose env.py ends with `code`, published to a fresh registry."""
     server = start_server(tmp_path / "data")
     try:
-        env = make_env(tmp_path / "hog", name="hog", version="0.1.0")
+        env = make_env(tmp_path / name, name=name, version="0.1.0")
         with open(env / "env.py", "a", encoding="utf-8") as f:
-            # 2 GiB written at import: fine without a bound on this machine, refused under it
-            f.write("\n_HOG = bytearray(2 << 30)\n_HOG[::4096] = b'x' * len(_HOG[::4096])\n")
+            f.write(code)
         out = run_cli("publish", str(env), "--no-audit", "--registry", server.url, "--token",
                       server.tokens["alice"], "--owner", "alice")
         assert out.returncode == 0, out.stderr
         worker = subprocess.run(
             [sys.executable, "-m", "envhub", "registry", "worker", "--data", str(server.data),
-             "--once", "--tasks", "1", "--memory-mb", "768", "--job-timeout", "300"],
+             "--once", "--tasks", "1", "--job-timeout", "300", *flags],
             capture_output=True, text=True, timeout=600, check=False)
         assert worker.returncode == 0, worker.stderr[-3000:]
-        info = httpx.get(f"{server.url}{API}/packages/alice/hog/versions/0.1.0",
-                         timeout=30).json()
-        assert info["verification"]["status"] == "failed", info["verification"]
-        report = httpx.get(f"{server.url}{API}/packages/alice/hog/versions/0.1.0/audit",
-                           headers={"Authorization": f"Bearer {server.tokens['alice']}"},
-                           timeout=30).json()
-        assert "MemoryError" in report["output_tail"], json.dumps(report)[:3000]
+        url = f"{server.url}{API}/packages/alice/{name}/versions/0.1.0"
+        info = httpx.get(url, timeout=30).json()
+        report = httpx.get(f"{url}/audit", timeout=30, headers={
+            "Authorization": f"Bearer {server.tokens['alice']}"}).json()
+        return info, report
     finally:
         stop_server(server)
+
+
+def test_a_package_past_the_memory_bound_fails_its_audit(tmp_path: Path) -> None:
+    require_tool("bwrap")
+    require(shutil.which("prlimit") is not None, "prlimit (util-linux)")
+    # 2 GiB written at import: fine without a bound on this machine, refused under it
+    info, report = audited(tmp_path, "hog", "\n_HOG = bytearray(2 << 30)\n"
+                           "_HOG[::4096] = b'x' * len(_HOG[::4096])\n", "--memory-mb", "768")
+    assert info["verification"]["status"] == "failed", info["verification"]
+    assert "MemoryError" in report["output_tail"], json.dumps(report)[:3000]
 
 
 def test_a_package_filling_the_disk_stops_at_the_bound(tmp_path: Path) -> None:
@@ -55,31 +62,14 @@ def test_a_package_filling_the_disk_stops_at_the_bound(tmp_path: Path) -> None:
     import gets ENOSPC after at most that much (it prints how much it wrote)."""
     require_tool("bwrap")
     require(os.geteuid() == 0, "root (the disk bound is a tmpfs mount)")
-    server = start_server(tmp_path / "data")
-    try:
-        env = make_env(tmp_path / "filler", name="filler", version="0.1.0")
-        with open(env / "env.py", "a", encoding="utf-8") as f:
-            f.write("\nimport os as _os\n_n = 0\ntry:\n    while _n < 4096:\n"
-                    "        with open(f'fill-{_n}', 'wb') as _f:\n"
-                    "            _f.write(_os.urandom(1 << 20))\n        _n += 1\n"
-                    "except OSError as _e:\n    print('FILLED', _n, _e.strerror, flush=True)\n"
-                    "    raise\n")
-        out = run_cli("publish", str(env), "--no-audit", "--registry", server.url, "--token",
-                      server.tokens["alice"], "--owner", "alice")
-        assert out.returncode == 0, out.stderr
-        worker = subprocess.run(
-            [sys.executable, "-m", "envhub", "registry", "worker", "--data", str(server.data),
-             "--once", "--tasks", "1", "--disk-mb", "64", "--job-timeout", "300"],
-            capture_output=True, text=True, timeout=600, check=False)
-        assert worker.returncode == 0, worker.stderr[-3000:]
-        report = httpx.get(f"{server.url}{API}/packages/alice/filler/versions/0.1.0/audit",
-                           headers={"Authorization": f"Bearer {server.tokens['alice']}"},
-                           timeout=30).json()
-        line = next(x for x in report["output_tail"].splitlines() if x.startswith("FILLED"))
-        _, written, reason = line.split(" ", 2)
-        assert reason == "No space left on device" and int(written) <= 64, line
-    finally:
-        stop_server(server)
+    _, report = audited(tmp_path, "filler", "\nimport os as _os\n_n = 0\ntry:\n"
+                        "    while _n < 4096:\n        with open(f'fill-{_n}', 'wb') as _f:\n"
+                        "            _f.write(_os.urandom(1 << 20))\n        _n += 1\n"
+                        "except OSError as _e:\n    print('FILLED', _n, _e.strerror, flush=True)\n"
+                        "    raise\n", "--disk-mb", "64")
+    line = next(x for x in report["output_tail"].splitlines() if x.startswith("FILLED"))
+    _, written, reason = line.split(" ", 2)
+    assert reason == "No space left on device" and int(written) <= 64, line
 
 
 def test_a_sandbox_under_a_tighter_file_size_limit_still_runs(tmp_path: Path) -> None:
