@@ -29,6 +29,7 @@ import contextlib
 import json
 import logging
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -94,6 +95,12 @@ def check_config(cfg: WorkerConfig) -> None:
     if cfg.jail and shutil.which("bwrap") is None:
         raise BadRequest("the audit jail needs bubblewrap: apt-get install bubblewrap "
                          "(or --unjailed if this registry trusts its publishers' code)")
+    # util-linux: prlimit for every audit's rlimits; setpriv and unshare for a root worker's
+    # unprivileged jail
+    needed = ["prlimit"] + (["setpriv", "unshare"] if cfg.jail and os.geteuid() == 0 else [])
+    if missing := [tool for tool in needed if shutil.which(tool) is None]:
+        raise BadRequest(f"the audit worker needs {', '.join(missing)} (util-linux): apt-get "
+                         "install util-linux")
     if cfg.memory_mb < 256 or cfg.file_mb < 1 or cfg.disk_mb < 64:
         raise BadRequest("--memory-mb must be at least 256 (an audit loads a model), "
                          "--file-mb at least 1 and --disk-mb at least 64")
@@ -120,7 +127,7 @@ def jail(argv: list[str], work: Path, hidden: list[Path]) -> list[str]:
         covered.append(home)
     # the interpreter, the venv and envhub's code where the fresh /tmp, /run or home cover
     # them (a checkout in /tmp, a pyenv in the home): bound back read-only
-    for keep in sorted(_kept(home)):
+    for keep in sorted(_kept()):
         if any(keep.is_relative_to(root) for root in covered):
             args += ["--ro-bind", str(keep), str(keep)]
     for folder in hidden:  # after the binds above: hidden even inside them
@@ -143,16 +150,14 @@ def unprivileged(argv: list[str], work: Path) -> list[str]:
     if os.geteuid() != 0:
         return argv
     setpriv, unshare = shutil.which("setpriv"), shutil.which("unshare")
-    if setpriv is None or unshare is None:
-        raise RegistryError("a root worker runs audits as nobody with setpriv and unshare "
-                            "(util-linux): apt-get install util-linux")
+    assert setpriv is not None and unshare is not None  # check_config
     for path in (work, *work.rglob("*")):
         os.lchown(path, NOBODY, NOBODY)
     home = Path.home().resolve()
     stage = work / ".stage"
     lines = ["set -e"]
     if home != Path("/") and home.is_dir():
-        keep = sorted({p for p in _kept(home) if p.is_relative_to(home)})
+        keep = sorted(p for p in _kept() if p.is_relative_to(home))
         for i, path in enumerate(keep):
             lines += [f"mkdir -p {stage}/{i}", f"mount --rbind {_q(path)} {stage}/{i}"]
         lines.append(f"mount -t tmpfs -o mode=0755,nosuid,nodev envhub-jail-home {_q(home)}")
@@ -164,16 +169,14 @@ def unprivileged(argv: list[str], work: Path) -> list[str]:
             "\n".join(lines), "envhub-jail", *argv]
 
 
-def _kept(home: Path) -> set[Path]:
-    """The interpreter, the venv and envhub's own code: what the jail binds back into a
-    hidden home."""
+def _kept() -> set[Path]:
+    """The interpreter, the venv and envhub's own code: what the jail binds back where its
+    fresh folders cover them."""
     code = Path(__file__).resolve().parents[1]  # envhub's checkout or site-packages
     return {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve(), code}
 
 
 def _q(path: Path) -> str:
-    import shlex
-
     return shlex.quote(str(path))
 
 
@@ -347,9 +350,7 @@ _unbounded_said = False
 def _limits(cfg: WorkerConfig) -> list[str]:
     """The argv prefix setting the audit process's rlimits (util-linux prlimit)."""
     prlimit = shutil.which("prlimit")
-    if prlimit is None:
-        raise RegistryError("the audit's memory and file-size limits need prlimit "
-                            "(util-linux): apt-get install util-linux")
+    assert prlimit is not None  # check_config
     return [prlimit, f"--data={cfg.memory_mb << 20}", f"--fsize={cfg.file_mb << 20}",
             "--core=0", "--"]
 
