@@ -10,7 +10,9 @@
 # (scripts/floors.sh).
 # Before pytest: ruff, mypy (the whole package) and the import contracts of DESIGN.md's
 # layout table (lint-imports, [tool.importlinter] in pyproject.toml). Every check runs and shows
-# its output; any failure fails the script before the tests start. Arguments go to pytest.
+# its output; any failure fails the script before the tests start. Arguments go to pytest:
+# e.g. `--shuffle SEED` runs the tests in a seeded shuffled order (tests/conftest.py), to find
+# a test whose verdict depends on what ran before it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ci=false; [[ "${CI:-}" =~ ^(1|true|yes)$ ]] && ci=true

@@ -56,3 +56,43 @@ def test_a_module_skipped_at_collection_fails_in_ci(tmp_path: Path) -> None:
 def test_a_skip_is_a_skip_locally(tmp_path: Path) -> None:
     assert "1 passed, 2 skipped, 1 xfailed" in _run(tmp_path, "", SKIPPING)
     assert "1 skipped" in _run(tmp_path, "", MODULE_SKIP)
+
+
+GROUPED = '''
+import os
+from pathlib import Path
+
+import pytest
+
+@pytest.fixture(scope="module")
+def shared():
+    return os.environ["PYTEST_XDIST_WORKER"]
+
+@pytest.mark.parametrize("i", range(6))
+def test_shares(shared, i):
+    Path(__file__).with_name(f"{Path(__file__).stem}-{i}.seen").write_text(shared)
+
+@pytest.mark.parametrize("i", range(6))
+def test_alone(i):
+    Path(__file__).with_name(f"alone-{Path(__file__).stem}-{i}.seen").write_text(
+        os.environ["PYTEST_XDIST_WORKER"])
+'''
+
+
+def test_a_file_with_a_module_fixture_runs_on_one_worker(tmp_path: Path) -> None:
+    """scripts/test.sh's `--dist loadgroup`: the tests of a file holding a fixture set up once
+    for the file go to one worker (the others one by one to whichever is free). With pytest 9.2
+    and xdist 3.8 the groups were silently ignored (pytest-xdist#1386): every module fixture
+    (the verified hub's 3 minutes, a vLLM server) was set up on both workers."""
+    for name in ("test_one.py", "test_two.py"):
+        (tmp_path / name).write_text(GROUPED)
+    env = {**os.environ, "CI": "", "PYTHONPATH": str(ROOT)}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "tests.conftest", "-q", "-n", "2",
+                          "--dist", "loadgroup", "-p", "no:cacheprovider", "-o", "addopts=",
+                          str(tmp_path)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=180)
+    assert run.returncode == 0, run.stdout + run.stderr
+    for stem in ("test_one", "test_two"):
+        workers = {p.read_text() for p in tmp_path.glob(f"{stem}-*.seen")}
+        assert len(workers) == 1, (stem, workers)
+    assert len(list(tmp_path.glob("alone-*.seen"))) == 12

@@ -32,6 +32,9 @@ if TYPE_CHECKING:
     from envhub.gateway.fleet.upstreams import UpstreamSpec
 
 
+_MARGIN = 64  # tokens encoded past a completion's budget (ScriptedBackend._encode_within)
+
+
 class ScriptedBackend:
     name = "scripted"
     instance = "scripted"
@@ -62,13 +65,27 @@ class ScriptedBackend:
         self._next += 1
         if self.record_prompts:
             self.received.append((request.request_id, list(request.prompt_ids)))
-        ids = self._encode(text) + [self._stop]
+        ids = self._encode_within(text, request.params.max_tokens) + [self._stop]
         finish = "stop"
         if len(ids) > request.params.max_tokens:
             ids, finish = ids[: request.params.max_tokens], "length"
         return GenerateResult(completion_ids=ids, logprobs=[-1.0] * len(ids),
                               finish_reason=finish, weight_version=self.weight_version,
                               instance=self.instance)
+
+    def _encode_within(self, text: str, budget: int) -> list[int]:
+        """The ids of `text`, or, where it holds more than `budget` tokens, those of a prefix
+        that fills the budget: the whole of an audit's 7 MB scripted call costs the tokenizer
+        ~10 s, and all but its first `budget` ids would be cut. What is kept decodes to a prefix
+        of the text; the prefix runs _MARGIN tokens past the budget, so that the piece split by
+        the cut (which the whole text's encoding may split otherwise) is not kept."""
+        size = max(4096, 8 * budget)
+        while size < len(text):
+            ids = self._encode(text[:size])
+            if len(ids) > budget + _MARGIN:
+                return ids
+            size *= 4
+        return self._encode(text)
 
     @classmethod
     def from_config(cls, config: GatewayConfig, upstream: UpstreamSpec | None = None

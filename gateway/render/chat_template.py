@@ -22,6 +22,7 @@ Assistant messages are the policy's own output and render as they are.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -81,9 +82,19 @@ class ChatRenderer:
     @classmethod
     def from_pretrained(cls, path: str | Path, chat_template: str | Path | None = None,
                         tool_format: str | None = None) -> ChatRenderer:
+        """The renderer of a tokenizer folder, shared by every caller in the process while its
+        files are unchanged: loading one costs ~1 s of CPU (transformers' tokenizer classes
+        parsing a multi-MB tokenizer.json), paid before by each in-process gateway (an audit
+        starts two per cheat). A renderer is read-only after it is made."""
+        template = None if chat_template is None else str(chat_template)
+        return _renderer(str(path), _files_stamp(path, chat_template), template, tool_format)
+
+    @classmethod
+    def _load(cls, path: str, chat_template: str | None, tool_format: str | None
+              ) -> ChatRenderer:
         from transformers import AutoTokenizer
 
-        tok = AutoTokenizer.from_pretrained(str(path))
+        tok = AutoTokenizer.from_pretrained(path)
         template = None
         if chat_template is not None:
             p = Path(chat_template)
@@ -230,3 +241,27 @@ def _default_stops(tokenizer: Any) -> list[int]:
             if i not in ids:
                 ids.append(i)
     return ids
+
+
+@functools.lru_cache(maxsize=4)
+def _renderer(path: str, stamp: tuple[tuple[str, int, int], ...], chat_template: str | None,
+              tool_format: str | None) -> ChatRenderer:
+    return ChatRenderer._load(path, chat_template, tool_format)
+
+
+def _files_stamp(*paths: str | Path | None) -> tuple[tuple[str, int, int], ...]:
+    """(name, mtime, size) of each file of these folders and files: a cached renderer is
+    reloaded once a tokenizer file or the template is rewritten (a folder also holds the
+    weights, whose rewrite reloads it too: rare, and correct)."""
+    stamp: list[tuple[str, int, int]] = []
+    for p in paths:
+        if p is None:
+            continue
+        p = Path(p)
+        for f in sorted(p.iterdir()) if p.is_dir() else [p] if p.is_file() else []:
+            try:
+                st = f.stat()
+            except OSError:
+                continue
+            stamp.append((str(f), st.st_mtime_ns, st.st_size))
+    return tuple(stamp)

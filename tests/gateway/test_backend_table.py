@@ -91,3 +91,31 @@ def test_a_bad_script_file_says_what_it_needs(tmp_path: Path, text: str | None,
     config = GatewayConfig(backend="scripted", script=str(script) if text else None)
     with pytest.raises(ValueError, match=match):
         make_backend(config)
+
+
+def test_a_scripted_text_past_the_budget_is_tokenized_only_as_far_as_the_budget(renderer) -> None:
+    """An audit's scripted tool call of 7 MB, answered within a 2,048-token turn: the tokenizer
+    reads a prefix (not the 7 MB: ~10 s of it), and the ids answered are the whole text's first
+    2,048, cut for length; a text within the budget is answered whole."""
+    from envhub.gateway.backends.base import GenerateRequest, SamplingParams
+    from envhub.gateway.backends.scripted import ScriptedBackend
+
+    seen: list[int] = []
+
+    def encode(text: str) -> list[int]:
+        seen.append(len(text))
+        return renderer.encode(text)
+
+    huge = '<tool_call>\n{"name": "bash", "arguments": {"command": "' + "ab 9" * 1_750_000
+    backend = ScriptedBackend(encode, [huge, "short answer"], renderer.stop_token_ids[0])
+
+    def answer(max_tokens: int):
+        return asyncio.run(backend.generate(GenerateRequest([1], SamplingParams(max_tokens))))
+
+    cut = answer(2048)
+    assert cut.finish_reason == "length" and len(cut.completion_ids) == 2048
+    assert cut.completion_ids == renderer.encode(huge[:200_000])[:2048]
+    assert max(seen) < 200_000, seen
+    whole = answer(2048)
+    assert whole.finish_reason == "stop"
+    assert whole.completion_ids == renderer.encode("short answer") + renderer.stop_token_ids[:1]

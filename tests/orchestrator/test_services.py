@@ -244,7 +244,10 @@ def test_envhub_train_on_two_services_reports_the_trained_mix(tmp_path, services
     assert last["step"] == 1
     assert last["mix/a/launched_groups"] > 0 and last["mix/b/launched_groups"] > 0
     trained = last["mix/a/trained_samples"] + last["mix/b/trained_samples"]
-    assert 0 < trained <= 2 * 4 * 2
+    # (the rows and the records say why, if no sample was trained: every group dropped as
+    # stale, for no signal or for env_failure; seen once in 1,729 tests on an unloaded run)
+    assert 0 < trained <= 2 * 4 * 2, (rows, [json.loads(f.read_text()) for f in sorted(
+        (out / "rollouts").glob("*.json"))][:8])
     assert abs(last["mix/a/trained_share"] + last["mix/b/trained_share"] - 1) < 1e-3
     envs = {json.loads(f.read_text())["env"] for f in (out / "rollouts").glob("*.json")}
     assert envs == {"a", "b"}
