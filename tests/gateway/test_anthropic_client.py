@@ -96,11 +96,12 @@ def test_stream_message_delta_usage_on_the_wire(gateway):
     body = {"model": "default", "max_tokens": 64, "stream": True, "tools": [CALC],
             "messages": [{"role": "user", "content": "add"}]}
     r = httpx.post(f"{gateway.url}/v1/messages", json=body,
-                   headers={"x-api-key": "a-usage", "anthropic-version": "2023-06-01"})
+                   headers={"x-api-key": "a-usage", "anthropic-version": "2023-06-01"}, timeout=60)
     delta = next(json.loads(line.removeprefix("data: ")) for line in r.text.splitlines()
                  if line.startswith("data: ") and '"message_delta"' in line)
     whole = httpx.post(f"{gateway.url}/v1/messages", json={**body, "stream": False},
-                       headers={"x-api-key": "a-usage-2", "anthropic-version": "2023-06-01"})
+                       headers={"x-api-key": "a-usage-2", "anthropic-version": "2023-06-01"},
+                       timeout=60)
     assert set(delta["usage"]) == set(whole.json()["usage"]) == {
         "input_tokens", "output_tokens", "cache_creation_input_tokens",
         "cache_read_input_tokens"}
@@ -114,7 +115,7 @@ def test_sse_wire_format(gateway):
     body = {"model": "default", "max_tokens": 64, "stream": True, "tools": [CALC],
             "messages": [{"role": "user", "content": "add"}]}
     r = httpx.post(f"{gateway.url}/v1/messages", json=body,
-                   headers={"x-api-key": "a-wire", "anthropic-version": "2023-06-01"})
+                   headers={"x-api-key": "a-wire", "anthropic-version": "2023-06-01"}, timeout=60)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
     frames = [f for f in r.text.split("\n\n") if f.strip()]
     names = []
@@ -223,7 +224,7 @@ def test_url_form_and_bearer_auth(gateway):
     assert len(trajectory(gateway, "a-path")["turns"]) == 1
     r = httpx.post(f"{gateway.url}/v1/messages", headers={"authorization": "Bearer a-bearer"},
                    json={"model": "default", "max_tokens": 8,
-                         "messages": [{"role": "user", "content": "x"}]})
+                         "messages": [{"role": "user", "content": "x"}]}, timeout=60)
     assert r.status_code == 200 and r.headers["request-id"] == r.json()["id"]
     assert len(trajectory(gateway, "a-bearer")["turns"]) == 1
 

@@ -228,7 +228,7 @@ def locked_gateway(tmp_path: Path, tool_script: ScriptedBackend) -> Iterator[Gat
 def test_authentication_errors(locked_gateway):
     assert_error(post(locked_gateway, OK, key="stranger"), 401, "authentication_error",
                  "POST /sessions")
-    r = httpx.post(f"{locked_gateway.url}/v1/messages", json=OK)
+    r = httpx.post(f"{locked_gateway.url}/v1/messages", json=OK, timeout=60)
     assert_error(r, 401, "authentication_error", "missing API key")
     made = httpx.post(f"{locked_gateway.url}/sessions", json={},
                       headers={"authorization": "Bearer admin-secret"})

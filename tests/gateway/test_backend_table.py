@@ -71,7 +71,7 @@ def test_the_scripted_backend_answers_a_script_file_once_each_in_order(tmp_path:
                            script=str(script))
     with run_in_thread(config) as gw:
         answers = [httpx.post(gw.url + "/v1/chat/completions", json={
-            "model": "default", "messages": [{"role": "user", "content": f"q{i}"}]})
+            "model": "default", "messages": [{"role": "user", "content": f"q{i}"}]}, timeout=60)
             for i in range(3)]
     assert [a.json()["choices"][0]["message"]["content"] for a in answers[:2]] == [
         "first answer", "second answer"]

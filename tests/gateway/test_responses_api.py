@@ -252,7 +252,7 @@ def shared(tmp_path_factory: pytest.TempPathFactory, renderer) -> Iterator[Gatew
 
 def _post(gw: GatewayHandle, body: dict[str, Any], key: str = "resp-bad") -> httpx.Response:
     return httpx.post(f"{gw.url}/v1/responses", json=body,
-                      headers={"authorization": f"Bearer {key}"})
+                      headers={"authorization": f"Bearer {key}"}, timeout=60)
 
 
 @pytest.mark.parametrize(("body", "param"), [

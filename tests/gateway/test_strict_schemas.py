@@ -104,7 +104,7 @@ def test_unsupported_strict_tool_schema_is_a_400(gw: GatewayHandle) -> None:
     r = httpx.post(f"{gw.url}/v1/chat/completions", headers={"authorization": "Bearer strict-t"},
                    json={"model": "m", "messages": ASK, "tools": [{"type": "function",
                                                                    "function": bad}],
-                         "tool_choice": "required"})
+                         "tool_choice": "required"}, timeout=60)
     assert r.status_code == 400 and "'patternProperties'" in r.json()["error"]["message"]
     assert "function 'weather'" in r.json()["error"]["message"]
 
@@ -157,7 +157,7 @@ def test_anthropic_json_output_closes_a_pydantic_schema(gw: GatewayHandle) -> No
             ("strict-anth-beta", {"output_format": {"type": "json_schema",
                                                     "schema": schema}})):
         r = httpx.post(f"{gw.url}/v1/messages", headers={"x-api-key": key}, json={
-            "model": "m", "max_tokens": 40, "messages": ASK, **extra})
+            "model": "m", "max_tokens": 40, "messages": ASK, **extra}, timeout=60)
         assert r.status_code == 200, r.text
         body = r.json()
         assert body["stop_reason"] == "end_turn"
@@ -186,7 +186,7 @@ def test_anthropic_bad_json_output_is_a_400(gw: GatewayHandle, extra: dict, name
     """On /v1/messages and on count_tokens alike; the message names no OpenAI field."""
     for path in ("/v1/messages", "/v1/messages/count_tokens"):
         r = httpx.post(f"{gw.url}{path}", headers={"x-api-key": "strict-anth-bad"}, json={
-            "model": "m", "max_tokens": 8, "messages": ASK, **extra})
+            "model": "m", "max_tokens": 8, "messages": ASK, **extra}, timeout=60)
         assert r.status_code == 400, (path, r.text)
         assert named in r.json()["error"]["message"]
         assert "response_format" not in r.json()["error"]["message"]
@@ -211,7 +211,7 @@ def test_anthropic_json_output_with_tools_still_calls_them(gw: GatewayHandle) ->
         "model": "m", "max_tokens": 48, "temperature": 0.0, "messages": turns,
         "tools": [weather, submit], "output_config": {
             "format": {"type": "json_schema", "schema": Length.model_json_schema()},
-            "future": "x"}})
+            "future": "x"}}, timeout=60)
     assert r.status_code == 200, r.text
     body = r.json()
     assert [b["type"] for b in body["content"]] == ["tool_use"], body

@@ -155,7 +155,7 @@ def test_langchain_with_structured_output_json_schema(gw: GatewayHandle) -> None
 ])
 def test_bad_structured_requests_are_400(gw: GatewayHandle, body: dict, param: str) -> None:
     r = httpx.post(f"{gw.url}/v1/chat/completions", headers={"authorization": "Bearer so-bad"},
-                   json={"model": "m", "messages": ASK, **body})
+                   json={"model": "m", "messages": ASK, **body}, timeout=60)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
     assert trajectory(gw, "so-bad").get("turns", []) == []
